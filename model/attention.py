@@ -1,0 +1,117 @@
+"""Causal multi-head attention in three layouts that compute the same function.
+
+- ``wrapper``: n_head independent single-head ``CausalAttention`` modules.
+- ``separate_qkv``: three Linear(d, d) projections, reshaped into heads.
+- ``fused_qkv``: one Linear(d, 3d) projection, split into q, k, v.
+
+All three concatenate the heads' outputs (head h in columns h*head_dim ...
+(h+1)*head_dim) and apply the same output projection ``c_proj``, so weights
+convert between them exactly (see ``model.convert``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.kernels import get_kernel
+from model.registry import lookup
+
+
+def check_heads(n_embd: int, n_head: int) -> None:
+    if n_embd % n_head != 0:
+        raise ValueError(
+            f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head"
+        )
+
+
+class CausalAttention(nn.Module):
+    """One causal attention head: d_model -> head_dim."""
+
+    def __init__(self, n_embd: int, head_dim: int, kernel: str, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.query = nn.Linear(n_embd, head_dim, bias=bias)
+        self.key = nn.Linear(n_embd, head_dim, bias=bias)
+        self.value = nn.Linear(n_embd, head_dim, bias=bias)
+        self.kernel = get_kernel(kernel)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A head axis of size 1 lets every kernel serve single heads too.
+        q, k, v = (proj(x).unsqueeze(1) for proj in (self.query, self.key, self.value))
+        return self.kernel(q, k, v, self.dropout, self.training).squeeze(1)
+
+
+class MultiHeadAttention(nn.Module):
+    """What every layout shares: heads -> concatenation -> c_proj -> dropout."""
+
+    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
+        super().__init__()
+        check_heads(n_embd, n_head)
+        self.n_head = n_head
+        self.kernel = get_kernel(kernel)
+        self.dropout = dropout
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.resid_dropout(self.c_proj(self.attend(x)))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> the heads' outputs concatenated, (B, T, C)."""
+        raise NotImplementedError
+
+    def attend_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Run the kernel on full-width q, k, v (B, T, C), viewed as heads."""
+        B, T, C = q.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = self.kernel(q, k, v, self.dropout, self.training)
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+class WrapperAttention(MultiHeadAttention):
+    """n_head single-head modules side by side: the committee, literally."""
+
+    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
+        super().__init__(n_embd, n_head, kernel, dropout, bias)
+        self.heads = nn.ModuleList(
+            CausalAttention(n_embd, n_embd // n_head, kernel, dropout, bias) for _ in range(n_head)
+        )
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([head(x) for head in self.heads], dim=-1)
+
+
+class SeparateQKVAttention(MultiHeadAttention):
+    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
+        super().__init__(n_embd, n_head, kernel, dropout, bias)
+        self.query = nn.Linear(n_embd, n_embd, bias=bias)
+        self.key = nn.Linear(n_embd, n_embd, bias=bias)
+        self.value = nn.Linear(n_embd, n_embd, bias=bias)
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attend_qkv(self.query(x), self.key(x), self.value(x))
+
+
+class FusedQKVAttention(MultiHeadAttention):
+    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
+        super().__init__(n_embd, n_head, kernel, dropout, bias)
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.c_attn(x).split(x.size(-1), dim=-1)
+        return self.attend_qkv(q, k, v)
+
+
+ATTENTION_LAYOUTS: dict[str, type[MultiHeadAttention]] = {
+    "wrapper": WrapperAttention,
+    "separate_qkv": SeparateQKVAttention,
+    "fused_qkv": FusedQKVAttention,
+}
+
+
+def build_attention(
+    layout: str, n_embd: int, n_head: int, kernel: str, dropout: float = 0.0, bias: bool = True
+) -> MultiHeadAttention:
+    """Build the attention block of a layout by name (an unknown name lists the valid ones)."""
+    return lookup(ATTENTION_LAYOUTS, "attention layout", layout)(n_embd, n_head, kernel, dropout, bias)

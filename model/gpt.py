@@ -1,0 +1,151 @@
+"""The GPT: embeddings -> N x (LN -> attention -> LN -> MLP) -> LN -> logits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import build_attention
+from model.config import GPTConfig
+from model.convert import convert_attention_layout, detect_attention_layout
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU, so its weights load exactly
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = build_attention(
+            config.attention, config.n_embd, config.n_head, config.kernel, config.dropout, config.bias
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying
+        self.apply(_init_weights)
+        # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * n_layer).
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits over the real vocabulary (padding cropped) and the loss.
+
+        Without targets only the last position's logits are computed (B, 1, V).
+        Targets of -1 are ignored by the loss.
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
+        seq_len = idx.size(1)
+        if seq_len > self.config.block_size:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
+                f"crop the input to its last {self.config.block_size} tokens"
+            )
+        pos = torch.arange(seq_len, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        vocab = self.config.vocab_size
+        if targets is None:
+            return self.lm_head(x[:, [-1], :])[..., :vocab], None
+        logits = self.lm_head(x)[..., :vocab]
+        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, each counted once (the tied LM head is the token embedding).
+
+        ``non_embedding=True`` leaves out the token and position embeddings.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs (forward + backward) per token, as in the PaLM paper's appendix B.
+
+        6 per weight that multiplies the token (all but the position embedding;
+        the tied token embedding counts as the LM head's matmul) plus the attention
+        score and value matmuls, 12 * n_layer * n_embd * seq_len.
+        """
+        cfg = self.config
+        seq_len = cfg.block_size if seq_len is None else seq_len
+        matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
+        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load a GPT state dict of any attention layout, converting it to this model's.
+
+        Missing, unexpected or wrongly shaped tensors are a ValueError that names them.
+        """
+        layout = detect_attention_layout(state_dict)
+        if layout != self.config.attention:
+            state_dict = convert_attention_layout(
+                state_dict, layout, self.config.attention, n_head=self.config.n_head
+            )
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"state dict does not fit this GPT: missing {missing[:5]}"
+                f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                f"{'...' if len(unexpected) > 5 else ''}"
+            )
+        wrong = [
+            f"{k}: state dict {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+            for k, v in own.items()
+            if state_dict[k].shape != v.shape
+        ]
+        if wrong:
+            raise ValueError(
+                "state dict shapes do not fit this GPT's config "
+                f"({len(wrong)} tensors): " + "; ".join(wrong[:5])
+            )
+        self.load_state_dict(state_dict)
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
