@@ -81,7 +81,7 @@ def convert_attention_layout(
         elif src == "separate_qkv":
             groups[match["module"]][match["kind"]][match["proj"]] = tensor
         else:
-            for proj, part in zip(_PROJECTIONS, tensor.chunk(3, dim=0), strict=False):
+            for proj, part in zip(_PROJECTIONS, tensor.chunk(3, dim=0)):
                 groups[match["module"]][match["kind"]][proj] = part
 
     for module, kinds in groups.items():

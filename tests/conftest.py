@@ -1,0 +1,18 @@
+"""Test-wide settings: everything offline, every cache in a temporary folder.
+
+These variables are read when `datasets`, `huggingface_hub` and `tiktoken`
+are first imported, so they are set here, before any test module imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+_SCRATCH = tempfile.mkdtemp(prefix="headlab-tests-")
+os.environ["HF_HUB_OFFLINE"] = "1"  # the hub is unreachable: fail at once instead of retrying
+os.environ["HF_DATASETS_CACHE"] = os.path.join(_SCRATCH, "hf-datasets")
+os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(_SCRATCH, "tiktoken")  # empty: gpt2 & co. are offline
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_DIR"] = os.path.join(_SCRATCH, "wandb")
+os.environ.setdefault("HYDRA_FULL_ERROR", "1")
