@@ -16,3 +16,12 @@ os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(_SCRATCH, "tiktoken")  # empty: 
 os.environ["WANDB_MODE"] = "offline"
 os.environ["WANDB_DIR"] = os.path.join(_SCRATCH, "wandb")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    """One prepared-data cache for the whole session: the corpus is tokenized once."""
+    return tmp_path_factory.mktemp("data-cache")

@@ -1,0 +1,44 @@
+"""Shared by the training tests: compose configs like train.py does, and read run outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import training.config  # noqa: F401  (registers the config schema)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+# A model and schedule small enough to train for real in about a second on a CPU.
+TINY = [
+    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+    "trainer.batch_size=8", "trainer.micro_batch_size=8", "trainer.max_steps=20",
+    "trainer.eval_interval=10", "trainer.checkpoint_interval=10", "trainer.eval_windows=8",
+    "trainer.sample_tokens=0", "trainer.device=cpu", "optim.warmup_steps=2", "optim.lr=3e-3",
+]  # fmt: skip
+
+
+def compose_train(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {m["step"]: m["train/loss"] for m in read_metrics(run_dir) if "train/loss" in m}
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip

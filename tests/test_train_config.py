@@ -1,0 +1,134 @@
+"""Every config option composes and validates; bad settings are refused before any work."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import CONFIGS, TINY, compose_train, run_cli
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from training.config import TrainConfig, grad_accum_steps, validate
+from training.loop import train
+
+GROUPS = ["model", "attention", "data", "optim", "trainer", "logger", "experiment"]
+# Options that need a value only the user can give.
+REQUIRED = {("data", "files"): ["data.path=some/dir"], ("data", "hub"): ["data.path=user/dataset"]}
+
+
+def all_options():
+    for group in GROUPS:
+        for path in sorted((CONFIGS / group).glob("*.yaml")):
+            yield group, path.stem
+
+
+@pytest.mark.parametrize("group,option", list(all_options()))
+def test_every_group_option_composes_and_validates(group, option):
+    cfg = compose_train(f"{group}={option}", *REQUIRED.get((group, option), []))
+    config = OmegaConf.to_object(cfg)
+    assert isinstance(config, TrainConfig)
+    validate(config)
+    if group == "attention":
+        assert config.attention.layout == option
+    elif group not in ("experiment", "optim", "trainer"):
+        assert getattr(config, group).name if group != "logger" else config.logger.kind
+
+
+def test_attention_kernel_is_overridable_per_layout():
+    config = OmegaConf.to_object(compose_train("attention=wrapper", "attention.kernel=manual"))
+    assert (config.attention.layout, config.attention.kernel) == ("wrapper", "manual")
+
+
+def test_unknown_group_option_lists_the_choices():
+    with pytest.raises(MissingConfigException, match="Could not find 'attention/fused'") as err:
+        compose_train("attention=fused")
+    assert "fused_qkv" in str(err.value) and "wrapper" in str(err.value)
+
+
+def test_wrong_type_is_refused_by_the_schema():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train("trainer.max_steps=many")
+    assert isinstance(err.value.__cause__, ValidationError)
+    assert "max_steps" in str(err.value.__cause__) and "many" in str(err.value.__cause__)
+
+
+def test_unknown_key_is_refused_by_the_schema():
+    with pytest.raises(ConfigCompositionException, match="trainer.max_step"):
+        compose_train("trainer.max_step=10")
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "model.n_embd=130",
+            "n_embd=130 is not divisible by n_head=4; choose n_embd as a multiple of n_head",
+        ),
+        ("attention.kernel=flash", "unknown attention kernel 'flash'; choose one of: manual, sdpa"),
+        ("trainer.dtype=fp16", "trainer.dtype='fp16'; choose one of: auto, float32, bfloat16"),
+        ("optim.min_lr=1.0", "need 0 <= min_lr <= lr"),
+        ("trainer.stop_at_step=5000", "trainer.stop_at_step=5000 must be in 1..max_steps=600"),
+        ("logger.kind=tensorboard", "logger.kind='tensorboard'; choose one of: wandb, none"),
+        ("data.source=ftp", "unknown data source 'ftp'"),
+    ],
+)
+def test_impossible_values_are_refused_with_the_fix(override, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        validate(OmegaConf.to_object(compose_train(override)))
+
+
+def test_batch_that_does_not_divide_across_ranks_is_refused():
+    trainer = OmegaConf.to_object(
+        compose_train("trainer.batch_size=48", "trainer.micro_batch_size=16")
+    ).trainer
+    assert grad_accum_steps(trainer, world_size=1) == 3
+    with pytest.raises(
+        ValueError, match=r"batch_size=48 does not divide into micro-batches of .*=16 x 2 rank"
+    ):
+        grad_accum_steps(trainer, world_size=2)
+
+
+def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cfg = compose_train(*TINY, "trainer.device=cuda", f"trainer.run_dir={tmp_path / 'run'}",
+                        f"data.cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    with pytest.raises(
+        ValueError, match="trainer.device=cuda but no CUDA GPU is visible.*trainer.device=cpu"
+    ):
+        train(cfg)
+    assert not (tmp_path / "cache").exists(), "no data was prepared"
+
+
+def test_block_size_longer_than_the_data_allows_is_refused(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"{i}.txt").write_text(f"short document {i}\n")
+    cfg = compose_train(*TINY, "data=files", f"data.path={corpus}", "data.tokenizer=bytes",
+                        "model.block_size=64", "logger=none", f"trainer.run_dir={tmp_path / 'run'}",
+                        f"data.cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    with pytest.raises(ValueError, match=r"split of .* has \d+ tokens, fewer than block_size \+ 1 = 65"):
+        train(cfg)
+
+
+def test_resume_from_a_missing_checkpoint_is_refused(tmp_path):
+    cfg = compose_train(*TINY, f"trainer.resume={tmp_path / 'nowhere'}", f"trainer.run_dir={tmp_path}")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*nowhere.*run directory holding last.pt"):
+        train(cfg)
+
+
+def test_cli_reports_a_bad_override_and_exits_nonzero(tmp_path):
+    result = run_cli("trainer.max_steps=many", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "max_steps" in result.stderr and "many" in result.stderr
+
+
+def test_cli_help_lists_the_groups_and_options(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for line in ("attention: fused_qkv, separate_qkv, wrapper", "model: gpt2_medium, gpt2_small, mini, nano",
+                 "logger: none, wandb", "experiment: compare_attention, gpt2_small"):  # fmt: skip
+        assert line in result.stdout

@@ -1,0 +1,147 @@
+"""Real (tiny) training runs: loss goes down, files are written, resume is exact, signals are safe."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
+
+from training.checkpoint import load_checkpoint
+from training.loop import train
+
+
+def tiny(tmp_path: Path, data_cache: Path, name: str, *overrides: str):
+    return compose_train(*TINY, f"trainer.run_dir={tmp_path / name}", f"data.cache_dir={data_cache}",
+                         *overrides)  # fmt: skip
+
+
+def test_tiny_run_learns_and_writes_metrics_checkpoints_and_a_wandb_offline_run(tmp_path, data_cache):
+    summary = train(tiny(tmp_path, data_cache, "run", "logger.mode=offline", "trainer.max_steps=40"))
+    run_dir = Path(summary["run_dir"])
+
+    metrics = read_metrics(run_dir)
+    losses = [m["train/loss"] for m in metrics if "train/loss" in m]
+    vals = [m["val/loss"] for m in metrics if "val/loss" in m]
+    assert len(losses) == 40 and len(vals) == 4
+    assert sum(losses[-5:]) / 5 < losses[0] - 1.0, "training lowered the loss"
+    assert vals[-1] < vals[0]
+    step_metrics = next(m for m in metrics if "train/loss" in m)
+    assert {"lr", "perf/tokens_per_sec", "perf/step_ms", "perf/max_rss_mb"} <= step_metrics.keys()
+    assert "perf/mfu" not in step_metrics, "no MFU on a CPU"
+    bpb = [m["val/bpb"] for m in metrics if "val/bpb" in m]
+    assert bpb[-1] == pytest.approx(vals[-1] / math.log(2), rel=0.01), "bytes tokenizer: ~1 token per byte"
+
+    for name in ("last.pt", "best.pt"):
+        ckpt = load_checkpoint(run_dir / name)  # weights_only=True
+        assert ckpt["tokenizer"] == "bytes" and ckpt["config"]["attention"]["layout"] == "fused_qkv"
+        assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+    assert load_checkpoint(run_dir)["step"] == 40
+    assert load_checkpoint(run_dir / "best.pt")["best_val_loss"] == pytest.approx(min(vals))
+
+    runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+    assert load_checkpoint(run_dir)["wandb_run_id"] in runs[0].name
+
+
+def test_resume_continues_exactly(tmp_path, data_cache):
+    common = ("logger=none", "model.dropout=0.1", "trainer.max_steps=12")  # dropout: RNG state matters
+    train(tiny(tmp_path, data_cache, "whole", *common))
+    first = train(tiny(tmp_path, data_cache, "part", *common, "trainer.stop_at_step=5"))
+    assert first["step"] == 5
+    second = train(tiny(tmp_path, data_cache, "rest", *common, f"trainer.resume={tmp_path / 'part'}"))
+    assert second["start_step"] == 5 and second["step"] == 12
+
+    whole = train_losses(tmp_path / "whole")
+    pieced = {**train_losses(tmp_path / "part"), **train_losses(tmp_path / "rest")}
+    assert sorted(pieced) == list(range(1, 13))
+    assert pieced == whole, "the same losses, step for step"
+
+
+def test_resume_with_a_different_model_is_refused(tmp_path, data_cache):
+    train(tiny(tmp_path, data_cache, "run", "logger=none", "trainer.max_steps=2"))
+    cfg = tiny(tmp_path, data_cache, "other", "logger=none", "model.n_embd=64",
+               f"trainer.resume={tmp_path / 'run'}")  # fmt: skip
+    with pytest.raises(ValueError, match="its config differs: model.n_embd: checkpoint 32 vs now 64"):
+        train(cfg)
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):
+    cfg = tiny(tmp_path, data_cache, "run", "logger=none", "optim.lr=1e6", "optim.min_lr=0",
+               "optim.grad_clip=0", "trainer.checkpoint_interval=1", "optim.warmup_steps=0")  # fmt: skip
+    with pytest.raises(FloatingPointError, match=r"train/loss became (nan|inf) at step \d+.*Lower optim.lr"):
+        train(cfg)
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(tmp_path, data_cache):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "trainer.max_steps=100000", "trainer.checkpoint_interval=100000",
+            "trainer.eval_interval=100000", "logger=none", f"trainer.run_dir={run_dir}",
+            f"data.cache_dir={data_cache}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+
+    ckpt = load_checkpoint(run_dir)
+    logged = train_losses(run_dir)
+    assert ckpt["step"] == max(logged) >= 3, "the checkpoint holds the last finished step"
+    summary = train(compose_train(*TINY, f"trainer.max_steps={ckpt['step'] + 2}", "logger=none",
+                                  f"trainer.resume={run_dir}", f"trainer.run_dir={tmp_path / 'resumed'}",
+                                  f"data.cache_dir={data_cache}"))  # fmt: skip
+    assert summary["start_step"] == ckpt["step"] and summary["step"] == ckpt["step"] + 2
+
+
+def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_group(tmp_path, data_cache):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "attention=wrapper,fused_qkv", *TINY, "trainer.max_steps=3",
+                     "logger.mode=offline", f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}",
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists())
+    assert [p.name for p in run_dirs] == ["0_wrapper-sdpa", "1_fused_qkv-sdpa"]
+    group = f"sweep-{sweep.parent.name}_{sweep.name}".encode()
+    for run_dir, layout in zip(run_dirs, ["wrapper", "fused_qkv"]):
+        assert load_checkpoint(run_dir)["config"]["attention"]["layout"] == layout
+        (wandb_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+        recorded = wandb_file.read_bytes()
+        assert group in recorded and f"{layout}-sdpa-nano".encode() in recorded
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on loopback")
+def test_two_gloo_ranks_match_one_process_with_twice_the_accumulation(tmp_path, data_cache):
+    common = [*TINY, "logger=none", "trainer.batch_size=16", "trainer.micro_batch_size=8",
+              "trainer.max_steps=6", "trainer.eval_interval=3", f"data.cache_dir={data_cache}"]  # fmt: skip
+    train(compose_train(*common, f"trainer.run_dir={tmp_path / 'single'}"))  # accumulation 2
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "train.py"), *common, f"trainer.run_dir={tmp_path / 'ddp'}",
+           f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    single, ddp = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")
+    assert [sorted(m) for m in single if "val/loss" in m] == [sorted(m) for m in ddp if "val/loss" in m]
+    for key in ("train/loss", "val/loss"):
+        a = [m[key] for m in single if key in m]
+        b = [m[key] for m in ddp if key in m]
+        assert len(a) == len(b) > 0
+        assert a == pytest.approx(b, abs=1e-5), key
+    # Only rank 0 wrote: one metrics file, one Hydra directory.
+    assert [p.name for p in (tmp_path / "ddp").iterdir()] and list((tmp_path / "hydra").glob(".hydra"))

@@ -1,0 +1,43 @@
+"""Train a GPT: ``python train.py [group=option ...] [key=value ...]``.
+
+    python train.py                                   # nano GPT on the embedded corpus, CPU, minutes
+    python train.py attention=wrapper attention.kernel=manual
+    python train.py -m attention=wrapper,separate_qkv,fused_qkv
+    torchrun --standalone --nproc_per_node=8 train.py experiment=gpt2_small
+
+``python train.py --help`` lists the config groups and every option.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import hydra
+from omegaconf import DictConfig
+
+from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
+from training.loop import train
+
+
+def _quiet_non_main_ranks() -> None:
+    """Under torchrun only rank 0 writes: the other ranks' Hydra keeps no output directory or log."""
+    if int(os.environ.get("RANK", "0")) > 0:
+        sys.argv += [
+            f"hydra.run.dir={tempfile.gettempdir()}",
+            "hydra.output_subdir=null",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ]
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    summary = train(cfg)
+    return summary.get("val_loss")  # what a Hydra sweeper would optimise
+
+
+if __name__ == "__main__":
+    _quiet_non_main_ranks()
+    main()

@@ -1,0 +1,68 @@
+"""torchrun / DDP set-up: NCCL on GPUs, gloo on CPUs; a no-op for a single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def mean(self, value: float, device: torch.device) -> float:
+        """The average of a number over ranks."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.item() / self.world_size
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when it is true on one (e.g. a stop signal)."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([int(flag)], device=device)
+        dist.all_reduce(t)
+        return bool(t.item())
+
+    def broadcast(self, obj):
+        """Rank 0's value of a picklable object, on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed(want_cuda: bool) -> Distributed:
+    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, ...)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed()
+    state = Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size)
+    if want_cuda:
+        torch.cuda.set_device(state.local_rank)
+    dist.init_process_group(backend="nccl" if want_cuda else "gloo")
+    return state
