@@ -17,12 +17,27 @@ from torch import nn
 from model.kernels import get_kernel
 from model.registry import lookup
 
+# One layer's cached keys and values, per slot: slot 0 for the multi-head layouts,
+# one slot per head for the wrapper. Tensors are (batch, heads, positions, head_dim).
+LayerCache = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+def remember(
+    cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the new positions' k, v to the cache; return all keys and values so far."""
+    if cache is None:
+        return k, v
+    if slot in cache:
+        past_k, past_v = cache[slot]
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+    cache[slot] = (k, v)
+    return k, v
+
 
 def check_heads(n_embd: int, n_head: int) -> None:
     if n_embd % n_head != 0:
-        raise ValueError(
-            f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head"
-        )
+        raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head")
 
 
 class CausalAttention(nn.Module):
@@ -36,9 +51,10 @@ class CausalAttention(nn.Module):
         self.kernel = get_kernel(kernel)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, slot: int = 0) -> torch.Tensor:
         # A head axis of size 1 lets every kernel serve single heads too.
         q, k, v = (proj(x).unsqueeze(1) for proj in (self.query, self.key, self.value))
+        k, v = remember(cache, slot, k, v)
         return self.kernel(q, k, v, self.dropout, self.training).squeeze(1)
 
 
@@ -54,17 +70,18 @@ class MultiHeadAttention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.resid_dropout(self.c_proj(self.attend(x)))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        return self.resid_dropout(self.c_proj(self.attend(x, cache)))
 
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C)."""
         raise NotImplementedError
 
-    def attend_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache | None) -> torch.Tensor:
         """Run the kernel on full-width q, k, v (B, T, C), viewed as heads."""
         B, T, C = q.shape
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        k, v = remember(cache, 0, k, v)
         y = self.kernel(q, k, v, self.dropout, self.training)
         return y.transpose(1, 2).contiguous().view(B, T, C)
 
@@ -78,8 +95,8 @@ class WrapperAttention(MultiHeadAttention):
             CausalAttention(n_embd, n_embd // n_head, kernel, dropout, bias) for _ in range(n_head)
         )
 
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([head(x) for head in self.heads], dim=-1)
+    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        return torch.cat([head(x, cache, slot) for slot, head in enumerate(self.heads)], dim=-1)
 
 
 class SeparateQKVAttention(MultiHeadAttention):
@@ -89,8 +106,8 @@ class SeparateQKVAttention(MultiHeadAttention):
         self.key = nn.Linear(n_embd, n_embd, bias=bias)
         self.value = nn.Linear(n_embd, n_embd, bias=bias)
 
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attend_qkv(self.query(x), self.key(x), self.value(x))
+    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        return self.attend_qkv(self.query(x), self.key(x), self.value(x), cache)
 
 
 class FusedQKVAttention(MultiHeadAttention):
@@ -98,9 +115,9 @@ class FusedQKVAttention(MultiHeadAttention):
         super().__init__(n_embd, n_head, kernel, dropout, bias)
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
 
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         q, k, v = self.c_attn(x).split(x.size(-1), dim=-1)
-        return self.attend_qkv(q, k, v)
+        return self.attend_qkv(q, k, v, cache)
 
 
 ATTENTION_LAYOUTS: dict[str, type[MultiHeadAttention]] = {

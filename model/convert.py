@@ -88,19 +88,14 @@ def convert_attention_layout(
         for kind, projections in kinds.items():
             missing = [p for p in _PROJECTIONS if p not in projections]
             if missing:
-                raise ValueError(
-                    f"attention {module!r} has no {missing} {kind}; the state dict is incomplete"
-                )
+                raise ValueError(f"attention {module!r} has no {missing} {kind}; the state dict is incomplete")
             heads = n_head
             if src == "wrapper":
                 heads = len(projections["query"])
                 if n_head is not None and heads != n_head:
-                    raise ValueError(
-                        f"the wrapper state dict has {heads} heads, but n_head={n_head} was given"
-                    )
+                    raise ValueError(f"the wrapper state dict has {heads} heads, but n_head={n_head} was given")
                 projections = {
-                    p: _join_heads(per_head, f"{module}heads.*.{p}.{kind}")
-                    for p, per_head in projections.items()
+                    p: _join_heads(per_head, f"{module}heads.*.{p}.{kind}") for p, per_head in projections.items()
                 }
             out.update(_emit(module, kind, projections, dst, heads))
     return out

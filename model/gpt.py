@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import build_attention
+from model.attention import LayerCache, build_attention
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout
 
@@ -36,9 +36,17 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Keys and values of every layer for the positions processed so far (batch of sequences)."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.layers: list[LayerCache] = [{} for _ in range(n_layer)]
+        self.length = 0
 
 
 class GPT(nn.Module):
@@ -63,25 +71,29 @@ class GPT(nn.Module):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits over the real vocabulary (padding cropped) and the loss.
 
         Without targets only the last position's logits are computed (B, 1, V).
-        Targets of -1 are ignored by the loss.
+        Targets of -1 are ignored by the loss. With a ``cache``, ``idx`` holds the
+        positions after those already cached, and the cache is extended by them.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
-        seq_len = idx.size(1)
+        past = cache.length if cache is not None else 0
+        seq_len = past + idx.size(1)
         if seq_len > self.config.block_size:
             raise ValueError(
                 f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
             )
-        pos = torch.arange(seq_len, device=idx.device)
+        pos = torch.arange(past, seq_len, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length = seq_len
         x = self.transformer.ln_f(x)
         vocab = self.config.vocab_size
         if targets is None:
@@ -89,31 +101,6 @@ class GPT(nn.Module):
         logits = self.lm_head(x)[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
         return logits, loss
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, T); temperature 0 is greedy."""
-        for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size :])
-            logits = logits[:, -1, :]
-            if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator)
-            idx = torch.cat([idx, next_id], dim=1)
-        return idx
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, each counted once (the tied LM head is the token embedding).
@@ -144,9 +131,7 @@ class GPT(nn.Module):
         """
         layout = detect_attention_layout(state_dict)
         if layout != self.config.attention:
-            state_dict = convert_attention_layout(
-                state_dict, layout, self.config.attention, n_head=self.config.n_head
-            )
+            state_dict = convert_attention_layout(state_dict, layout, self.config.attention, n_head=self.config.n_head)
         own = self.state_dict()
         missing = sorted(set(own) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(own))
@@ -163,8 +148,7 @@ class GPT(nn.Module):
         ]
         if wrong:
             raise ValueError(
-                "state dict shapes do not fit this GPT's config "
-                f"({len(wrong)} tensors): " + "; ".join(wrong[:5])
+                f"state dict shapes do not fit this GPT's config ({len(wrong)} tensors): " + "; ".join(wrong[:5])
             )
         self.load_state_dict(state_dict)
 

@@ -34,9 +34,22 @@ def load_checkpoint(where: str | Path, map_location: str | torch.device = "cpu")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # truncated, foreign or unsafe pickles
-        raise ValueError(
-            f"{path} is not a readable headlab checkpoint ({type(err).__name__}: {err})"
-        ) from err
+        raise ValueError(f"{path} is not a readable headlab checkpoint ({type(err).__name__}: {err})") from err
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
         raise ValueError(f"{path} is not a headlab checkpoint (no 'model' and 'config' entries)")
     return payload
+
+
+def model_from_checkpoint(ckpt: dict, attention: str | None = None, kernel: str | None = None):
+    """Rebuild the GPT a checkpoint describes, optionally in another layout or kernel."""
+    from model import GPT, GPTConfig
+
+    fields = dict(ckpt["model_config"])
+    fields["attention"] = attention or fields["attention"]
+    fields["kernel"] = kernel or fields["kernel"]
+    model = GPT(GPTConfig(**fields))
+    try:
+        model.load_weights(ckpt["model"])  # converts between layouts when they differ
+    except ValueError as err:
+        raise ValueError(f"the checkpoint's weights do not match its own config: {err}") from err
+    return model

@@ -1,0 +1,149 @@
+"""Sample text from a checkpoint or a pretrained GPT-2: ``python sample.py source=... [key=value ...]``.
+
+    python sample.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa prompt="def "
+    python sample.py source=runs/.../best.pt layout=wrapper kernel=manual      # any layout
+    python sample.py source=gpt2 prompt="The meaning of life is" temperature=0  # greedy GPT-2
+    echo "import os" | python sample.py source=runs/... prompt=-              # prompt from stdin
+
+Tokens stream to stdout as they are generated; notices and speed go to stderr.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from data.tokenizers import EOT, get_tokenizer
+from model import ATTENTION_LAYOUTS, GPT, KERNELS, generate
+from model.pretrained import is_pretrained_source, load_pretrained_gpt2
+from model.registry import lookup
+from training.checkpoint import load_checkpoint, model_from_checkpoint
+from training.hardware import autocast, resolve_device, resolve_dtype
+
+
+@dataclass
+class SampleConfig:
+    source: str = MISSING  # a run directory, a checkpoint file, gpt2[-medium|-large|-xl], or an HF folder
+    prompt: str = ""  # the text to continue; "-" reads standard input; empty starts from <|endoftext|>
+    prompt_file: str | None = None  # read the prompt from this file instead
+    num_samples: int = 1
+    max_new_tokens: int = 256
+    temperature: float = 0.8  # 0 is greedy
+    top_k: int | None = 200
+    top_p: float = 1.0  # nucleus sampling: keep the most likely tokens up to this probability
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"  # bf16 autocast on CUDA when supported
+    compile: bool = False
+    layout: str | None = None  # run the weights in another attention layout: wrapper | separate_qkv | fused_qkv
+    kernel: str | None = None  # manual | sdpa
+    use_cache: bool = True  # the KV cache; false recomputes the whole context for every token
+
+
+ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
+
+
+def notice(message: str) -> None:
+    print(f"[sample] {message}", file=sys.stderr, flush=True)
+
+
+def check(cfg: SampleConfig) -> None:
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ValueError(f"top_p={cfg.top_p} must be in (0, 1]; 1 keeps every token")
+    if cfg.temperature < 0:
+        raise ValueError(f"temperature={cfg.temperature} must be >= 0 (0 is greedy)")
+    if cfg.num_samples < 1 or cfg.max_new_tokens < 0:
+        raise ValueError("num_samples must be >= 1 and max_new_tokens >= 0")
+    if cfg.top_k is not None and cfg.top_k < 1:
+        raise ValueError(f"top_k={cfg.top_k} must be >= 1 (or null for no limit)")
+    if cfg.layout is not None:
+        lookup(ATTENTION_LAYOUTS, "attention layout", cfg.layout)
+    if cfg.kernel is not None:
+        lookup(KERNELS, "attention kernel", cfg.kernel)
+
+
+def load_model(cfg: SampleConfig) -> tuple[GPT, str]:
+    """The model and its tokenizer's name, from the source alone."""
+    if is_pretrained_source(cfg.source):
+        return load_pretrained_gpt2(cfg.source, cfg.layout or "fused_qkv", cfg.kernel or "sdpa"), "gpt2"
+    ckpt = load_checkpoint(cfg.source)
+    return model_from_checkpoint(ckpt, cfg.layout, cfg.kernel), ckpt["tokenizer"]
+
+
+def read_prompt(cfg: SampleConfig) -> str:
+    if cfg.prompt_file is not None:
+        path = Path(cfg.prompt_file).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt_file={cfg.prompt_file!r} does not exist")
+        return path.read_text()
+    return sys.stdin.read() if cfg.prompt == "-" else cfg.prompt
+
+
+def prompt_ids(text: str, tokenizer, block_size: int) -> list[int]:
+    if not text:
+        notice(f"empty prompt: starting from {EOT}")
+        return [tokenizer.eot_id]
+    ids = tokenizer.encode(text)
+    if len(ids) > block_size:
+        notice(f"the prompt has {len(ids)} tokens, more than block_size={block_size}: kept its last {block_size}")
+        ids = ids[-block_size:]
+    return ids
+
+
+def run(cfg: SampleConfig) -> list[str]:
+    """Generate ``num_samples`` continuations, streaming them to stdout; returns them."""
+    check(cfg)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    model, tokenizer_name = load_model(cfg)
+    model = model.to(device).eval()
+    tokenizer = get_tokenizer(tokenizer_name)
+    ids = prompt_ids(read_prompt(cfg), tokenizer, model.config.block_size)
+    top_k = cfg.top_k
+    if top_k is not None and top_k > model.config.vocab_size:
+        notice(f"top_k={top_k} is larger than the vocabulary ({model.config.vocab_size}): no limit")
+        top_k = None
+    if cfg.compile:
+        model.forward = torch.compile(model.forward, dynamic=True)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    samples = []
+    for i in range(cfg.num_samples):
+        if cfg.num_samples > 1:
+            print(f"--- sample {i + 1}/{cfg.num_samples} ---", flush=True)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split characters
+        text = "" if ids == [tokenizer.eot_id] else decoder.decode(tokenizer.decode_bytes(ids))
+        print(text, end="", flush=True)
+        start, count = time.perf_counter(), 0
+        with autocast(device, dtype):
+            for token in generate(model, ids, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p,
+                                  generator, use_cache=cfg.use_cache, stop_id=tokenizer.eot_id):  # fmt: skip
+                count += 1
+                if token == tokenizer.eot_id:
+                    break
+                piece = decoder.decode(tokenizer.decode_bytes([token]))
+                text += piece
+                print(piece, end="", flush=True)
+        text += decoder.decode(b"", final=True)
+        print(flush=True)
+        seconds = time.perf_counter() - start
+        notice(f"{count} tokens in {seconds:.2f} s: {count / max(seconds, 1e-9):.1f} tokens/s "
+               f"({'with' if cfg.use_cache else 'without'} KV cache, {device})")  # fmt: skip
+        samples.append(text)
+    return samples
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="sample")
+def main(cfg: DictConfig) -> None:
+    run(OmegaConf.to_object(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Generation: the KV cache changes nothing but speed; sampling filters hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, KVCache, generate, sample_next
+
+LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), sorted(KERNELS)
+
+
+def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=0) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=50, block_size=block_size, n_layer=2, n_head=2, n_embd=16,
+                       attention=layout, kernel=kernel)  # fmt: skip
+    model = GPT(config).eval()
+    with torch.no_grad():  # sharper logits than the 0.02 init, so greedy choices are not near-ties
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    return model
+
+
+@pytest.mark.parametrize("kernel", KERNEL_NAMES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cached_logits_equal_full_recomputation(layout, kernel):
+    model = tiny_gpt(layout, kernel)
+    idx = torch.randint(0, 50, (2, 12))
+    full, _ = model(idx, idx)
+    cache = KVCache(model.config.n_layer)
+    pieces = [model(idx[:, :5], cache=cache)[0]]  # prefill 5, then one position at a time
+    for t in range(5, 12):
+        pieces.append(model(idx[:, t : t + 1], cache=cache)[0])
+    assert cache.length == 12
+    torch.testing.assert_close(pieces[0][:, -1], full[:, 4], rtol=0, atol=1e-5)
+    for t, logits in zip(range(5, 12), pieces[1:]):
+        torch.testing.assert_close(logits[:, -1], full[:, t], rtol=0, atol=1e-5)
+
+
+def test_several_cached_queries_at_once_see_the_right_keys():
+    # Two new positions after a cached prefix: the kernel's causal mask must align bottom-right.
+    for kernel in KERNEL_NAMES:
+        model = tiny_gpt("separate_qkv", kernel)
+        idx = torch.randint(0, 50, (1, 9))
+        full, _ = model(idx, idx)
+        cache = KVCache(model.config.n_layer)
+        model(idx[:, :7], cache=cache)
+        logits, _ = model(idx[:, 7:], idx[:, 7:], cache=cache)
+        torch.testing.assert_close(logits, full[:, 7:], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", KERNEL_NAMES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_with_cache_gives_the_same_tokens_past_block_size(layout, kernel):
+    model = tiny_gpt(layout, kernel, block_size=16)
+    prompt = [3, 1, 4, 1, 5]
+    cached = list(generate(model, prompt, 40, temperature=0))
+    uncached = list(generate(model, prompt, 40, temperature=0, use_cache=False))
+    assert len(cached) == 40 and cached == uncached
+    assert len(set(cached)) > 3, "a non-degenerate continuation"
+
+
+def test_prompt_longer_than_the_block_is_cropped_to_its_end():
+    model = tiny_gpt(block_size=16)
+    long_prompt = list(range(40))
+    assert list(generate(model, long_prompt, 5, temperature=0)) == list(
+        generate(model, long_prompt[-16:], 5, temperature=0)
+    )
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    model = tiny_gpt()
+
+    def draw(seed):
+        g = torch.Generator().manual_seed(seed)
+        return list(generate(model, [1, 2], 30, temperature=1.0, generator=g))
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_generation_stops_at_the_stop_token():
+    model = tiny_gpt()
+    free = list(generate(model, [1], 30, temperature=0))
+    stop = free[10]
+    stopped = list(generate(model, [1], 30, temperature=0, stop_id=stop))
+    assert stopped == free[: free.index(stop) + 1]
+
+
+def test_top_k_and_top_p_never_emit_a_token_outside_the_allowed_set():
+    logits = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0])
+    g = torch.Generator().manual_seed(0)
+    top_k = {sample_next(logits, 2.0, top_k=3, generator=g) for _ in range(500)}
+    assert top_k == {0, 1, 2}
+    probs = torch.softmax(logits, -1)  # 0.63, 0.23, 0.09, ...: 0.9 needs the first three
+    top_p = {sample_next(logits, 1.0, top_p=0.9, generator=g) for _ in range(500)}
+    assert top_p == {0, 1, 2} and probs[:2].sum() < 0.9 <= probs[:3].sum()
+    assert {sample_next(logits, 1.0, top_p=0.5, generator=g) for _ in range(100)} == {0}
+    assert sample_next(logits, 1.0, top_k=100, generator=g) in range(8), "top_k past the vocabulary"
+    assert sample_next(logits, 0.0) == 0
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        next(generate(tiny_gpt(), [], 3))

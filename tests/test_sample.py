@@ -1,0 +1,123 @@
+"""sample.py: from a training checkpoint (any layout) or a GPT-2 folder, with clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, TINY, compose_train
+
+import sample
+from model import generate
+from model.pretrained import load_pretrained_gpt2
+from training.loop import train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_cache):
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
+                        f"data.cache_dir={data_cache}"))  # fmt: skip
+    return run
+
+
+def config(**fields) -> sample.SampleConfig:
+    return sample.SampleConfig(**{"max_new_tokens": 40, "device": "cpu", **fields})
+
+
+def test_cli_samples_a_checkpoint_from_a_tiny_training_run(run_dir):
+    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={run_dir}", "prompt='import '",
+           "max_new_tokens=30", "num_samples=2", "seed=3"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=run_dir)
+    assert result.returncode == 0, result.stderr
+    samples = result.stdout.split("--- sample ")[1:]
+    assert len(samples) == 2
+    for text in samples:
+        body = text.split("---\n", 1)[1]
+        assert body.startswith("import ") and len(body) > len("import ") + 5
+    assert result.stderr.count("tokens/s (with KV cache, cpu)") == 2
+
+
+def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(run_dir, capsys):
+    outputs = {
+        (layout, kernel): sample.run(
+            config(source=str(run_dir), prompt="def ", temperature=0.0, layout=layout, kernel=kernel)
+        )[0]  # fmt: skip
+        for layout in ("wrapper", "separate_qkv", "fused_qkv")
+        for kernel in ("manual", "sdpa")
+    }
+    assert len(set(outputs.values())) == 1, outputs
+    assert next(iter(outputs.values())).startswith("def ")
+
+
+def test_same_seed_same_text_with_and_without_the_cache(run_dir, capsys):
+    a = sample.run(config(source=str(run_dir), seed=5, temperature=1.0, top_p=0.9))
+    b = sample.run(config(source=str(run_dir), seed=5, temperature=1.0, top_p=0.9, use_cache=False))
+    assert a == b
+
+
+def test_hub_path_matches_transformers_generate(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf_config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=64,
+                                        bos_token_id=299, eos_token_id=299)  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    hf.save_pretrained(tmp_path / "gpt2-local")
+    prompt = [5, 17, 42, 8]
+    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=25, do_sample=False,
+                           pad_token_id=299, eos_token_id=None)[0, len(prompt):].tolist()  # fmt: skip
+    for layout in ("wrapper", "fused_qkv"):
+        ours = load_pretrained_gpt2(str(tmp_path / "gpt2-local"), attention=layout).eval()
+        assert list(generate(ours, prompt, 25, temperature=0)) == expected
+
+
+def test_hub_model_offline_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="could not get 'gpt2-medium' from the Hugging Face hub"):
+        load_pretrained_gpt2("gpt2-medium")
+
+
+def test_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*nothing-here"):
+        sample.run(config(source=str(tmp_path / "nothing-here")))
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path):
+    (tmp_path / "last.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="is not a readable headlab checkpoint"):
+        sample.run(config(source=str(tmp_path)))
+
+
+def test_checkpoint_whose_config_does_not_match_its_weights_is_refused(run_dir, tmp_path):
+    ckpt = torch.load(run_dir / "last.pt", weights_only=True)
+    ckpt["model_config"]["n_embd"] = 64
+    torch.save(ckpt, tmp_path / "edited.pt")
+    with pytest.raises(ValueError, match="weights do not match its own config.*transformer.wte.weight"):
+        sample.run(config(source=str(tmp_path / "edited.pt")))
+
+
+def test_prompt_notices_and_clamps(run_dir, capsys):
+    long_prompt = "x = 1\n" * 20  # 120 byte tokens > block_size 32
+    text = sample.run(config(source=str(run_dir), prompt=long_prompt, max_new_tokens=5, top_k=10_000))[0]
+    err = capsys.readouterr().err
+    assert "the prompt has 120 tokens, more than block_size=32: kept its last 32" in err
+    assert "top_k=10000 is larger than the vocabulary (257): no limit" in err
+    assert text.startswith(long_prompt[-32:])
+    sample.run(config(source=str(run_dir), prompt="", max_new_tokens=5))
+    assert "empty prompt: starting from <|endoftext|>" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("top_p", [0.0, 1.5])
+def test_top_p_outside_the_unit_interval_is_refused(run_dir, top_p):
+    with pytest.raises(ValueError, match=f"top_p={top_p} must be in \\(0, 1\\]"):
+        sample.run(config(source=str(run_dir), top_p=top_p))
+
+
+def test_prompt_from_a_file(run_dir, tmp_path, capsys):
+    (tmp_path / "prompt.txt").write_text("class ")
+    text = sample.run(config(source=str(run_dir), prompt_file=str(tmp_path / "prompt.txt"), max_new_tokens=5))
+    assert text[0].startswith("class ")
