@@ -12,9 +12,7 @@ SAMPLE_BY = ("document", "paragraph", "line")
 class DataConfig:
     name: str = "pystdlib"  # a label: names the cache directory and the wandb config
     source: str = "pystdlib"  # pystdlib | files | url | hub
-    path: str | None = (
-        None  # files: a file, directory or glob; hub: the dataset's repo id (or a local folder)
-    )
+    path: str | None = None  # files: a file, directory or glob; hub: the dataset's repo id (or a local folder)
     subset: str | None = None  # hub: the dataset's config name (e.g. sample-10BT)
     split: str = "train"  # hub: which split to read
     url: str | None = None  # url: a text file, downloaded once into the cache

@@ -48,8 +48,7 @@ def resolve_files(path: str) -> list[str]:
         found = [p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p)]
     if not found:
         raise FileNotFoundError(
-            f"data.path={path!r} matches no file; "
-            f"give an existing file, directory or glob (e.g. 'texts/**/*.txt')"
+            f"data.path={path!r} matches no file; give an existing file, directory or glob (e.g. 'texts/**/*.txt')"
         )
     return sorted(found)
 

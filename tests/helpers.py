@@ -37,8 +37,6 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {m["step"]: m["train/loss"] for m in read_metrics(run_dir) if "train/loss" in m}
 
 
-def run_cli(
-    *args: str, cwd: Path, env: dict | None = None, timeout: int = 300
-) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip

@@ -10,9 +10,7 @@ from model import ATTENTION_LAYOUTS, GPT, GPTConfig
 
 def small_gpt(layout: str) -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, attention=layout, kernel="sdpa"
-    )
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, attention=layout, kernel="sdpa")
     return GPT(config).eval()
 
 

@@ -14,9 +14,7 @@ from data.tokenizers import get_tokenizer
 
 
 def cfg(tmp_path, **fields) -> DataConfig:
-    defaults = dict(
-        name="t", source="files", tokenizer="bytes", num_proc=1, cache_dir=str(tmp_path / "cache")
-    )
+    defaults = dict(name="t", source="files", tokenizer="bytes", num_proc=1, cache_dir=str(tmp_path / "cache"))
     return DataConfig(**{**defaults, **fields})
 
 
@@ -32,9 +30,7 @@ def test_unknown_tokenizer_lists_the_valid_ones():
 
 
 def test_downloaded_tokenizer_offline_names_the_remedies():
-    with pytest.raises(
-        RuntimeError, match="'gpt2' needs its rank file.*TIKTOKEN_CACHE_DIR.*offline tokenizer 'bytes'"
-    ):
+    with pytest.raises(RuntimeError, match="'gpt2' needs its rank file.*TIKTOKEN_CACHE_DIR.*offline tokenizer 'bytes'"):
         get_tokenizer("gpt2")
 
 
@@ -53,9 +49,7 @@ def test_empty_corpus_is_refused(tmp_path):
 
 def test_a_split_with_no_documents_is_refused(tmp_path):
     (tmp_path / "only.txt").write_text("a single document cannot be split in two")
-    with pytest.raises(
-        ValueError, match=r"split of data.name='t' is empty \(1 documents.*sample_by=paragraph"
-    ):
+    with pytest.raises(ValueError, match=r"split of data.name='t' is empty \(1 documents.*sample_by=paragraph"):
         prepare(cfg(tmp_path, path=str(tmp_path / "only.txt")))
 
 
@@ -86,9 +80,7 @@ def test_split_shorter_than_a_block_is_refused(tmp_path):
     data = prepared_corpus(tmp_path)
     n_val = len(data.tokens["val"])
     data.check_fits(block_size=n_val - 1, vocab_size=257)
-    with pytest.raises(
-        ValueError, match=f"val split .* has {n_val} tokens, fewer than block_size \\+ 1 = {n_val + 1}"
-    ):
+    with pytest.raises(ValueError, match=f"val split .* has {n_val} tokens, fewer than block_size \\+ 1 = {n_val + 1}"):
         data.check_fits(block_size=n_val, vocab_size=257)
 
 

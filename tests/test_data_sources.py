@@ -21,9 +21,7 @@ DOCS = ["first document\nwith two lines\n", "second: ünïcödé 🙂", "third\n
 
 
 def cfg(tmp_path: Path, **fields) -> DataConfig:
-    defaults = dict(
-        name="t", tokenizer="bytes", num_proc=1, cache_dir=str(tmp_path / "cache"), val_fraction=0.4
-    )
+    defaults = dict(name="t", tokenizer="bytes", num_proc=1, cache_dir=str(tmp_path / "cache"), val_fraction=0.4)
     return DataConfig(**{**defaults, **fields})
 
 
@@ -60,9 +58,7 @@ def test_parquet_and_jsonl_with_a_chosen_text_column(tmp_path, writer, column):
 
 def test_missing_text_column_names_the_columns_there(tmp_path):
     path = write_parquet(tmp_path / "docs.parquet", "content")
-    with pytest.raises(
-        ValueError, match=r"no column 'text' \(it has \['content', 'id'\]\); set data.text_column"
-    ):
+    with pytest.raises(ValueError, match=r"no column 'text' \(it has \['content', 'id'\]\); set data.text_column"):
         load_documents(cfg(tmp_path, source="files", path=str(path)))
 
 
@@ -74,9 +70,7 @@ def test_url_source_downloads_once_into_the_cache(tmp_path):
     downloads = list((tmp_path / "cache" / "downloads").iterdir())
     assert len(downloads) == 1 and downloads[0].name.endswith("-input.txt")
     assert downloads[0].read_text() == source.read_text()
-    decoded = get_tokenizer("bytes").decode(
-        prepared.tokens["train"].tolist() + prepared.tokens["val"].tolist()
-    )
+    decoded = get_tokenizer("bytes").decode(prepared.tokens["train"].tolist() + prepared.tokens["val"].tolist())
     assert decoded.count(EOT) == 3
 
 
@@ -103,9 +97,7 @@ def test_hub_path_loads_a_local_dataset_folder_with_streaming_and_a_token_budget
 
 def test_hub_dataset_offline_is_a_clear_error(tmp_path):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
-    with pytest.raises(
-        RuntimeError, match="could not load hub dataset 'someone/no-such-dataset'.*data=pystdlib"
-    ):
+    with pytest.raises(RuntimeError, match="could not load hub dataset 'someone/no-such-dataset'.*data=pystdlib"):
         load_documents(cfg(tmp_path, source="hub", path="someone/no-such-dataset"))
 
 

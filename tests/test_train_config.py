@@ -67,7 +67,7 @@ def test_unknown_key_is_refused_by_the_schema():
         ("attention.kernel=flash", "unknown attention kernel 'flash'; choose one of: manual, sdpa"),
         ("trainer.dtype=fp16", "trainer.dtype='fp16'; choose one of: auto, float32, bfloat16"),
         ("optim.min_lr=1.0", "need 0 <= min_lr <= lr"),
-        ("trainer.stop_at_step=5000", "trainer.stop_at_step=5000 must be in 1..max_steps=600"),
+        ("trainer.stop_at_step=5000", "trainer.stop_at_step=5000 must be in 1..max_steps=1000"),
         ("logger.kind=tensorboard", "logger.kind='tensorboard'; choose one of: wandb, none"),
         ("data.source=ftp", "unknown data source 'ftp'"),
     ],
@@ -78,13 +78,9 @@ def test_impossible_values_are_refused_with_the_fix(override, message):
 
 
 def test_batch_that_does_not_divide_across_ranks_is_refused():
-    trainer = OmegaConf.to_object(
-        compose_train("trainer.batch_size=48", "trainer.micro_batch_size=16")
-    ).trainer
+    trainer = OmegaConf.to_object(compose_train("trainer.batch_size=48", "trainer.micro_batch_size=16")).trainer
     assert grad_accum_steps(trainer, world_size=1) == 3
-    with pytest.raises(
-        ValueError, match=r"batch_size=48 does not divide into micro-batches of .*=16 x 2 rank"
-    ):
+    with pytest.raises(ValueError, match=r"batch_size=48 does not divide into micro-batches of .*=16 x 2 rank"):
         grad_accum_steps(trainer, world_size=2)
 
 
@@ -95,9 +91,7 @@ def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path):
         pytest.skip("this machine has a GPU")
     cfg = compose_train(*TINY, "trainer.device=cuda", f"trainer.run_dir={tmp_path / 'run'}",
                         f"data.cache_dir={tmp_path / 'cache'}")  # fmt: skip
-    with pytest.raises(
-        ValueError, match="trainer.device=cuda but no CUDA GPU is visible.*trainer.device=cpu"
-    ):
+    with pytest.raises(ValueError, match="trainer.device=cuda but no CUDA GPU is visible.*trainer.device=cpu"):
         train(cfg)
     assert not (tmp_path / "cache").exists(), "no data was prepared"
 

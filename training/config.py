@@ -37,9 +37,9 @@ class AttentionConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3  # peak learning rate, reached after warmup
-    min_lr: float = 1e-4  # end of the cosine decay
-    warmup_steps: int = 50
+    lr: float = 2e-3  # peak learning rate, reached after warmup
+    min_lr: float = 2e-4  # end of the cosine decay
+    warmup_steps: int = 30
     weight_decay: float = 0.1  # on matmul weights only, not biases, norms or embeddings
     beta1: float = 0.9
     beta2: float = 0.95
@@ -49,11 +49,11 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 1000  # optimizer steps; the learning-rate schedule spans them
-    batch_size: int = 32  # sequences per optimizer step, over all ranks and micro-steps
-    micro_batch_size: int = 32  # sequences per forward pass on one rank
-    eval_interval: int = 250  # steps between evaluations (and best/last checkpoints)
+    batch_size: int = 16  # sequences per optimizer step, over all ranks and micro-steps
+    micro_batch_size: int = 16  # sequences per forward pass on one rank
+    eval_interval: int = 200  # steps between evaluations (and best/last checkpoints)
     eval_windows: int = 64  # fixed validation windows per evaluation
-    checkpoint_interval: int = 250  # steps between 'last' checkpoints
+    checkpoint_interval: int = 200  # steps between 'last' checkpoints
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA when supported) | float32 | bfloat16
     compile: bool = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import platform
 
 import torch
 
@@ -17,6 +18,19 @@ PEAK_BF16_TFLOPS = (
     ("A10", 125.0),
     ("RTX 4090", 165.2),
 )
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and thread count: what measurements are quoted against."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the CPU model here; platform.processor() often says only "x86_64"
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads"
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

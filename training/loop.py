@@ -24,12 +24,13 @@ from data.loader import BatchLoader, PreparedData, validation_starts, windows
 from data.prepare import prepare
 from data.tokenizers import get_tokenizer
 from model import GPT, GPTConfig
+from model.generation import generate
 from training.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
 from training.config import TrainConfig, grad_accum_steps, validate
 from training.distributed import Distributed, init_distributed
-from training.hardware import autocast, peak_flops, resolve_device, resolve_dtype
+from training.hardware import autocast, device_name, peak_flops, resolve_device, resolve_dtype
 from training.optim import lr_at, make_optimizer
-from training.run_log import RunLog, start_wandb, wandb_mode
+from training.run_log import RunLog, atomic_write_json, start_wandb, wandb_mode
 
 # Fields of the model config that must agree with a checkpoint to resume from it.
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -75,8 +76,7 @@ class Trainer:
         ]
         if saved["attention"]["layout"] != self.cfg.attention.layout:
             mismatched.append(
-                f"attention.layout: checkpoint {saved['attention']['layout']!r} vs now "
-                f"{self.cfg.attention.layout!r}"
+                f"attention.layout: checkpoint {saved['attention']['layout']!r} vs now {self.cfg.attention.layout!r}"
             )
         if mismatched:
             raise ValueError(
@@ -278,22 +278,28 @@ class Trainer:
         save_checkpoint(payload, self.run_dir / name)
 
     def _open_log(self, model: GPT, data: PreparedData, wandb_id: str | None) -> RunLog:
+        """Write ``run.json`` (what this run is, for reports) and start wandb with the same facts."""
         cfg = self.cfg
+        layout, kernel = cfg.attention.layout, cfg.attention.kernel
+        info = {
+            **self.container,
+            "name": f"{layout}-{kernel}-{cfg.model.name}",
+            "group": self._wandb_group(),
+            "params": model.num_params(),
+            "params_non_embedding": model.num_params(non_embedding=True),
+            "world_size": self.dist.world_size,
+            "device_name": device_name(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "data_dir": str(data.folder),
+            "tokens_per_step": cfg.trainer.batch_size * cfg.model.block_size,
+        }
+        atomic_write_json(self.run_dir / "run.json", info)
         self.wandb_id = wandb_id
         run = None
         if cfg.logger.kind == "wandb":
-            layout, kernel = cfg.attention.layout, cfg.attention.kernel
-            config = {
-                **self.container,
-                "params": model.num_params(),
-                "params_non_embedding": model.num_params(non_embedding=True),
-                "world_size": self.dist.world_size,
-                "data_dir": str(data.folder),
-            }
             tags = [layout, kernel, cfg.model.name, cfg.data.name, *cfg.logger.tags]
-            run = start_wandb(cfg.logger, wandb_mode(cfg.logger), self.run_dir,
-                              f"{layout}-{kernel}-{cfg.model.name}", self._wandb_group(), tags,
-                              config, wandb_id)  # fmt: skip
+            run = start_wandb(cfg.logger, wandb_mode(cfg.logger), self.run_dir, info["name"],
+                              info["group"], tags, info, wandb_id)  # fmt: skip
             self.wandb_id = run.id
         return RunLog(self.run_dir, run)
 
@@ -315,11 +321,11 @@ class Trainer:
 
     def _sample(self, n_tokens: int) -> str:
         self.model.eval()
-        start = torch.tensor([[self.tokenizer.eot_id]], device=self.device)
-        generator = torch.Generator(device=self.device).manual_seed(self.cfg.trainer.seed)
+        generator = torch.Generator().manual_seed(self.cfg.trainer.seed)
         with autocast(self.device, self.dtype):
-            ids = self.model.generate(start, n_tokens, temperature=0.8, top_k=50, generator=generator)
-        return self.tokenizer.decode_bytes(ids[0, 1:].tolist()).decode("utf-8", errors="replace")
+            ids = list(generate(self.model, [self.tokenizer.eot_id], n_tokens, temperature=1.0,
+                                top_k=50, generator=generator))  # fmt: skip
+        return self.tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def _catch_stop_signals(self) -> dict:
         """SIGINT/SIGTERM finish the current step, save, and end the run cleanly."""

@@ -32,6 +32,12 @@ def has_wandb_key() -> bool:
         return False
 
 
+def atomic_write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
 class RunLog:
     """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to a wandb run."""
 
