@@ -1,24 +1,35 @@
-"""Time the attention layouts x kernels: the attention block alone, or the whole GPT.
+"""Benchmark the attention layouts x kernels: the attention block alone, or a whole GPT training step.
 
-    python bench.py                       # attention block, CPU (CUDA when present)
-    python bench.py --mode gpt            # whole GPT, forward + backward of a training step
-    python bench.py --seq-len 128 256 512 --batch 8 --n-embd 256 --n-head 8
+    python bench.py                                      # attention block, eager, CPU (CUDA when present)
+    python bench.py --seq-len 128 256 512 1024 --compile eager compiled
+    python bench.py --mode gpt --n-layer 12 --n-head 12 --n-embd 768 --seq-len 1024 --dtype bfloat16
 
-Times are medians from torch.utils.benchmark (which synchronises CUDA), after
-a warm-up call. It prints a markdown table; nothing is asserted.
+Grid: layout x kernel x (eager, compiled) x sequence length. Block mode times
+forward and forward+backward of one attention block; gpt mode times the
+forward and a full training step (forward, backward, AdamW) of a GPT. Times
+are medians from torch.utils.benchmark (which synchronises CUDA), after
+warm-up calls; peak memory is measured on CUDA. Writes bench.csv, bench.md
+and bench.png (time against sequence length) to --out, and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
-from collections.abc import Callable
+import csv
+import itertools
+import statistics
+from pathlib import Path
 
 import torch
 import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
+from training.hardware import autocast, device_name, resolve_device
+
+COMPILE_MODES = ("eager", "compiled")
+FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
+          "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb"]  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,96 +37,179 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["block", "gpt"], default="block")
     p.add_argument("--layouts", nargs="+", default=sorted(ATTENTION_LAYOUTS))
     p.add_argument("--kernels", nargs="+", default=sorted(KERNELS))
+    p.add_argument("--compile", nargs="+", default=["eager"], dest="compile_modes", help="eager and/or compiled")
     p.add_argument("--seq-len", nargs="+", type=int, default=[256])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=8)
     p.add_argument("--n-layer", type=int, default=4, help="GPT depth (--mode gpt)")
-    p.add_argument("--vocab-size", type=int, default=256, help="GPT vocabulary (--mode gpt)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per cell")
+    p.add_argument("--vocab-size", type=int, default=50257, help="GPT vocabulary (--mode gpt)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="autocast dtype")
+    p.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="passes over the grid; a cell reports the median over passes and its range")  # fmt: skip
+    p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
-    for name in args.layouts:
-        if name not in ATTENTION_LAYOUTS:
-            p.error(f"unknown layout {name!r}; choose from {sorted(ATTENTION_LAYOUTS)}")
-    for name in args.kernels:
-        if name not in KERNELS:
-            p.error(f"unknown kernel {name!r}; choose from {sorted(KERNELS)}")
+    for names, valid, what in ((args.layouts, ATTENTION_LAYOUTS, "layout"), (args.kernels, KERNELS, "kernel"),
+                               (args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
+        for name in names:
+            if name not in valid:
+                p.error(f"unknown {what} {name!r}; choose from {sorted(valid)}")
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats} must be at least 1")
+    if args.n_embd % args.n_head:
+        p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     return args
 
 
-def make_step(args: argparse.Namespace, layout: str, kernel: str, seq_len: int):
-    """(forward, forward+backward) closures for one cell of the grid; both compute a scalar loss."""
-    device = torch.device(args.device)
+def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool, seq_len: int, device):
+    """(forward, step) closures for one cell: step is forward+backward (block) or a training step (gpt)."""
     torch.manual_seed(0)
     if args.mode == "block":
         module = build_attention(layout, args.n_embd, args.n_head, kernel).to(device)
         x = torch.randn(args.batch, seq_len, args.n_embd, device=device, requires_grad=True)
+        optimizer = None
+        inputs = (x,)
 
-        def loss():
-            return module(x).square().mean()
+        def loss_of(out):
+            return out.float().square().mean()
     else:
-        config = GPTConfig(
-            vocab_size=args.vocab_size,
-            block_size=seq_len,
-            n_layer=args.n_layer,
-            n_head=args.n_head,
-            n_embd=args.n_embd,
-            attention=layout,
-            kernel=kernel,
-        )
+        config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer,
+                           n_head=args.n_head, n_embd=args.n_embd, attention=layout, kernel=kernel)  # fmt: skip
         module = GPT(config).to(device)
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=device.type == "cuda")
         idx = torch.randint(0, args.vocab_size, (args.batch, seq_len), device=device)
+        inputs = (idx, idx)
 
-        def loss():
-            return module(idx, idx)[1]
+        def loss_of(out):
+            return out[1]
+
+    run = torch.compile(module) if compiled else module
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
 
     def forward():
-        with torch.no_grad():
-            return loss()
+        with torch.no_grad(), autocast(device, dtype):
+            return run(*inputs)
 
-    def forward_backward():
+    def step():
+        with autocast(device, dtype):
+            loss = loss_of(run(*inputs))
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
         module.zero_grad(set_to_none=True)
-        loss().backward()
 
-    return forward, forward_backward
+    return forward, step
 
 
-def median_ms(fn: Callable[[], object], min_run_time: float) -> float:
-    fn()  # warm-up: allocator, kernel selection
+def median_ms(fn, min_run_time: float) -> float:
+    for _ in range(3):  # warm-up: compilation, allocator, kernel selection
+        fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 
-def machine_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:  # Linux names the CPU model here; platform.processor() often says only "x86_64"
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads"
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    cells = [(lay, ker, t) for t in args.seq_len for lay in args.layouts for ker in args.kernels]
+def measure(args: argparse.Namespace) -> list[dict]:
+    """Time every cell; with repeats, the passes interleave so slow drifts of a shared machine hit every cell."""
+    device = resolve_device(args.device)
+    cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels))
+    times: dict[tuple, list[tuple[float, float, float | None]]] = {cell: [] for cell in cells}
+    with tqdm(total=len(cells) * args.repeats, desc=f"benchmark ({args.mode})") as bar:
+        for _ in range(args.repeats):
+            for cell in cells:
+                times[cell].append(time_cell(args, cell, device))
+                bar.update()
     rows = []
-    for layout, kernel, seq_len in tqdm(cells, desc="benchmark"):
-        forward, forward_backward = make_step(args, layout, kernel, seq_len)
-        fwd = median_ms(forward, args.min_run_time)
-        rows.append((layout, kernel, seq_len, fwd, median_ms(forward_backward, args.min_run_time)))
+    for (seq_len, compile_mode, layout, kernel), runs in times.items():
+        step = [s for _, s, _ in runs]
+        step_ms = statistics.median(step)
+        peaks = [p for _, _, p in runs if p is not None]
+        rows.append(dict(mode=args.mode, layout=layout, kernel=kernel, compile=compile_mode, seq_len=seq_len,
+                         batch=args.batch, n_embd=args.n_embd, n_head=args.n_head, dtype=args.dtype,
+                         forward_ms=statistics.median(f for f, _, _ in runs), step_ms=step_ms,
+                         step_ms_min=min(step), step_ms_max=max(step),
+                         tokens_per_sec=args.batch * seq_len / (step_ms / 1e3),
+                         peak_mem_mb=max(peaks) if peaks else None))  # fmt: skip
+    return rows
 
+
+def time_cell(args: argparse.Namespace, cell: tuple, device) -> tuple[float, float, float | None]:
+    """(forward ms, step ms, peak MB on CUDA) of one cell."""
+    seq_len, compile_mode, layout, kernel = cell
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device)
+    forward_ms = median_ms(forward, args.min_run_time)
+    step_ms = median_ms(step, args.min_run_time)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return forward_ms, step_ms, peak
+
+
+def markdown(rows: list[dict], title: str, step_name: str) -> str:
+    lines = [title, "", f"| layout | kernel | compile | seq_len | forward ms | {step_name} ms | (range) "
+                        "| tokens/s | peak MB |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for r in rows:
+        peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}"
+        lines.append(f"| {r['layout']} | {r['kernel']} | {r['compile']} | {r['seq_len']} | {r['forward_ms']:.3f} "
+                     f"| {r['step_ms']:.3f} | {r['step_ms_min']:.1f}-{r['step_ms_max']:.1f} "
+                     f"| {r['tokens_per_sec']:,.0f} | {peak} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (layout, kernel, compile_mode), group in itertools.groupby(
+        sorted(rows, key=lambda r: (r["layout"], r["kernel"], r["compile"], r["seq_len"])),
+        key=lambda r: (r["layout"], r["kernel"], r["compile"]),
+    ):
+        group = list(group)
+        style = "-" if kernel == "sdpa" else "--"
+        marker = "o" if compile_mode == "eager" else "s"
+        ax.plot([r["seq_len"] for r in group], [r["step_ms"] for r in group], style, marker=marker,
+                label=f"{layout}/{kernel}/{compile_mode}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel(f"{step_name} time (ms, median)")
+    ax.set_title(title, fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    rows = measure(args)
+    device = resolve_device(args.device)
     shape = f"batch={args.batch}, n_embd={args.n_embd}, n_head={args.n_head}"
     if args.mode == "gpt":
         shape += f", n_layer={args.n_layer}, vocab={args.vocab_size}"
-    print(f"\n{args.mode} on {machine_name(args.device)}, torch {torch.__version__}, float32, {shape}\n")
-    print("| layout | kernel | seq_len | forward ms | forward+backward ms |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for layout, kernel, seq_len, fwd, fwd_bwd in rows:
-        print(f"| {layout} | {kernel} | {seq_len} | {fwd:.3f} | {fwd_bwd:.3f} |")
+    title = (f"{args.mode} on {device_name(device)}, torch {torch.__version__}, {args.dtype}, {shape}; "
+             f"medians over {args.repeats} pass(es)")  # fmt: skip
+    step_name = "forward+backward" if args.mode == "block" else "train step"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown(rows, title, step_name)
+    (out / "bench.md").write_text(table + "\n")
+    plot(rows, out / "bench.png", title, step_name)
+    print("\n" + table)
+    print(f"\nwritten to {out}/ (bench.csv, bench.md, bench.png)")
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""The attention benchmark runs a tiny grid and prints one row per cell."""
+"""The attention benchmark runs a tiny grid and writes one CSV row per cell."""
 
 from __future__ import annotations
+
+import csv
 
 import pytest
 
@@ -8,26 +10,43 @@ import bench
 
 
 @pytest.mark.parametrize("mode", ["block", "gpt"])
-def test_tiny_grid_prints_one_row_per_cell(mode, capsys):
+def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capsys):
     bench.main([
         "--mode", mode, "--seq-len", "8", "16", "--batch", "2", "--n-embd", "16", "--n-head", "2",
-        "--n-layer", "1", "--min-run-time", "0.01", "--device", "cpu",
+        "--n-layer", "1", "--vocab-size", "64", "--min-run-time", "0.01", "--device", "cpu",
+        "--out", str(tmp_path),
     ])  # fmt: skip
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    rows = table[2:]  # after the header and the separator
-    cells = {tuple(cell.strip() for cell in row.strip("|").split("|")[:3]) for row in rows}
-    expected = {(lay, ker, t) for lay in ("fused_qkv", "separate_qkv", "wrapper")
+    with open(tmp_path / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    cells = {(r["layout"], r["kernel"], r["compile"], r["seq_len"]) for r in rows}
+    expected = {(lay, ker, "eager", t) for lay in ("fused_qkv", "separate_qkv", "wrapper")
                 for ker in ("manual", "sdpa") for t in ("8", "16")}  # fmt: skip
-    assert cells == expected
-    for row in rows:
-        forward_ms, forward_backward_ms = (float(v) for v in row.strip("|").split("|")[3:])
-        assert 0 < forward_ms and 0 < forward_backward_ms
+    assert len(rows) == 12 and cells == expected
+    for r in rows:
+        assert float(r["forward_ms"]) > 0 and float(r["step_ms"]) > 0 and r["peak_mem_mb"] == ""
+        assert float(r["tokens_per_sec"]) == pytest.approx(2 * int(r["seq_len"]) / float(r["step_ms"]) * 1e3)
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (tmp_path / "bench.md").read_text().splitlines()
+    assert "threads" in table[0], "the machine is named"
+    assert len([line for line in table if line.startswith("| ")]) == 2 + 12
 
 
-def test_unknown_layout_is_refused_with_the_valid_names(capsys):
+def test_compiled_cells_run(tmp_path):
+    rows = bench.main(["--layouts", "fused_qkv", "--kernels", "sdpa", "--compile", "eager", "compiled",
+                       "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+                       "--min-run-time", "0.01", "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    assert [r["compile"] for r in rows] == ["eager", "compiled"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--layouts", "fused"], "unknown layout 'fused'; choose from ['fused_qkv', 'separate_qkv', 'wrapper']"),
+        (["--kernels", "flash"], "unknown kernel 'flash'; choose from ['manual', 'sdpa']"),
+        (["--compile", "jit"], "unknown compile mode 'jit'; choose from ['compiled', 'eager']"),
+    ],
+)
+def test_unknown_grid_values_are_refused(args, message, capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--layouts", "fused"])
-    assert (
-        "unknown layout 'fused'; choose from ['fused_qkv', 'separate_qkv', 'wrapper']"
-        in capsys.readouterr().err
-    )
+        bench.main(args)
+    assert message in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""Compare finished runs: a table (markdown + CSV) and plots (PNG).
+
+    python compare.py multirun/2026-11-21/10-00-00          # every run of a sweep
+    python compare.py runs/a runs/b --out report/ --target-loss 2.0
+
+Writes report.md, report.csv, val_loss_vs_step.png, val_loss_vs_time.png and
+throughput.png into --out (default: a 'report' folder in the first path), and
+prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+from analysis.plots import plot_throughput, plot_val_loss
+from analysis.report import COLUMNS, build_rows, check_comparable, default_target, markdown_table
+from analysis.runs import find_runs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="run directories or multirun directories")
+    p.add_argument("--out", help="output folder (default: <first path>/report)")
+    p.add_argument("--target-loss", type=float, help="for 'time to target' (default: the loss every run reached)")
+    p.add_argument("--force", action="store_true", help="compare runs of different data or token budgets")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    runs = find_runs(args.paths)
+    check_comparable(runs, force=args.force)
+    target = args.target_loss if args.target_loss is not None else default_target(runs)
+    rows, rule = build_rows(runs, target)
+    out = Path(args.out) if args.out else Path(args.paths[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+
+    with open(out / "report.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["run", *(k for k, _ in COLUMNS), "final_train_loss_se"])
+        writer.writeheader()
+        for run, row in zip(runs, rows):
+            writer.writerow({"run": str(run.path), **row})
+    plots = [
+        plot_val_loss(runs, out, "step"),
+        plot_val_loss(runs, out, "time"),
+        plot_throughput(runs, rows, out),
+    ]
+
+    info = runs[0].info
+    table = markdown_table(rows)
+    header = (
+        f"{len(runs)} runs on {info.get('device_name', '?')} ({info.get('dtype', '?')}); model "
+        f"{info['model']['name']} ({info['params']:,} parameters), data {info['data']['name']}, "
+        f"{runs[0].token_budget:,} tokens per run.\n"
+        f"Target loss for 'time to target': {target if target is None else f'{target:.4f}'}.\n"
+        f"Flagged: {rule}.\n"
+    )
+    figures = "\n".join(f"![{p.stem}]({p.name})" for p in plots)
+    (out / "report.md").write_text(f"# Comparison\n\n{header}\n{table}\n\n{figures}\n")
+    print(header)
+    print(table)
+    print(f"\nwritten to {out}/ (report.md, report.csv, {', '.join(p.name for p in plots)})")
+    return out
+
+
+if __name__ == "__main__":
+    main()

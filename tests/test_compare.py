@@ -1,0 +1,83 @@
+"""compare.py: a tiny real sweep becomes a table with one row per run, and valid PNGs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+
+import pytest
+from helpers import TINY, compose_train, read_metrics
+
+import compare
+from training.loop import train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, data_cache):
+    root = tmp_path_factory.mktemp("sweep")
+    for i, layout in enumerate(["wrapper", "fused_qkv"]):
+        train(compose_train(*TINY, "logger=none", f"attention={layout}", "trainer.max_steps=20",
+                            "trainer.eval_interval=5", f"trainer.run_dir={root / f'{i}_{layout}'}",
+                            f"data.cache_dir={data_cache}"))  # fmt: skip
+    return root
+
+
+def test_report_has_one_row_per_run_with_values_from_its_metrics(sweep, capsys):
+    out = compare.main([str(sweep)])
+    with open(out / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["layout"] for r in rows] == ["wrapper", "fused_qkv"]
+    for row in rows:
+        metrics = read_metrics(row["run"])
+        vals = [m["val/loss"] for m in metrics if "val/loss" in m]
+        steps = [m for m in metrics if "train/loss" in m]
+        assert float(row["best_val_loss"]) == pytest.approx(min(vals))
+        assert float(row["final_train_loss"]) == pytest.approx(statistics.fmean(s["train/loss"] for s in steps[-2:]))
+        steady = steps[2:]  # the first 10% of 20 steps are warm-up
+        assert float(row["tokens_per_sec"]) == pytest.approx(
+            statistics.median(s["perf/tokens_per_sec"] for s in steady)
+        )
+        assert int(row["params"]) == json.loads((sweep / row["run"].split("/")[-1] / "run.json").read_text())["params"]
+        assert float(row["time_to_target_s"]) > 0, "the default target is a loss every run reached"
+    for name in ("val_loss_vs_step.png", "val_loss_vs_time.png", "throughput.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    report = (out / "report.md").read_text()
+    assert "| wrapper | sdpa |" in report and "| fused_qkv | sdpa |" in report
+    assert "Flagged:" in report and "wrapper" in capsys.readouterr().out
+
+
+def test_a_variant_far_outside_the_noise_is_flagged(sweep, tmp_path):
+    import shutil
+
+    for name in ("0_wrapper", "1_fused_qkv"):
+        shutil.copytree(sweep / name, tmp_path / name)
+    metrics = tmp_path / "0_wrapper" / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for m in lines:
+        if "train/loss" in m:
+            m["train/loss"] += 1.0  # a variant that trains much worse
+    metrics.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    out = compare.main([str(tmp_path), "--out", str(tmp_path / "report")])
+    with open(out / "report.csv") as f:
+        flags = {r["layout"]: r["flag"] for r in csv.DictReader(f)}
+    assert flags["wrapper"].startswith("final_train_loss +")
+    assert flags["fused_qkv"].startswith("final_train_loss -")
+
+
+def test_a_directory_with_no_runs_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no runs found in .*run.json and metrics.jsonl"):
+        compare.main([str(tmp_path)])
+
+
+def test_runs_of_different_token_budgets_are_refused_unless_forced(sweep, tmp_path, data_cache):
+    longer = tmp_path / "longer"
+    train(compose_train(*TINY, "logger=none", "trainer.max_steps=25", f"trainer.run_dir={longer}",
+                        f"data.cache_dir={data_cache}"))  # fmt: skip
+    args = [str(sweep / "0_wrapper"), str(longer), "--out", str(tmp_path / "report")]
+    with pytest.raises(ValueError, match="not comparable: token budgets differ.*--force"):
+        compare.main(args)
+    out = compare.main([*args, "--force"])
+    assert (out / "report.csv").exists()
