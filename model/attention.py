@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.kernels import get_kernel
+from model.kernels import attention_probs, get_kernel
 from model.registry import lookup
 
 # One layer's cached keys and values, per slot: slot 0 for the multi-head layouts,
@@ -75,15 +75,33 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C)."""
-        raise NotImplementedError
-
-    def attend_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache | None) -> torch.Tensor:
-        """Run the kernel on full-width q, k, v (B, T, C), viewed as heads."""
-        B, T, C = q.shape
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (self.split_heads(t) for t in self.project(x))
         k, v = remember(cache, 0, k, v)
         y = self.kernel(q, k, v, self.dropout, self.training)
-        return y.transpose(1, 2).contiguous().view(B, T, C)
+        B, H, T, D = y.shape
+        return y.transpose(1, 2).contiguous().view(B, T, H * D)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Full-width q, k, v, each (B, T, C)."""
+        raise NotImplementedError
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, C = t.shape
+        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+
+    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's queries and keys, (B, H, T, head_dim): what its attention weights come from."""
+        q, k, _ = self.project(x)
+        return self.split_heads(q), self.split_heads(k)
+
+    @torch.no_grad()
+    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, T) attention weights, computed from this layout's own projections.
+
+        The manual kernel applies exactly these; sdpa fuses the same formula, so
+        they describe a model run with either kernel.
+        """
+        return attention_probs(*self.queries_keys(x))
 
 
 class WrapperAttention(MultiHeadAttention):
@@ -98,6 +116,10 @@ class WrapperAttention(MultiHeadAttention):
     def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         return torch.cat([head(x, cache, slot) for slot, head in enumerate(self.heads)], dim=-1)
 
+    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.stack([head.query(x) for head in self.heads], dim=1),
+                torch.stack([head.key(x) for head in self.heads], dim=1))  # fmt: skip
+
 
 class SeparateQKVAttention(MultiHeadAttention):
     def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
@@ -106,8 +128,8 @@ class SeparateQKVAttention(MultiHeadAttention):
         self.key = nn.Linear(n_embd, n_embd, bias=bias)
         self.value = nn.Linear(n_embd, n_embd, bias=bias)
 
-    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        return self.attend_qkv(self.query(x), self.key(x), self.value(x), cache)
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.query(x), self.key(x), self.value(x)
 
 
 class FusedQKVAttention(MultiHeadAttention):
@@ -115,9 +137,8 @@ class FusedQKVAttention(MultiHeadAttention):
         super().__init__(n_embd, n_head, kernel, dropout, bias)
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
 
-    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        q, k, v = self.c_attn(x).split(x.size(-1), dim=-1)
-        return self.attend_qkv(q, k, v, cache)
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.c_attn(x).split(x.size(-1), dim=-1)
 
 
 ATTENTION_LAYOUTS: dict[str, type[MultiHeadAttention]] = {

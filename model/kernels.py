@@ -21,14 +21,16 @@ from model.registry import lookup
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
 
 
+def attention_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d_k)) under the causal mask: the weights every kernel applies to V."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    scores = scores.masked_fill(_future_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
+    return F.softmax(scores, dim=-1)
+
+
 def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, training: bool) -> torch.Tensor:
     """The textbook formula: matmul, causal mask, softmax, dropout, matmul."""
-    q_len, k_len = q.size(-2), k.size(-2)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    future = _future_mask(q_len, k_len, q.device)
-    scores = scores.masked_fill(future, float("-inf"))
-    weights = F.dropout(F.softmax(scores, dim=-1), p=dropout, training=training)
-    return weights @ v
+    return F.dropout(attention_probs(q, k), p=dropout, training=training) @ v
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, training: bool) -> torch.Tensor:

@@ -1,0 +1,94 @@
+"""PNG figures of per-head studies: attention-map grids, a single-head zoom, per-head heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+LABELED_TOKENS = 32  # up to this many tokens, the axes carry the tokens themselves
+
+
+def token_label(text: str) -> str:
+    return text.replace("\n", "⏎").replace(" ", "·").replace("\t", "→") or "∅"
+
+
+def _label_axes(ax, labels: list[str] | None, fontsize: int) -> None:
+    if labels is None or len(labels) > LABELED_TOKENS:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    ticks = range(len(labels))
+    ax.set_xticks(ticks, labels, rotation=90, fontsize=fontsize)
+    ax.set_yticks(ticks, labels, fontsize=fontsize)
+
+
+def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
+    """maps: (n_layer, n_head, T, T) for one text."""
+    n_layer, n_head = maps.shape[:2]
+    size = 2.2 if labels is None or len(labels) > 16 else 2.8
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
+    for layer in range(n_layer):
+        for head in range(n_head):
+            ax = axes[layer][head]
+            ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
+            _label_axes(ax, labels if n_head * n_layer <= 16 else None, fontsize=5)
+            ax.set_title(f"L{layer} H{head}", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_single_map(weights: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    image = ax.imshow(weights.float().numpy(), cmap="viridis", vmin=0, vmax=1)
+    _label_axes(ax, labels, fontsize=7)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, cmap: str = "magma") -> Path:
+    """One (n_layer x n_head) heatmap per named value, annotated."""
+    fig, axes = plt.subplots(1, len(values), figsize=(3.6 * len(values), 3.2), squeeze=False)
+    for ax, (name, grid) in zip(axes[0], values.items()):
+        image = ax.imshow(grid.float().numpy(), cmap=cmap, aspect="auto")
+        for (layer, head), value in zip(
+            [(i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])], grid.flatten().tolist()
+        ):
+            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_pruning(curve: list[tuple[tuple[int, int] | None, float]], path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(len(curve)), [loss for _, loss in curve], marker="o", ms=3)
+    ax.set_xlabel("heads removed (greedily, least important first)")
+    ax.set_ylabel("validation loss")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

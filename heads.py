@@ -1,0 +1,137 @@
+"""Inside the committee: what each attention head of a checkpoint does, and which heads matter.
+
+    python heads.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa
+    python heads.py source=runs/... prompt="'for i in range(10):'" layer=1 head=3 prune=true
+
+Writes to ``out`` (default heads-out/):
+- maps.png: attention maps, layers x heads, for the prompt (or the start of the validation text);
+- head_L{layer}_H{head}.png: one head's map, larger;
+- stats.md / stats.csv / stats.png: per-head entropy, mean attention distance, previous-token
+  and first-token (sink) scores, over validation windows;
+- ablation.md / ablation.csv / ablation.png: the validation-loss increase when each head alone is
+  removed; with prune=true also pruning.csv / pruning.png, removing heads greedily.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
+from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
+from data.config import DataConfig
+from data.loader import PreparedData, validation_starts, windows
+from data.prepare import prepare
+from data.tokenizers import get_tokenizer
+from training.checkpoint import load_checkpoint, model_from_checkpoint
+from training.hardware import resolve_device
+
+
+@dataclass
+class HeadsConfig:
+    source: str = MISSING  # a run directory or checkpoint file
+    prompt: str | None = None  # text for the attention maps; unset: the start of the validation text
+    map_tokens: int = 24  # without a prompt: how many validation tokens the maps show
+    windows: int = 16  # validation windows (block_size tokens each) for statistics and ablation
+    layer: int = 0  # the head shown large
+    head: int = 0
+    prune: bool = False  # also remove heads greedily, least important first (n_heads^2 / 2 evaluations)
+    layout: str | None = None  # analyse the weights in another layout (the results are the same)
+    kernel: str | None = None
+    device: str = "auto"
+    data_cache_dir: str | None = None  # where the checkpoint's data is (re)prepared; unset: as in training
+    out: str = "heads-out"
+
+
+ConfigStore.instance().store(name="heads_schema", node=HeadsConfig)
+
+
+def write_table(path_stem: Path, header: list[str], rows: list[list]) -> None:
+    with open(path_stem.with_suffix(".csv"), "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
+    fmt = [f"{v:.4f}" if isinstance(v, float) else str(v) for row in rows for v in row]
+    width = len(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * width]
+    lines += ["| " + " | ".join(fmt[i : i + width]) + " |" for i in range(0, len(fmt), width)]
+    path_stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def validation_windows(ckpt: dict, cfg: HeadsConfig, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    data_cfg = DataConfig(**ckpt["config"]["data"])
+    if cfg.data_cache_dir:
+        data_cfg.cache_dir = cfg.data_cache_dir
+    data = PreparedData(prepare(data_cfg))
+    val = data.tokens["val"]
+    data.check_fits(block_size, vocab_size=data.vocab_size)
+    return windows(val, validation_starts(len(val), block_size, cfg.windows), block_size, device)
+
+
+def run(cfg: HeadsConfig) -> Path:
+    ckpt = load_checkpoint(cfg.source)
+    model = model_from_checkpoint(ckpt, cfg.layout, cfg.kernel)
+    check_head(model, cfg.layer, cfg.head)
+    if cfg.prompt is not None and not cfg.prompt.strip():
+        raise ValueError("prompt is empty; give some text, or leave prompt unset to use validation text")
+    if cfg.windows < 1:
+        raise ValueError(f"windows={cfg.windows} must be at least 1")
+    device = resolve_device(cfg.device)
+    model = model.to(device).eval()
+    tokenizer = get_tokenizer(ckpt["tokenizer"])
+    block = model.config.block_size
+    x, y = validation_windows(ckpt, cfg, block, device)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{Path(cfg.source).name} ({ckpt['config']['attention']['layout']}, step {ckpt['step']})"
+
+    # Attention maps of one text.
+    ids = tokenizer.encode(cfg.prompt)[-block:] if cfg.prompt is not None else x[0, : cfg.map_tokens].tolist()
+    maps = attention_maps(model, torch.tensor([ids], device=device))[:, 0].cpu()  # (L, H, T, T)
+    labels = [token_label(tokenizer.decode_bytes([t]).decode("utf-8", errors="replace")) for t in ids]
+    plot_map_grid(maps, labels, out / "maps.png", f"attention maps, {name}")
+    plot_single_map(maps[cfg.layer, cfg.head], labels, out / f"head_L{cfg.layer}_H{cfg.head}.png",
+                    f"layer {cfg.layer}, head {cfg.head}: {name}")  # fmt: skip
+
+    # Statistics over validation windows, one window at a time (maps are T x T per head).
+    per_window = [head_statistics(attention_maps(model, x[i : i + 1]).cpu()) for i in range(len(x))]
+    stats = {k: torch.stack([w[k] for w in per_window]).mean(0) for k in STATS}
+    every_head = [(layer, head) for layer in range(model.config.n_layer) for head in range(model.config.n_head)]
+    stat_rows = [[layer, head, *(stats[k][layer, head].item() for k in STATS)] for layer, head in every_head]
+    write_table(out / "stats", ["layer", "head", *STATS], stat_rows)
+    plot_head_heatmaps(stats, out / "stats.png", f"per-head statistics over {len(x)} validation windows, {name}")
+
+    # Ablation: the loss increase when each head alone is removed.
+    base, increase = ablation(model, x, y)
+    write_table(out / "ablation", ["layer", "head", "loss_increase", "loss_without_head"],
+                [[layer, head, increase[layer, head].item(), base + increase[layer, head].item()]
+                 for layer, head in every_head])  # fmt: skip
+    plot_head_heatmaps({"val loss increase when removed": increase}, out / "ablation.png",
+                       f"head ablation (val loss {base:.4f} with all heads), {name}", cmap="viridis")  # fmt: skip
+    if cfg.prune:
+        curve = greedy_pruning(model, x, y)
+        write_table(out / "pruning", ["removed", "layer", "head", "loss"],
+                    [[i, *(head if head else ("-", "-")), loss] for i, (head, loss) in enumerate(curve)])  # fmt: skip
+        plot_pruning(curve, out / "pruning.png", f"greedy head pruning, {name}")
+
+    ranked = sorted(every_head, key=lambda lh: increase[lh].item(), reverse=True)
+    print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads", file=sys.stderr)
+    print("most important heads (loss increase when removed): "
+          + ", ".join(f"L{layer}H{head} +{increase[layer, head]:.4f}" for layer, head in ranked[:5]),
+          file=sys.stderr)  # fmt: skip
+    print(f"written to {out}/", file=sys.stderr)
+    return out
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="heads")
+def main(cfg: DictConfig) -> None:
+    run(OmegaConf.to_object(cfg))
+
+
+if __name__ == "__main__":
+    main()

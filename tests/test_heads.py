@@ -1,0 +1,153 @@
+"""Per-head studies: a hand-built previous-token head is found; ablation is exact; the command runs."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from helpers import TINY, compose_train
+
+import heads
+from analysis.heads import ablation, attention_maps, head_statistics, heads_removed, mean_loss
+from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, convert_attention_layout
+from training.loop import train
+
+T, C, H = 8, 32, 2  # positions, width, heads (head_dim 16)
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def committee(layout: str, kernel: str) -> GPT:
+    """Layer 0 head 0 attends only to the previous token; head 1 attends uniformly.
+
+    Tokens carry no information (wte = 0); position i is the one-hot e_i, so after
+    LayerNorm x_i = a * e_i - b. Head 0's keys read x_j and its queries read x_i shifted
+    one slot down, scaled up: score(i, j) = big * [j == i - 1] + the same constant for all j.
+    Head 1's queries and keys are zero: every allowed key gets the same weight.
+    """
+    config = GPTConfig(vocab_size=10, block_size=T, n_layer=1, n_head=H, n_embd=C, attention="separate_qkv")
+    model = GPT(config).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()
+        model.transformer.wpe.weight.copy_(torch.eye(T, C) * 3.0)
+        attn = model.transformer.h[0].attn
+        for proj in (attn.query, attn.key):
+            proj.weight.zero_()
+            proj.bias.zero_()
+        shift = torch.zeros(16, C)
+        for i in range(1, T):
+            shift[i - 1, i] = 1.0  # query of position i points at slot i - 1
+        attn.query.weight[:16] = 60.0 * shift
+        attn.key.weight[:16, :16] = torch.eye(16)
+    sd = convert_attention_layout(model.state_dict(), "separate_qkv", layout, n_head=H)
+    built = GPT(GPTConfig(**{**vars(config), "attention": layout, "kernel": kernel})).eval()
+    built.load_weights(sd)
+    return built
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
+def test_statistics_identify_the_previous_token_head(layout, kernel):
+    model = committee(layout, kernel)
+    maps = attention_maps(model, torch.randint(0, 10, (3, T)))  # (L, B, H, T, T)
+    prev_head = maps[0, :, 0]
+    for i in range(1, T):
+        assert (prev_head[:, i, i - 1] > 0.99).all(), "the map shows the previous-token pattern"
+    uniform = maps[0, :, 1]
+    for i in range(T):
+        torch.testing.assert_close(uniform[:, i, : i + 1], torch.full((3, i + 1), 1 / (i + 1)))
+    stats = head_statistics(maps)
+    assert stats["prev_token"][0, 0] > 0.99 and stats["prev_token"][0, 1] < 0.4
+    assert stats["prev_token"].flatten().argmax() == 0
+    assert stats["mean_distance"][0, 0] == pytest.approx((T - 1) / T, abs=0.01)  # 1 for every query but the first
+    assert stats["entropy"][0, 0] < 0.05 < stats["entropy"][0, 1]
+    first = sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
+    assert stats["first_token"][0, 1] == pytest.approx(first, abs=1e-5)
+
+
+@pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
+def test_attention_rows_sum_to_one_and_respect_causality(layout):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32, attention=layout)).eval()
+    maps = attention_maps(model, torch.randint(0, 50, (2, 16)))
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
+    future = torch.ones(16, 16, dtype=torch.bool).triu(1)
+    assert (maps[..., future] == 0).all()
+
+
+@pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
+def test_ablating_a_head_equals_removing_its_slice_of_the_concatenated_heads(layout):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32, attention=layout)
+    model = GPT(config).eval()
+    x, y = torch.randint(0, 50, (4, 16)), torch.randint(0, 50, (4, 16))
+    original = mean_loss(model, x, y)
+    with heads_removed(model, []):
+        assert mean_loss(model, x, y) == original, "ablating no head reproduces the loss"
+    with heads_removed(model, [(1, 2)]):
+        ablated, _ = model(x, y)
+    # The same head removed by hand: the columns of c_proj that read head 2's slice, zeroed.
+    by_hand = GPT(config).eval()
+    by_hand.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        by_hand.transformer.h[1].attn.c_proj.weight[:, 16:24] = 0
+    expected, expected_loss = by_hand(x, y)
+    torch.testing.assert_close(ablated, expected)
+    base, increase = ablation(model, x, y, progress=False)
+    assert base == original and increase.shape == (2, 4)
+    assert increase[1, 2].item() == pytest.approx(expected_loss.item() - original, abs=1e-6)
+
+
+def test_out_of_range_heads_are_refused():
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32))
+    with pytest.raises(ValueError, match="layer=2 is out of range: this model has layers 0..1"):
+        with heads_removed(model, [(2, 0)]):
+            pass
+    with pytest.raises(ValueError, match="head=4 is out of range: this model has heads 0..3"):
+        with heads_removed(model, [(0, 4)]):
+            pass
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_cache):
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
+                        f"data.cache_dir={data_cache}"))  # fmt: skip
+    return run
+
+
+def config(trained, data_cache, tmp_path, **fields) -> heads.HeadsConfig:
+    base = dict(source=str(trained), windows=4, device="cpu", data_cache_dir=str(data_cache), out=str(tmp_path / "out"))
+    return heads.HeadsConfig(**{**base, **fields})
+
+
+def test_command_writes_valid_pngs_and_tables(trained, data_cache, tmp_path):
+    out = heads.run(config(trained, data_cache, tmp_path, prompt="import os\n", layer=0, head=1, prune=True))
+    for name in ("maps.png", "head_L0_H1.png", "stats.png", "ablation.png", "pruning.png"):
+        assert (out / name).read_bytes()[:8] == PNG, name
+    with open(out / "stats.csv") as f:
+        stats = list(csv.DictReader(f))
+    assert [(r["layer"], r["head"]) for r in stats] == [("0", "0"), ("0", "1")]
+    for row in stats:
+        assert 0 <= float(row["prev_token"]) <= 1 and 0 <= float(row["first_token"]) <= 1
+        assert float(row["entropy"]) >= 0 and float(row["mean_distance"]) >= 0
+    with open(out / "ablation.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    with open(out / "pruning.csv") as f:
+        losses = [float(r["loss"]) for r in csv.DictReader(f)]
+    assert len(losses) == 3, "all heads, then one removed, then both"
+    assert "| layer | head | entropy |" in (out / "stats.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "fields,error,message",
+    [
+        (dict(layer=3), ValueError, "layer=3 is out of range"),
+        (dict(head=9), ValueError, "head=9 is out of range: this model has heads 0..1"),
+        (dict(prompt="   "), ValueError, "prompt is empty"),
+        (dict(source="/nonexistent/run"), FileNotFoundError, "no checkpoint at"),
+    ],
+)
+def test_bad_input_is_a_clear_error(trained, data_cache, tmp_path, fields, error, message):
+    with pytest.raises(error, match=message):
+        heads.run(config(trained, data_cache, tmp_path, **fields))
