@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -10,7 +11,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-LABELED_TOKENS = 32  # up to this many tokens, the axes carry the tokens themselves
+LABELED_TOKENS = 32  # up to this many tokens, a single map's axes carry the tokens themselves
+GRID_LABELED_TOKENS = 24  # the same for the small maps of the grid
 
 
 def token_label(text: str) -> str:
@@ -30,13 +32,14 @@ def _label_axes(ax, labels: list[str] | None, fontsize: int) -> None:
 def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
     """maps: (n_layer, n_head, T, T) for one text."""
     n_layer, n_head = maps.shape[:2]
-    size = 2.2 if labels is None or len(labels) > 16 else 2.8
+    labeled = labels is not None and len(labels) <= GRID_LABELED_TOKENS
+    size = 3.0 if labeled else 2.2
     fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
     for layer in range(n_layer):
         for head in range(n_head):
             ax = axes[layer][head]
             ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
-            _label_axes(ax, labels if n_head * n_layer <= 16 else None, fontsize=5)
+            _label_axes(ax, labels if labeled else None, fontsize=5)
             ax.set_title(f"L{layer} H{head}", fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -61,20 +64,22 @@ def plot_single_map(weights: torch.Tensor, labels: list[str] | None, path: Path,
 
 def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, cmap: str = "magma") -> Path:
     """One (n_layer x n_head) heatmap per named value, annotated."""
-    fig, axes = plt.subplots(1, len(values), figsize=(3.6 * len(values), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(values), figsize=(max(6.0, 3.6 * len(values)), 3.4), squeeze=False)
     for ax, (name, grid) in zip(axes[0], values.items()):
         image = ax.imshow(grid.float().numpy(), cmap=cmap, aspect="auto")
-        for (layer, head), value in zip(
-            [(i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])], grid.flatten().tolist()
-        ):
-            ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6, color="w")
+        low, high = grid.min().item(), grid.max().item()
+        for layer in range(grid.shape[0]):
+            for head in range(grid.shape[1]):
+                value = grid[layer, head].item()
+                bright = (value - low) / max(high - low, 1e-12) > 0.6  # dark text on the bright end of the map
+                ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6, color="k" if bright else "w")
         ax.set_xticks(range(grid.shape[1]))
         ax.set_yticks(range(grid.shape[0]))
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(name, fontsize=9)
         fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 90), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

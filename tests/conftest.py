@@ -25,3 +25,16 @@ import pytest  # noqa: E402
 def data_cache(tmp_path_factory):
     """One prepared-data cache for the whole session: the corpus is tokenized once."""
     return tmp_path_factory.mktemp("data-cache")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, data_cache):
+    """A checkpoint from a real (tiny) training run, shared by the sampling and head-analysis tests."""
+    from helpers import TINY, compose_train
+
+    from training.loop import train
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
+                        f"data.cache_dir={data_cache}"))  # fmt: skip
+    return run

@@ -6,12 +6,10 @@ import csv
 
 import pytest
 import torch
-from helpers import TINY, compose_train
 
 import heads
 from analysis.heads import ablation, attention_maps, head_statistics, heads_removed, mean_loss
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, convert_attention_layout
-from training.loop import train
 
 T, C, H = 8, 32, 2  # positions, width, heads (head_dim 16)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -108,21 +106,15 @@ def test_out_of_range_heads_are_refused():
             pass
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_cache):
-    run = tmp_path_factory.mktemp("trained") / "run"
-    train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
-                        f"data.cache_dir={data_cache}"))  # fmt: skip
-    return run
-
-
-def config(trained, data_cache, tmp_path, **fields) -> heads.HeadsConfig:
-    base = dict(source=str(trained), windows=4, device="cpu", data_cache_dir=str(data_cache), out=str(tmp_path / "out"))
+def config(trained_run, data_cache, tmp_path, **fields) -> heads.HeadsConfig:
+    base = dict(
+        source=str(trained_run), windows=4, device="cpu", data_cache_dir=str(data_cache), out=str(tmp_path / "out")
+    )
     return heads.HeadsConfig(**{**base, **fields})
 
 
-def test_command_writes_valid_pngs_and_tables(trained, data_cache, tmp_path):
-    out = heads.run(config(trained, data_cache, tmp_path, prompt="import os\n", layer=0, head=1, prune=True))
+def test_command_writes_valid_pngs_and_tables(trained_run, data_cache, tmp_path):
+    out = heads.run(config(trained_run, data_cache, tmp_path, prompt="import os\n", layer=0, head=1, prune=True))
     for name in ("maps.png", "head_L0_H1.png", "stats.png", "ablation.png", "pruning.png"):
         assert (out / name).read_bytes()[:8] == PNG, name
     with open(out / "stats.csv") as f:
@@ -148,6 +140,6 @@ def test_command_writes_valid_pngs_and_tables(trained, data_cache, tmp_path):
         (dict(source="/nonexistent/run"), FileNotFoundError, "no checkpoint at"),
     ],
 )
-def test_bad_input_is_a_clear_error(trained, data_cache, tmp_path, fields, error, message):
+def test_bad_input_is_a_clear_error(trained_run, data_cache, tmp_path, fields, error, message):
     with pytest.raises(error, match=message):
-        heads.run(config(trained, data_cache, tmp_path, **fields))
+        heads.run(config(trained_run, data_cache, tmp_path, **fields))

@@ -7,30 +7,21 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train
+from helpers import ROOT
 
 import sample
 from model import generate
 from model.pretrained import load_pretrained_gpt2
-from training.loop import train
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, data_cache):
-    run = tmp_path_factory.mktemp("trained") / "run"
-    train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
-                        f"data.cache_dir={data_cache}"))  # fmt: skip
-    return run
 
 
 def config(**fields) -> sample.SampleConfig:
     return sample.SampleConfig(**{"max_new_tokens": 40, "device": "cpu", **fields})
 
 
-def test_cli_samples_a_checkpoint_from_a_tiny_training_run(run_dir):
-    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={run_dir}", "prompt='import '",
+def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
+    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt='import '",
            "max_new_tokens=30", "num_samples=2", "seed=3"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=run_dir)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=trained_run)
     assert result.returncode == 0, result.stderr
     samples = result.stdout.split("--- sample ")[1:]
     assert len(samples) == 2
@@ -40,10 +31,10 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(run_dir):
     assert result.stderr.count("tokens/s (with KV cache, cpu)") == 2
 
 
-def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(run_dir, capsys):
+def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(trained_run, capsys):
     outputs = {
         (layout, kernel): sample.run(
-            config(source=str(run_dir), prompt="def ", temperature=0.0, layout=layout, kernel=kernel)
+            config(source=str(trained_run), prompt="def ", temperature=0.0, layout=layout, kernel=kernel)
         )[0]  # fmt: skip
         for layout in ("wrapper", "separate_qkv", "fused_qkv")
         for kernel in ("manual", "sdpa")
@@ -52,9 +43,9 @@ def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_oth
     assert next(iter(outputs.values())).startswith("def ")
 
 
-def test_same_seed_same_text_with_and_without_the_cache(run_dir, capsys):
-    a = sample.run(config(source=str(run_dir), seed=5, temperature=1.0, top_p=0.9))
-    b = sample.run(config(source=str(run_dir), seed=5, temperature=1.0, top_p=0.9, use_cache=False))
+def test_same_seed_same_text_with_and_without_the_cache(trained_run, capsys):
+    a = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9))
+    b = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9, use_cache=False))
     assert a == b
 
 
@@ -92,32 +83,32 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
         sample.run(config(source=str(tmp_path)))
 
 
-def test_checkpoint_whose_config_does_not_match_its_weights_is_refused(run_dir, tmp_path):
-    ckpt = torch.load(run_dir / "last.pt", weights_only=True)
+def test_checkpoint_whose_config_does_not_match_its_weights_is_refused(trained_run, tmp_path):
+    ckpt = torch.load(trained_run / "last.pt", weights_only=True)
     ckpt["model_config"]["n_embd"] = 64
     torch.save(ckpt, tmp_path / "edited.pt")
     with pytest.raises(ValueError, match="weights do not match its own config.*transformer.wte.weight"):
         sample.run(config(source=str(tmp_path / "edited.pt")))
 
 
-def test_prompt_notices_and_clamps(run_dir, capsys):
+def test_prompt_notices_and_clamps(trained_run, capsys):
     long_prompt = "x = 1\n" * 20  # 120 byte tokens > block_size 32
-    text = sample.run(config(source=str(run_dir), prompt=long_prompt, max_new_tokens=5, top_k=10_000))[0]
+    text = sample.run(config(source=str(trained_run), prompt=long_prompt, max_new_tokens=5, top_k=10_000))[0]
     err = capsys.readouterr().err
     assert "the prompt has 120 tokens, more than block_size=32: kept its last 32" in err
     assert "top_k=10000 is larger than the vocabulary (257): no limit" in err
     assert text.startswith(long_prompt[-32:])
-    sample.run(config(source=str(run_dir), prompt="", max_new_tokens=5))
+    sample.run(config(source=str(trained_run), prompt="", max_new_tokens=5))
     assert "empty prompt: starting from <|endoftext|>" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("top_p", [0.0, 1.5])
-def test_top_p_outside_the_unit_interval_is_refused(run_dir, top_p):
+def test_top_p_outside_the_unit_interval_is_refused(trained_run, top_p):
     with pytest.raises(ValueError, match=f"top_p={top_p} must be in \\(0, 1\\]"):
-        sample.run(config(source=str(run_dir), top_p=top_p))
+        sample.run(config(source=str(trained_run), top_p=top_p))
 
 
-def test_prompt_from_a_file(run_dir, tmp_path, capsys):
+def test_prompt_from_a_file(trained_run, tmp_path, capsys):
     (tmp_path / "prompt.txt").write_text("class ")
-    text = sample.run(config(source=str(run_dir), prompt_file=str(tmp_path / "prompt.txt"), max_new_tokens=5))
+    text = sample.run(config(source=str(trained_run), prompt_file=str(tmp_path / "prompt.txt"), max_new_tokens=5))
     assert text[0].startswith("class ")
