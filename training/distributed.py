@@ -35,6 +35,14 @@ class Distributed:
         dist.all_reduce(t)
         return t.item() / self.world_size
 
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Element-wise sums over ranks (every rank must call it, with the same number of values)."""
+        if not self.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank when it is true on one (e.g. a stop signal)."""
         if not self.enabled:

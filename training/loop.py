@@ -246,7 +246,8 @@ class Trainer:
             total += loss.item() * len(x)
             count += len(x)
         self.model.train()
-        val_loss = self.dist.mean(total / max(count, 1), self.device) if count else math.nan
+        total, count = self.dist.sum([total, count], self.device)  # ranks may hold unequal shares
+        val_loss = total / count
         # nats per token -> bits per byte of text
         metrics = {"val/loss": val_loss, "val/bpb": val_loss / math.log(2) / self.bytes_per_token}
         if self.log is not None:
