@@ -57,8 +57,8 @@ def settings_of(cfg: DataConfig, tokenizer: Tokenizer) -> dict:
     return settings
 
 
-def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer) -> Path:
-    settings = settings_of(cfg, tokenizer)
+def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer, settings: dict | None = None) -> Path:
+    settings = settings if settings is not None else settings_of(cfg, tokenizer)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     return Path(os.path.expanduser(cfg.cache_dir)) / f"{cfg.name}-{tokenizer.name}-{digest}"
 
@@ -66,7 +66,8 @@ def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer) -> Path:
 def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     """Prepare (or reuse) the token files of ``cfg``; returns their directory."""
     tokenizer = tokenizer or get_tokenizer(cfg.tokenizer)
-    target = prepared_dir(cfg, tokenizer)
+    settings = settings_of(cfg, tokenizer)  # stats the source files once
+    target = prepared_dir(cfg, tokenizer, settings)
     if (target / "meta.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,7 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        meta = _write_tokens(cfg, tokenizer, partial)
+        meta = _write_tokens(cfg, tokenizer, partial, settings, target.name)
         _atomic_write_text(partial / "meta.json", json.dumps(meta, indent=2))
         try:
             os.rename(partial, target)
@@ -97,7 +98,7 @@ def _tokenize(batch: dict, indices: list[int], tokenizer: Tokenizer, seed: int, 
     }
 
 
-def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path) -> dict:
+def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings: dict, name: str) -> dict:
     docs = load_documents(cfg)
     map_args = dict(
         batched=True,
@@ -110,7 +111,7 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path) -> dict:
         workers = min(cfg.num_proc or os.cpu_count() or 1, len(docs))
         map_args.update(
             num_proc=workers if workers > 1 else None,  # None: in this process, no pool
-            new_fingerprint=prepared_dir(cfg, tokenizer).name,
+            new_fingerprint=name,
             desc=f"tokenize ({tokenizer.name})",
         )
     tokens = docs.map(_tokenize, **map_args)
@@ -158,13 +159,14 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path) -> dict:
         "eot_id": tokenizer.eot_id,
         "dtype": dtype.name,
         "splits": counts,
-        "settings": settings_of(cfg, tokenizer),
+        "settings": settings,
         "config": asdict(cfg),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
-def _rows(tokens) -> Iterator[tuple[list[int], int, bool]]:
+def _rows(tokens) -> Iterator[tuple[np.ndarray, int, bool]]:
+    """(token ids, text bytes, is validation) per document, in order."""
     for batch in tokens.with_format("numpy").iter(batch_size=1000):
         yield from zip(batch["ids"], batch["n_bytes"], batch["val"], strict=True)
 
