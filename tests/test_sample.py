@@ -31,6 +31,13 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     assert result.stderr.count("tokens/s (with KV cache, cpu)") == 2
 
 
+def test_cli_reads_the_prompt_from_stdin(trained_run):
+    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt=-", "max_new_tokens=10"]
+    result = subprocess.run(cmd, input="while True:", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("while True:") and len(result.stdout) > len("while True:")
+
+
 def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(trained_run, capsys):
     outputs = {
         (layout, kernel): sample.run(
