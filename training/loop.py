@@ -216,7 +216,7 @@ class Trainer:
 
     def _train_step(self, forward, loader: BatchLoader, step: int) -> float:
         """One optimizer step over ``grad_accum`` micro-batches; returns the mean loss over all ranks."""
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)  # summed on the device: no sync per micro-step
         for micro in range(self.grad_accum):
             x, y = loader.batch(step, micro)
             last = micro == self.grad_accum - 1
@@ -226,12 +226,12 @@ class Trainer:
                 with autocast(self.device, self.dtype):
                     _, loss = forward(x, y)
                 (loss / self.grad_accum).backward()
-            total += loss.item()
+            total += loss.detach()
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self.dist.mean(total / self.grad_accum, self.device)
+        return self.dist.mean(total.item() / self.grad_accum, self.device)
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict:
