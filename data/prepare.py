@@ -76,7 +76,7 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     partial.mkdir()
     try:
         meta = _write_tokens(cfg, tokenizer, partial, settings, target.name)
-        _atomic_write_text(partial / "meta.json", json.dumps(meta, indent=2))
+        (partial / "meta.json").write_text(json.dumps(meta, indent=2))  # the rename below makes it appear
         try:
             os.rename(partial, target)
         except OSError:  # another process finished the same directory first: keep theirs
@@ -169,9 +169,3 @@ def _rows(tokens) -> Iterator[tuple[np.ndarray, int, bool]]:
     """(token ids, text bytes, is validation) per document, in order."""
     for batch in tokens.with_format("numpy").iter(batch_size=1000):
         yield from zip(batch["ids"], batch["n_bytes"], batch["val"], strict=True)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

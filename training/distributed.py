@@ -29,11 +29,7 @@ class Distributed:
 
     def mean(self, value: float, device: torch.device) -> float:
         """The average of a number over ranks."""
-        if not self.enabled:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return t.item() / self.world_size
+        return self.sum([value], device)[0] / self.world_size
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Element-wise sums over ranks (every rank must call it, with the same number of values)."""
