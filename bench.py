@@ -15,7 +15,6 @@ and bench.png (time against sequence length) to --out, and prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import statistics
 from pathlib import Path
@@ -24,8 +23,9 @@ import torch
 import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
+from analysis.tables import save_figure, write_csv, write_text
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
-from training.hardware import autocast, device_name, resolve_device
+from model.device import autocast, device_name, resolve_device
 
 COMPILE_MODES = ("eager", "compiled")
 FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
@@ -161,9 +161,6 @@ def markdown(rows: list[dict], title: str, step_name: str) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -183,9 +180,7 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     ax.set_title(title, fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -200,12 +195,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     step_name = "forward+backward" if args.mode == "block" else "train step"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "bench.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "bench.csv", FIELDS, [[row[k] for k in FIELDS] for row in rows])
     table = markdown(rows, title, step_name)
-    (out / "bench.md").write_text(table + "\n")
+    write_text(out / "bench.md", table + "\n")
     plot(rows, out / "bench.png", title, step_name)
     print("\n" + table)
     print(f"\nwritten to {out}/ (bench.csv, bench.md, bench.png)")

@@ -11,12 +11,12 @@ prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 from analysis.plots import plot_throughput, plot_val_loss
 from analysis.report import COLUMNS, build_rows, check_comparable, default_target, markdown_table
 from analysis.runs import find_runs
+from analysis.tables import write_csv, write_text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,11 +37,9 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(args.out) if args.out else Path(args.paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
 
-    with open(out / "report.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["run", *(k for k, _ in COLUMNS), "final_train_loss_se"])
-        writer.writeheader()
-        for run, row in zip(runs, rows):
-            writer.writerow({"run": str(run.path), **row})
+    fields = [k for k, _ in COLUMNS] + ["final_train_loss_se"]
+    write_csv(out / "report.csv", ["run", *fields], [[str(run.path), *(row[k] for k in fields)]
+                                                     for run, row in zip(runs, rows)])  # fmt: skip
     plots = [
         plot_val_loss(runs, out, "step"),
         plot_val_loss(runs, out, "time"),
@@ -58,7 +56,9 @@ def main(argv: list[str] | None = None) -> Path:
         f"Flagged: {rule}.\n"
     )
     figures = "\n".join(f"![{p.stem}]({p.name})" for p in plots)
-    (out / "report.md").write_text(f"# Comparison\n\n{header}\n{table}\n\n{figures}\n")
+    excluded = ("Speed and time columns exclude compilation (its own 'compile s' column) and count each "
+                "warm-up step (the first 10% of steps, at most 20) as a steady-state step.\n")
+    write_text(out / "report.md", f"# Comparison\n\n{header}{excluded}\n{table}\n\n{figures}\n")
     print(header)
     print(table)
     print(f"\nwritten to {out}/ (report.md, report.csv, {', '.join(p.name for p in plots)})")

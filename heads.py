@@ -2,8 +2,12 @@
 
     python heads.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa
     python heads.py source=runs/... prompt="'for i in range(10):'" layer=1 head=3 prune=true
+    python heads.py source=gpt2 data=tinyshakespeare       # pretrained GPT-2, through the same loader
 
-Writes to ``out`` (default heads-out/):
+The validation text comes from the ``data`` option (as in train.py; default
+pystdlib), tokenized with the model's own tokenizer: pass the data the model
+was trained on. Writes to ``out`` (default: ``<run dir>/heads-<checkpoint>/``
+for a run, ``heads-<name>/`` otherwise):
 - maps.png: attention maps, layers x heads, for the prompt (or the start of the validation text);
 - head_L{layer}_H{head}.png: one head's map, larger;
 - stats.md / stats.csv / stats.png: per-head entropy, mean attention distance, previous-token
@@ -14,9 +18,8 @@ Writes to ``out`` (default heads-out/):
 
 from __future__ import annotations
 
-import csv
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import hydra
@@ -26,69 +29,64 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
 from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
+from analysis.tables import write_table
+from cli import refuse_renamed_options
 from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
-from data.tokenizers import get_tokenizer
-from training.checkpoint import load_checkpoint, model_from_checkpoint
-from training.hardware import resolve_device
+from model import load_model
+from model.device import resolve_device
 
 
 @dataclass
 class HeadsConfig:
-    source: str = MISSING  # a run directory or checkpoint file
+    source: str = MISSING  # a run directory, a checkpoint file, gpt2[-medium|-large|-xl], or an HF folder
+    checkpoint: str = "best.pt"  # which checkpoint of a run directory: best.pt | last.pt
+    data: DataConfig = field(default_factory=DataConfig)  # the validation text; its tokenizer is the model's
     prompt: str | None = None  # text for the attention maps; unset: the start of the validation text
     map_tokens: int = 24  # without a prompt: how many validation tokens the maps show
     windows: int = 16  # validation windows (block_size tokens each) for statistics and ablation
     layer: int = 0  # the head shown large
     head: int = 0
     prune: bool = False  # also remove heads greedily, least important first (n_heads^2 / 2 evaluations)
-    layout: str | None = None  # analyse the weights in another layout (the results are the same)
+    attention: str | None = None  # analyse the weights in another QKV layout (the results are the same)
     kernel: str | None = None
     device: str = "auto"
-    data_cache_dir: str | None = None  # where the checkpoint's data is (re)prepared; unset: as in training
-    out: str = "heads-out"
+    out: str | None = None  # unset: <run dir>/heads-<checkpoint> for runs, heads-<name> otherwise
 
 
 ConfigStore.instance().store(name="heads_schema", node=HeadsConfig)
 
 
-def write_table(path_stem: Path, header: list[str], rows: list[list]) -> None:
-    with open(path_stem.with_suffix(".csv"), "w", newline="") as f:
-        csv.writer(f).writerows([header, *rows])
-    fmt = [f"{v:.4f}" if isinstance(v, float) else str(v) for row in rows for v in row]
-    width = len(header)
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * width]
-    lines += ["| " + " | ".join(fmt[i : i + width]) + " |" for i in range(0, len(fmt), width)]
-    path_stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-
-
-def validation_windows(ckpt: dict, cfg: HeadsConfig, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    data_cfg = DataConfig(**ckpt["config"]["data"])
-    if cfg.data_cache_dir:
-        data_cfg.cache_dir = cfg.data_cache_dir
+def validation_windows(data_cfg: DataConfig, n: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` windows spread evenly over the validation split (training's ``validation_starts``)."""
     data = PreparedData(prepare(data_cfg))
     val = data.tokens["val"]
     data.check_fits(block_size, vocab_size=data.vocab_size)
-    return windows(val, validation_starts(len(val), block_size, cfg.windows), block_size, device)
+    return windows(val, validation_starts(len(val), block_size, n), block_size, device)
+
+
+def default_out(cfg: HeadsConfig, path: Path | None) -> Path:
+    if path is None:  # a pretrained model
+        return Path(f"heads-{Path(cfg.source).name}")
+    return path.parent / f"heads-{path.stem}"
 
 
 def run(cfg: HeadsConfig) -> Path:
-    ckpt = load_checkpoint(cfg.source)
-    model = model_from_checkpoint(ckpt, cfg.layout, cfg.kernel)
+    loaded = load_model(cfg.source, cfg.attention, cfg.kernel, checkpoint=cfg.checkpoint)
+    model, tokenizer = loaded.model, loaded.tokenizer
     check_head(model, cfg.layer, cfg.head)
     if cfg.prompt is not None and not cfg.prompt.strip():
         raise ValueError("prompt is empty; give some text, or leave prompt unset to use validation text")
     if cfg.windows < 1:
         raise ValueError(f"windows={cfg.windows} must be at least 1")
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, option="device")
     model = model.to(device).eval()
-    tokenizer = get_tokenizer(ckpt["tokenizer"])
     block = model.config.block_size
-    x, y = validation_windows(ckpt, cfg, block, device)
-    out = Path(cfg.out)
+    x, y = validation_windows(replace(cfg.data, tokenizer=tokenizer.name), cfg.windows, block, device)
+    out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{Path(cfg.source).name} ({ckpt['config']['attention']['layout']}, step {ckpt['step']})"
+    name = f"{loaded.name} ({model.config.attention})"
 
     # Attention maps of one text.
     ids = tokenizer.encode(cfg.prompt)[-block:] if cfg.prompt is not None else x[0, : cfg.map_tokens].tolist()
@@ -120,7 +118,8 @@ def run(cfg: HeadsConfig) -> Path:
         plot_pruning(curve, out / "pruning.png", f"greedy head pruning, {name}")
 
     ranked = sorted(every_head, key=lambda lh: increase[lh].item(), reverse=True)
-    print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads", file=sys.stderr)
+    print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads, over {len(x)} windows of "
+          f"{block} tokens spread evenly over the validation split of data={cfg.data.name}", file=sys.stderr)
     print("most important heads (loss increase when removed): "
           + ", ".join(f"L{layer}H{head} +{increase[layer, head]:.4f}" for layer, head in ranked[:5]),
           file=sys.stderr)  # fmt: skip
@@ -134,4 +133,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_renamed_options({"layout": "attention", "data_cache_dir": "data.cache_dir"})
     main()

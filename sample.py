@@ -1,7 +1,7 @@
 """Sample text from a checkpoint or a pretrained GPT-2: ``python sample.py source=... [key=value ...]``.
 
     python sample.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa prompt="def "
-    python sample.py source=runs/.../best.pt layout=wrapper kernel=manual      # any layout
+    python sample.py source=runs/.../best.pt attention=wrapper kernel=manual   # any layout
     python sample.py source=gpt2 prompt="The meaning of life is" temperature=0  # greedy GPT-2
     echo "import os" | python sample.py source=runs/... prompt=-              # prompt from stdin
 
@@ -21,12 +21,11 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from data.tokenizers import EOT, get_tokenizer
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, generate
-from model.pretrained import is_pretrained_source, load_pretrained_gpt2
+from cli import refuse_renamed_options
+from data.tokenizers import EOT
+from model import ATTENTION_LAYOUTS, KERNELS, generate, load_model
+from model.device import autocast, resolve_device, resolve_dtype
 from model.registry import lookup
-from training.checkpoint import load_checkpoint, model_from_checkpoint
-from training.hardware import autocast, resolve_device, resolve_dtype
 
 
 @dataclass
@@ -43,7 +42,7 @@ class SampleConfig:
     device: str = "auto"
     dtype: str = "auto"  # bf16 autocast on CUDA when supported
     compile: bool = False
-    layout: str | None = None  # run the weights in another attention layout: wrapper | separate_qkv | fused_qkv
+    attention: str | None = None  # run the weights in another QKV layout: wrapper | separate_qkv | fused_qkv
     kernel: str | None = None  # manual | sdpa
     use_cache: bool = True  # the KV cache; false recomputes the whole context for every token
 
@@ -64,18 +63,10 @@ def check(cfg: SampleConfig) -> None:
         raise ValueError("num_samples must be >= 1 and max_new_tokens >= 0")
     if cfg.top_k is not None and cfg.top_k < 1:
         raise ValueError(f"top_k={cfg.top_k} must be >= 1 (or null for no limit)")
-    if cfg.layout is not None:
-        lookup(ATTENTION_LAYOUTS, "attention layout", cfg.layout)
+    if cfg.attention is not None:
+        lookup(ATTENTION_LAYOUTS, "attention layout", cfg.attention)
     if cfg.kernel is not None:
         lookup(KERNELS, "attention kernel", cfg.kernel)
-
-
-def load_model(cfg: SampleConfig) -> tuple[GPT, str]:
-    """The model and its tokenizer's name, from the source alone."""
-    if is_pretrained_source(cfg.source):
-        return load_pretrained_gpt2(cfg.source, cfg.layout or "fused_qkv", cfg.kernel or "sdpa"), "gpt2"
-    ckpt = load_checkpoint(cfg.source)
-    return model_from_checkpoint(ckpt, cfg.layout, cfg.kernel), ckpt["tokenizer"]
 
 
 def read_prompt(cfg: SampleConfig) -> str:
@@ -101,11 +92,10 @@ def prompt_ids(text: str, tokenizer, block_size: int) -> list[int]:
 def run(cfg: SampleConfig) -> list[str]:
     """Generate ``num_samples`` continuations, streaming them to stdout; returns them."""
     check(cfg)
-    device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device)
-    model, tokenizer_name = load_model(cfg)
-    model = model.to(device).eval()
-    tokenizer = get_tokenizer(tokenizer_name)
+    device = resolve_device(cfg.device, option="device")
+    dtype = resolve_dtype(cfg.dtype, device, option="dtype")
+    loaded = load_model(cfg.source, cfg.attention, cfg.kernel)
+    model, tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
     ids = prompt_ids(read_prompt(cfg), tokenizer, model.config.block_size)
     top_k = cfg.top_k
     if top_k is not None and top_k > model.config.vocab_size:
@@ -146,4 +136,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    refuse_renamed_options({"layout": "attention"})
     main()

@@ -11,6 +11,8 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from analysis.tables import save_figure  # noqa: E402
+
 LABELED_TOKENS = 32  # up to this many tokens, a single map's axes carry the tokens themselves
 GRID_LABELED_TOKENS = 24  # the same for the small maps of the grid
 
@@ -42,9 +44,7 @@ def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, titl
             _label_axes(ax, labels if labeled else None, fontsize=5)
             ax.set_title(f"L{layer} H{head}", fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -56,9 +56,7 @@ def plot_single_map(weights: torch.Tensor, labels: list[str] | None, path: Path,
     ax.set_ylabel("query (attending)")
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -80,9 +78,7 @@ def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, 
         ax.set_title(name, fontsize=9)
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.suptitle(textwrap.fill(title, 90), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -93,7 +89,5 @@ def plot_pruning(curve: list[tuple[tuple[int, int] | None, float]], path: Path, 
     ax.set_ylabel("validation loss")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

@@ -5,13 +5,11 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from analysis.runs import Run  # noqa: E402
+from analysis.runs import Run
+from analysis.tables import save_figure
 
 
 def label(run: Run) -> str:
@@ -23,21 +21,16 @@ def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = itertools.cycle(["-", "--", ":", "-."])
     for run in runs:
-        elapsed, at = 0.0, {}
-        for s in run.steps:
-            elapsed += s["perf/step_ms"] / 1e3
-            at[s["step"]] = elapsed
+        at = run.training_seconds()
         xs = [e["step"] if against == "step" else at.get(e["step"], float("nan")) for e in run.evals]
         ax.plot(xs, [e["val/loss"] for e in run.evals], next(styles), marker="o", ms=3, label=label(run))
-    ax.set_xlabel("step" if against == "step" else "training time (s)")
+    ax.set_xlabel("step" if against == "step" else "training time (s; compile and warm-up steps excluded)")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'wall time'}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     path = out / f"val_loss_vs_{against}.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
@@ -51,8 +44,6 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     ax.set_ylabel("tokens/s (median after warm-up)")
     ax.legend(handles=[Patch(color="C0", label="sdpa kernel"), Patch(color="C1", label="manual kernel")], fontsize=8)
     ax.set_title(f"training throughput ({runs[0].info.get('device_name', '?')})", fontsize=9)
-    fig.tight_layout()
     path = out / "throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

@@ -6,9 +6,8 @@ import math
 import statistics
 from collections import defaultdict
 
-from analysis.runs import Run
+from analysis.runs import Run, warmup_steps
 
-WARMUP_FRACTION = 0.1  # steps left out of the steady-state speed (allocator, caches, compile)
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 FLAG_SIGMAS = 3.0
 
@@ -16,7 +15,8 @@ COLUMNS = [
     ("layout", "layout"), ("kernel", "kernel"), ("seed", "seed"), ("params", "params"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
     ("best_val_bpb", "val bpb"), ("tokens_per_sec", "tokens/s"), ("step_ms", "step ms"),
-    ("peak_mem_mb", "peak mem MB"), ("mfu", "MFU"), ("time_to_target_s", "time to target s"),
+    ("peak_mem_mb", "peak mem MB"), ("mfu", "MFU"), ("compile_s", "compile s"),
+    ("time_to_target_s", "time to target s"),
     ("flag", "flag"),
 ]  # fmt: skip
 
@@ -43,7 +43,7 @@ def default_target(runs: list[Run]) -> float | None:
 
 def summarize(run: Run, target: float | None) -> dict:
     steps, evals = run.steps, run.evals
-    steady = steps[int(len(steps) * WARMUP_FRACTION) :] or steps
+    steady = steps[warmup_steps(len(steps)) :] or steps
     final = steps[-max(1, int(len(steps) * FINAL_FRACTION)) :]
     losses = [s["train/loss"] for s in final]
     best = min(evals, key=lambda e: e["val/loss"]) if evals else None
@@ -63,19 +63,18 @@ def summarize(run: Run, target: float | None) -> dict:
         "step_ms": statistics.median(s["perf/step_ms"] for s in steady) if steady else math.nan,
         "peak_mem_mb": max((m for m in memory if m is not None), default=math.nan),
         "mfu": statistics.median(mfu) if mfu else None,
+        "compile_s": run.compile_seconds,
         "time_to_target_s": time_to_target(run, target),
         "flag": "",
     }
 
 
 def time_to_target(run: Run, target: float | None) -> float | None:
-    """Training seconds (sum of step times, evaluation excluded) until val/loss first reached target."""
+    """Training seconds until val/loss first reached target (``Run.training_seconds``: evaluation,
+    compilation and the warm-up steps' excess excluded)."""
     if target is None:
         return None
-    elapsed, by_step = 0.0, {}
-    for s in run.steps:
-        elapsed += s["perf/step_ms"] / 1e3
-        by_step[s["step"]] = elapsed
+    by_step = run.training_seconds()
     reached = next((e["step"] for e in run.evals if e["val/loss"] <= target), None)
     return by_step.get(reached) if reached is not None else None
 
@@ -124,7 +123,7 @@ def format_value(key: str, value) -> str:
         return f"{100 * value:.1f}%"
     if key in ("tokens_per_sec", "peak_mem_mb"):
         return f"{value:,.0f}"
-    if key in ("step_ms", "time_to_target_s"):
+    if key in ("step_ms", "time_to_target_s", "compile_s"):
         return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:.4f}"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +19,11 @@ class Run:
 
     @property
     def layout(self) -> str:
-        return self.info["attention"]["layout"]
+        return self.info["model"]["attention"]
 
     @property
     def kernel(self) -> str:
-        return self.info["attention"]["kernel"]
+        return self.info["model"]["kernel"]
 
     @property
     def variant(self) -> str:
@@ -31,9 +33,40 @@ class Run:
     def seed(self) -> int:
         return self.info["trainer"]["seed"]
 
+    def steady_step_ms(self) -> float:
+        """The median step time after the warm-up steps."""
+        steady = self.steps[warmup_steps(len(self.steps)) :] or self.steps
+        return statistics.median(s["perf/step_ms"] for s in steady) if steady else math.nan
+
+    def training_seconds(self) -> dict[int, float]:
+        """Cumulative training time at each step: the one definition every report and plot uses.
+
+        Compilation is timed apart (``perf/compile_s``) and never in a step; the first
+        ``warmup_steps`` steps (allocator, caches, autotuning) count as a steady-state step
+        each, so a slow start changes no time-to-target beyond those steps' share.
+        """
+        n_warmup, typical = warmup_steps(len(self.steps)), self.steady_step_ms()
+        elapsed, at = 0.0, {}
+        for i, s in enumerate(self.steps):
+            elapsed += (typical if i < n_warmup else s["perf/step_ms"]) / 1e3
+            at[s["step"]] = elapsed
+        return at
+
+    @property
+    def compile_seconds(self) -> float | None:
+        return self.info.get("compile_s")
+
     @property
     def token_budget(self) -> int:
         return self.info["trainer"]["max_steps"] * self.info["tokens_per_step"]
+
+
+WARMUP_FRACTION = 0.1  # steps left out of steady-state speed: allocator, caches, autotuning
+MAX_WARMUP_STEPS = 20
+
+
+def warmup_steps(n_steps: int) -> int:
+    return min(MAX_WARMUP_STEPS, int(n_steps * WARMUP_FRACTION))
 
 
 def load_run(path: Path) -> Run:
@@ -41,8 +74,11 @@ def load_run(path: Path) -> Run:
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
     steps = {r["step"]: r for r in records if "train/loss" in r}
     evals = {r["step"]: r for r in records if "val/loss" in r}
-    return Run(path, json.loads((path / "run.json").read_text()),
-               [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)])  # fmt: skip
+    info = json.loads((path / "run.json").read_text())
+    compile_s = [r["perf/compile_s"] for r in records if "perf/compile_s" in r]
+    if compile_s:
+        info["compile_s"] = compile_s[-1]
+    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)])
 
 
 def natural_key(path: Path) -> list:

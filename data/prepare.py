@@ -9,6 +9,7 @@ and renamed into place.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -71,6 +72,17 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     if (target / "meta.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # One preparer per directory: other processes (torchrun ranks on this node, a second
+    # run) wait on the lock, with no timeout, then find the directory complete.
+    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "meta.json").exists():
+            return target
+        _prepare_into(cfg, tokenizer, settings, target)
+    return target
+
+
+def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target: Path) -> None:
     partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
@@ -84,7 +96,6 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
                 raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return target
 
 
 def _tokenize(batch: dict, indices: list[int], tokenizer: Tokenizer, seed: int, fraction: float) -> dict:

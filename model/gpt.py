@@ -64,11 +64,34 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying
-        self.apply(_init_weights)
-        # GPT-2: scale the projections that write into the residual stream by 1/sqrt(2 * n_layer).
-        for name, param in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation, drawn in one canonical order whatever the layout.
+
+        Every random tensor is drawn in the fused layout's form, in sorted name
+        order, then converted to this model's layout: for a seed, all layouts
+        start from exactly the same weights, so their losses differ only by
+        arithmetic order. Weights ~ N(0, 0.02); the projections that write into
+        the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1.
+        """
+        fused = _as_layout(self.state_dict(), self.config.attention, "fused_qkv", self.config.n_head)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        drawn: dict[str, torch.Tensor] = {}
+        for name in sorted(fused):
+            template = fused[name]
+            if name == "lm_head.weight":
+                continue  # tied to the token embedding
+            if template.dim() == 2:
+                std = residual_std if name.endswith("c_proj.weight") else 0.02
+                drawn[name] = torch.empty_like(template).normal_(0.0, std)
+            elif ".ln_" in name and name.endswith(".weight"):
+                drawn[name] = torch.ones_like(template)
+            else:
+                drawn[name] = torch.zeros_like(template)
+        drawn["lm_head.weight"] = drawn["transformer.wte.weight"]
+        self.load_weights(drawn)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
@@ -100,7 +123,7 @@ class GPT(nn.Module):
             return self.lm_head(x[:, [-1], :])[..., :vocab], None
         logits = self.lm_head(x)[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, loss  # training keeps only the loss, so these (B, T, V) logits die with the step
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, each counted once (the tied LM head is the token embedding).
@@ -129,9 +152,8 @@ class GPT(nn.Module):
 
         Missing, unexpected or wrongly shaped tensors are a ValueError that names them.
         """
-        layout = detect_attention_layout(state_dict)
-        if layout != self.config.attention:
-            state_dict = convert_attention_layout(state_dict, layout, self.config.attention, n_head=self.config.n_head)
+        cfg = self.config
+        state_dict = _as_layout(state_dict, detect_attention_layout(state_dict), cfg.attention, cfg.n_head)
         own = self.state_dict()
         missing = sorted(set(own) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(own))
@@ -153,8 +175,6 @@ class GPT(nn.Module):
         self.load_state_dict(state_dict)
 
 
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
+
+def _as_layout(state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int) -> dict[str, torch.Tensor]:
+    return dict(state_dict) if src == dst else convert_attention_layout(state_dict, src, dst, n_head=n_head)

@@ -10,6 +10,7 @@ kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -46,8 +47,12 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: f
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
 
 
+@functools.lru_cache(maxsize=16)
 def _future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """True where query i (the last q_len of k_len positions) would look at a later key."""
+    """True where query i (the last q_len of k_len positions) would look at a later key.
+
+    Cached: a training run asks for the same mask in every layer of every step.
+    """
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(1 + k_len - q_len)
 
 

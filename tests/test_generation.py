@@ -10,7 +10,7 @@ from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, KVCache, generate,
 LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), sorted(KERNELS)
 
 
-def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=0) -> GPT:
+def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=1) -> GPT:
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=50, block_size=block_size, n_layer=2, n_head=2, n_embd=16,
                        attention=layout, kernel=kernel)  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 
 import heads
 from analysis.heads import ablation, attention_maps, head_statistics, heads_removed, mean_loss
+from data.config import DataConfig
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, convert_attention_layout
 
 T, C, H = 8, 32, 2  # positions, width, heads (head_dim 16)
@@ -108,7 +109,8 @@ def test_out_of_range_heads_are_refused():
 
 def config(trained_run, data_cache, tmp_path, **fields) -> heads.HeadsConfig:
     base = dict(
-        source=str(trained_run), windows=4, device="cpu", data_cache_dir=str(data_cache), out=str(tmp_path / "out")
+        source=str(trained_run), windows=4, device="cpu", data=DataConfig(cache_dir=str(data_cache)),
+        out=str(tmp_path / "out"),
     )
     return heads.HeadsConfig(**{**base, **fields})
 

@@ -41,7 +41,7 @@ def test_cli_reads_the_prompt_from_stdin(trained_run):
 def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(trained_run, capsys):
     outputs = {
         (layout, kernel): sample.run(
-            config(source=str(trained_run), prompt="def ", temperature=0.0, layout=layout, kernel=kernel)
+            config(source=str(trained_run), prompt="def ", temperature=0.0, attention=layout, kernel=kernel)
         )[0]  # fmt: skip
         for layout in ("wrapper", "separate_qkv", "fused_qkv")
         for kernel in ("manual", "sdpa")

@@ -11,7 +11,7 @@ from omegaconf.errors import ValidationError
 from training.config import TrainConfig, grad_accum_steps, validate
 from training.loop import train
 
-GROUPS = ["model", "attention", "data", "optim", "trainer", "logger", "experiment"]
+GROUPS = ["model", "attention", "kernel", "data", "optim", "trainer", "logger", "experiment"]
 # Options that need a value only the user can give.
 REQUIRED = {("data", "files"): ["data.path=some/dir"], ("data", "hub"): ["data.path=user/dataset"]}
 
@@ -29,14 +29,16 @@ def test_every_group_option_composes_and_validates(group, option):
     assert isinstance(config, TrainConfig)
     validate(config)
     if group == "attention":
-        assert config.attention.layout == option
+        assert config.model.attention == option
+    elif group == "kernel":
+        assert config.model.kernel == option
     elif group not in ("experiment", "optim", "trainer"):
         assert getattr(config, group).name if group != "logger" else config.logger.kind
 
 
 def test_attention_kernel_is_overridable_per_layout():
-    config = OmegaConf.to_object(compose_train("attention=wrapper", "attention.kernel=manual"))
-    assert (config.attention.layout, config.attention.kernel) == ("wrapper", "manual")
+    config = OmegaConf.to_object(compose_train("attention=wrapper", "kernel=manual"))
+    assert (config.model.attention, config.model.kernel) == ("wrapper", "manual")
 
 
 def test_unknown_group_option_lists_the_choices():
@@ -64,7 +66,7 @@ def test_unknown_key_is_refused_by_the_schema():
             "model.n_embd=130",
             "n_embd=130 is not divisible by n_head=4; choose n_embd as a multiple of n_head",
         ),
-        ("attention.kernel=flash", "unknown attention kernel 'flash'; choose one of: manual, sdpa"),
+        ("model.kernel=flash", "unknown attention kernel 'flash'; choose one of: manual, sdpa"),
         ("trainer.dtype=fp16", "trainer.dtype='fp16'; choose one of: auto, float32, bfloat16"),
         ("optim.min_lr=1.0", "need 0 <= min_lr <= lr"),
         ("trainer.stop_at_step=5000", "trainer.stop_at_step=5000 must be in 1..max_steps=1000"),
@@ -123,6 +125,7 @@ def test_cli_reports_a_bad_override_and_exits_nonzero(tmp_path):
 def test_cli_help_lists_the_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ("attention: fused_qkv, separate_qkv, wrapper", "model: gpt2_medium, gpt2_small, mini, nano",
-                 "logger: none, wandb", "experiment: compare_attention, gpt2_small"):  # fmt: skip
+    for line in ("attention: fused_qkv, separate_qkv, wrapper", "kernel: manual, sdpa",
+                 "model: gpt2_medium, gpt2_small, mini, nano", "logger: none, wandb",
+                 "experiment: compare_attention, gpt2_small"):  # fmt: skip
         assert line in result.stdout

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
 
-from training.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint
 from training.loop import train
 
 
@@ -41,14 +41,14 @@ def test_tiny_run_learns_and_writes_metrics_checkpoints_and_a_wandb_offline_run(
 
     for name in ("last.pt", "best.pt"):
         ckpt = load_checkpoint(run_dir / name)  # weights_only=True
-        assert ckpt["tokenizer"] == "bytes" and ckpt["config"]["attention"]["layout"] == "fused_qkv"
-        assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
-    assert load_checkpoint(run_dir)["step"] == 40
-    assert load_checkpoint(run_dir / "best.pt")["best_val_loss"] == pytest.approx(min(vals))
+        assert ckpt.tokenizer == "bytes" and ckpt.train_config["model"]["attention"] == "fused_qkv"
+        assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt.model)
+    assert load_checkpoint(run_dir).step == 40
+    assert load_checkpoint(run_dir / "best.pt").best_val_loss == pytest.approx(min(vals))
 
     runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
-    assert load_checkpoint(run_dir)["wandb_run_id"] in runs[0].name
+    assert load_checkpoint(run_dir).wandb_run_id in runs[0].name
 
 
 def test_resume_continues_exactly(tmp_path, data_cache):
@@ -79,7 +79,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     with pytest.raises(FloatingPointError, match=r"train/loss became (nan|inf) at step \d+.*Lower optim.lr"):
         train(cfg)
     ckpt = load_checkpoint(tmp_path / "run")
-    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert all(torch.isfinite(t).all() for t in ckpt.model.values())
 
 
 def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(tmp_path, data_cache):
@@ -100,11 +100,11 @@ def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(tmp_path, da
 
     ckpt = load_checkpoint(run_dir)
     logged = train_losses(run_dir)
-    assert ckpt["step"] == max(logged) >= 3, "the checkpoint holds the last finished step"
-    summary = train(compose_train(*TINY, f"trainer.max_steps={ckpt['step'] + 2}", "logger=none",
+    assert ckpt.step == max(logged) >= 3, "the checkpoint holds the last finished step"
+    summary = train(compose_train(*TINY, f"trainer.max_steps={ckpt.step + 2}", "logger=none",
                                   f"trainer.resume={run_dir}", f"trainer.run_dir={tmp_path / 'resumed'}",
                                   f"data.cache_dir={data_cache}"))  # fmt: skip
-    assert summary["start_step"] == ckpt["step"] and summary["step"] == ckpt["step"] + 2
+    assert summary["start_step"] == ckpt.step and summary["step"] == ckpt.step + 2
 
 
 def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_group(tmp_path, data_cache):
@@ -117,7 +117,7 @@ def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_grou
     assert [p.name for p in run_dirs] == ["0_wrapper-sdpa", "1_fused_qkv-sdpa"]
     group = f"sweep-{sweep.parent.name}_{sweep.name}".encode()
     for run_dir, layout in zip(run_dirs, ["wrapper", "fused_qkv"]):
-        assert load_checkpoint(run_dir)["config"]["attention"]["layout"] == layout
+        assert load_checkpoint(run_dir).train_config["model"]["attention"] == layout
         (wandb_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
         recorded = wandb_file.read_bytes()
         assert group in recorded and f"{layout}-sdpa-nano".encode() in recorded

@@ -1,8 +1,12 @@
 """Structured configs for `train.py`: one dataclass per config group, validated by Hydra.
 
+The ``model`` group is ``model.GPTConfig`` itself: the model's shape and its
+attention layout and kernel are declared once, there. Every default lives in
+these dataclasses; the YAML files in ``configs/`` change only what differs.
+
 A typo in a key or a wrong type is rejected by OmegaConf when the config is
-composed; ``validate`` then checks what types cannot (ranges, choices,
-combinations) before any work starts.
+composed; the dataclasses' own checks and ``validate`` then refuse what types
+cannot (ranges, choices, combinations) before any work starts.
 """
 
 from __future__ import annotations
@@ -12,27 +16,8 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from data.config import DataConfig, check_data_config
-from model.attention import ATTENTION_LAYOUTS, check_heads
-from model.kernels import KERNELS
-from model.registry import lookup
-
-
-@dataclass
-class ModelConfig:
-    name: str = "nano"
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
-    bias: bool = True
-    vocab_size: int | None = None  # None: the tokenizer's vocabulary
-
-
-@dataclass
-class AttentionConfig:
-    layout: str = "fused_qkv"  # wrapper | separate_qkv | fused_qkv
-    kernel: str = "sdpa"  # manual | sdpa
+from model.config import GPTConfig
+from model.device import DTYPES
 
 
 @dataclass
@@ -55,13 +40,14 @@ class TrainerConfig:
     eval_windows: int = 64  # fixed validation windows per evaluation
     checkpoint_interval: int = 200  # steps between 'last' checkpoints
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (bf16 on CUDA when supported) | float32 | bfloat16
+    dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False
     seed: int = 1337
     resume: str | None = None  # a run directory or checkpoint file to continue from
     stop_at_step: int | None = None  # stop (and checkpoint) early, as if interrupted; resume later
     sample_tokens: int = 200  # tokens of text printed at the end (0: none)
-    run_dir: str | None = None  # where files go; None: Hydra's output directory
+    run_dir: str | None = None  # where files go; train.py passes Hydra's output directory
+    plan: bool = False  # print the plan (parameters, FLOPs, batch split, memory estimate) and exit
 
 
 @dataclass
@@ -69,15 +55,14 @@ class LoggerConfig:
     kind: str = "wandb"  # wandb | none (metrics.jsonl is always written)
     project: str = "headlab"
     entity: str | None = None
-    group: str | None = None  # None: the multirun's sweep name, if any
+    group: str | None = None  # train.py passes the multirun's sweep name, if any
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
     tags: list[str] = field(default_factory=list)
 
 
 @dataclass
 class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -88,20 +73,12 @@ ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 LOGGER_KINDS = ("wandb", "none")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-DTYPES = ("auto", "float32", "bfloat16")
 
 
 def validate(cfg: TrainConfig) -> None:
     """Refuse what cannot work, naming the value and the fix (types were checked by Hydra)."""
-    m, t, o = cfg.model, cfg.trainer, cfg.optim
-    for name in ("n_layer", "n_head", "n_embd", "block_size"):
-        if getattr(m, name) < 1:
-            raise ValueError(f"model.{name}={getattr(m, name)} must be a positive integer")
-    check_heads(m.n_embd, m.n_head)
-    if not 0.0 <= m.dropout < 1.0:
-        raise ValueError(f"model.dropout={m.dropout} must be in [0, 1)")
-    lookup(ATTENTION_LAYOUTS, "attention layout", cfg.attention.layout)
-    lookup(KERNELS, "attention kernel", cfg.attention.kernel)
+    t, o = cfg.trainer, cfg.optim
+    GPTConfig.__post_init__(cfg.model)  # again: a config built in Python may have been changed since
     check_data_config(cfg.data)
     for name in ("max_steps", "batch_size", "micro_batch_size", "eval_interval", "eval_windows",
                  "checkpoint_interval"):  # fmt: skip

@@ -60,13 +60,18 @@ class Distributed:
             dist.destroy_process_group()
 
 
-def init_distributed(want_cuda: bool) -> Distributed:
-    """Join the process group torchrun describes in the environment (RANK, WORLD_SIZE, ...)."""
+def from_environment() -> Distributed:
+    """This process's place among torchrun's (RANK, LOCAL_RANK, WORLD_SIZE), before any process group exists."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return Distributed()
-    state = Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size)
-    if want_cuda:
-        torch.cuda.set_device(state.local_rank)
-    dist.init_process_group(backend="nccl" if want_cuda else "gloo")
-    return state
+    return Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size)
+
+
+def init_distributed(state: Distributed, device: torch.device) -> None:
+    """Join the process group torchrun describes: NCCL on GPUs, gloo on CPUs."""
+    if not state.enabled:
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
