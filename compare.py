@@ -40,17 +40,20 @@ def main(argv: list[str] | None = None) -> Path:
     fields = [k for k, _ in COLUMNS] + ["final_train_loss_se"]
     write_csv(out / "report.csv", ["run", *fields], [[str(run.path), *(row[k] for k in fields)]
                                                      for run, row in zip(runs, rows)])  # fmt: skip
-    plots = [
-        plot_val_loss(runs, out, "step"),
-        plot_val_loss(runs, out, "time"),
-        plot_throughput(runs, rows, out),
-    ]
+    finished = [(run, row) for run, row in zip(runs, rows) if run.failure is None]
+    plots = []
+    if finished:
+        plots = [
+            plot_val_loss([run for run, _ in finished], out, "step"),
+            plot_val_loss([run for run, _ in finished], out, "time"),
+            plot_throughput([run for run, _ in finished], [row for _, row in finished], out),
+        ]
 
-    info = runs[0].info
+    info = (finished[0][0] if finished else runs[0]).info
     table = markdown_table(rows)
     header = (
         f"{len(runs)} runs on {info.get('device_name', '?')} ({info.get('dtype', '?')}); model "
-        f"{info['model']['name']} ({info['params']:,} parameters), data {info['data']['name']}, "
+        f"{info['model']['name']} ({info.get('params', 0):,} parameters), data {info['data']['name']}, "
         f"{runs[0].token_budget:,} tokens per run.\n"
         f"Target loss for 'time to target': {target if target is None else f'{target:.4f}'}.\n"
         f"Flagged: {rule}.\n"

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from cli import refuse_renamed_options
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
-from training.loop import train
+from training.loop import RunFailed, train
 
 RENAMED = {
     "attention.layout": "attention",
@@ -50,7 +50,14 @@ def main(cfg: DictConfig) -> float | None:
     if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = os.path.normpath(hydra_cfg.sweep.dir)
         cfg.logger.group = f"sweep-{os.path.basename(os.path.dirname(sweep_dir))}_{os.path.basename(sweep_dir)}"
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except RunFailed as err:
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            raise
+        # One variant failing (e.g. out of memory) must not end the sweep: it is recorded, the rest go on.
+        print(f"[train] job {hydra_cfg.job.num} failed: {err}", file=sys.stderr, flush=True)
+        return None
     return summary.get("val_loss")  # what a Hydra sweeper would optimise
 
 

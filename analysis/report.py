@@ -24,6 +24,7 @@ COLUMNS = [
 def check_comparable(runs: list[Run], force: bool = False) -> None:
     """Refuse to compare runs trained on different data or token budgets, unless forced."""
     problems = []
+    runs = [r for r in runs if r.failure is None]  # a failed run has no data or budget to compare
     for what, key in (("data", lambda r: r.info["data_dir"]), ("token budgets", lambda r: r.token_budget)):
         values = {key(r) for r in runs}
         if len(values) > 1:
@@ -37,11 +38,20 @@ def check_comparable(runs: list[Run], force: bool = False) -> None:
 
 def default_target(runs: list[Run]) -> float | None:
     """The loss every run reached: the highest of the runs' best validation losses."""
-    bests = [min(e["val/loss"] for e in r.evals) for r in runs if r.evals]
+    bests = [min(e["val/loss"] for e in r.evals) for r in runs if r.evals and r.failure is None]
     return max(bests) if bests else None
 
 
+def failed_row(run: Run) -> dict:
+    row = {key: None for key, _ in COLUMNS}
+    row.update(layout=run.layout, kernel=run.kernel, seed=run.seed, final_train_loss_se=None,
+               flag=f"FAILED: {run.failure}")  # fmt: skip
+    return row
+
+
 def summarize(run: Run, target: float | None) -> dict:
+    if run.failure is not None:
+        return failed_row(run)
     steps, evals = run.steps, run.evals
     steady = steps[warmup_steps(len(steps)) :] or steps
     final = steps[-max(1, int(len(steps) * FINAL_FRACTION)) :]
@@ -110,7 +120,11 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
 
 def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:
     rows = [summarize(run, target) for run in runs]
-    rule = flag_loss_differences(runs, rows) if len(runs) > 1 else "one run: nothing to compare"
+    finished = [i for i, run in enumerate(runs) if run.failure is None]
+    if len(finished) > 1:
+        rule = flag_loss_differences([runs[i] for i in finished], [rows[i] for i in finished])
+    else:
+        rule = "fewer than two finished runs: nothing to compare"
     return rows, rule
 
 

@@ -16,6 +16,7 @@ class Run:
     info: dict  # run.json: the resolved config plus params, device, data directory
     steps: list[dict]  # per-step records (train/loss, perf/...)
     evals: list[dict]  # evaluation records (val/loss, val/bpb)
+    failure: str | None = None  # why the run could not finish (failure.json), e.g. out of memory
 
     @property
     def layout(self) -> str:
@@ -70,7 +71,8 @@ def warmup_steps(n_steps: int) -> int:
 
 
 def load_run(path: Path) -> Run:
-    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line]
+    metrics = path / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
     steps = {r["step"]: r for r in records if "train/loss" in r}
     evals = {r["step"]: r for r in records if "val/loss" in r}
@@ -78,7 +80,8 @@ def load_run(path: Path) -> Run:
     compile_s = [r["perf/compile_s"] for r in records if "perf/compile_s" in r]
     if compile_s:
         info["compile_s"] = compile_s[-1]
-    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)])
+    failure = json.loads((path / "failure.json").read_text())["reason"] if (path / "failure.json").exists() else None
+    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], failure)
 
 
 def natural_key(path: Path) -> list:
@@ -96,7 +99,8 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
         if (path / "run.json").exists():
             found.append(path)
         else:
-            below = [p.parent for p in path.rglob("run.json") if (p.parent / "metrics.jsonl").exists()]
+            below = [p.parent for p in path.rglob("run.json")
+                     if (p.parent / "metrics.jsonl").exists() or (p.parent / "failure.json").exists()]  # fmt: skip
             found += sorted(below, key=natural_key)
     if not found:
         raise ValueError(

@@ -21,10 +21,12 @@ def _bytes_encoding() -> tiktoken.Encoding:
     )
 
 
-def _downloaded(name: str):
+def _downloaded(name: str, encoding: str | None = None):
+    """A tiktoken encoding by name; ``encoding`` loads another tiktoken encoding with the same tokens."""
+
     def load() -> tiktoken.Encoding:
         try:
-            return tiktoken.get_encoding(name)
+            return tiktoken.get_encoding(encoding or name)
         except Exception as err:  # requests/urllib errors when the rank file cannot be fetched
             raise RuntimeError(
                 f"tokenizer {name!r} needs its rank file, which tiktoken downloads on first use "
@@ -39,11 +41,17 @@ def _downloaded(name: str):
 
 TOKENIZERS = {
     "bytes": _bytes_encoding,
-    "gpt2": _downloaded("gpt2"),
+    # tiktoken's r50k_base has GPT-2's ranks, pattern and <|endoftext|> id exactly, in one
+    # rank file (its "gpt2" reads the same ranks from two files in the original GPT-2 format).
+    "gpt2": _downloaded("gpt2", encoding="r50k_base"),
     "r50k_base": _downloaded("r50k_base"),
     "cl100k_base": _downloaded("cl100k_base"),
     "o200k_base": _downloaded("o200k_base"),
 }
+
+
+# Vocabulary sizes (tiktoken's n_vocab), so a run can be planned before any rank file is downloaded.
+VOCAB_SIZES = {"bytes": 257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277, "o200k_base": 200019}
 
 
 class Tokenizer:

@@ -38,3 +38,27 @@ def trained_run(tmp_path_factory, data_cache):
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
                         f"data.cache_dir={data_cache}"))  # fmt: skip
     return run
+
+
+SHIPPED_GPT2_RANKS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gpt2.tiktoken")
+R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+
+
+@pytest.fixture
+def gpt2_tokenizer_offline(tmp_path, monkeypatch):
+    """Real GPT-2 BPE without the network: the shipped rank file, in tiktoken's own cache."""
+    import hashlib
+    import shutil
+
+    import tiktoken.registry
+
+    if not os.path.exists(SHIPPED_GPT2_RANKS):
+        pytest.skip(f"GPT-2's rank file is not shipped beside the project ({SHIPPED_GPT2_RANKS})")
+    cache = tmp_path / "tiktoken-cache"
+    cache.mkdir()
+    shutil.copy(SHIPPED_GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # loaded here, forgotten afterwards
+    from data.tokenizers import get_tokenizer
+
+    return get_tokenizer("gpt2")

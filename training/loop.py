@@ -8,6 +8,7 @@ rank 0 writes.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import asdict, replace
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
-from data.tokenizers import get_tokenizer
+from data.tokenizers import VOCAB_SIZES, get_tokenizer
 from model import GPT
 from model.checkpoint import BEST, LAST, Checkpoint, load_checkpoint
 from model.device import autocast, device_name, peak_flops, resolve_device, resolve_dtype
@@ -30,8 +31,8 @@ from training.distributed import Distributed, from_environment, init_distributed
 from training.evaluate import Evaluator
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
-from training.plan import check_fits_device, make_plan
-from training.run_log import claim_run_dir, open_run_log
+from training.plan import check_fits_device, make_plan, planned_dtype
+from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals
 from training.step import TrainStep
 
@@ -46,19 +47,21 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     t = config.trainer
     # Everything that can be refused is checked before data preparation or model building.
     dist = from_environment()
+    grad_accum = grad_accum_steps(t, dist.world_size)
+    planned = replace(config.model, vocab_size=config.model.vocab_size or VOCAB_SIZES[config.data.tokenizer])
+    if t.plan:  # needs no GPU: plans a GPU run from a laptop
+        plan = make_plan(config, planned, dist.world_size, planned_dtype(t))
+        print(plan.text(), flush=True)
+        return {"plan": plan}
     device = resolve_device(t.device, dist.local_rank)
     dtype = resolve_dtype(t.dtype, device)
-    grad_accum = grad_accum_steps(t, dist.world_size)
     resume = load_checkpoint(t.resume) if t.resume else None
     if resume is not None:
         check_resumable(config, resume)
+    check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
+
     tokenizer = get_tokenizer(config.data.tokenizer)
     model_config = replace(config.model, vocab_size=config.model.vocab_size or tokenizer.vocab_size)
-    plan = make_plan(config, model_config, dist.world_size, dtype)
-    if t.plan:
-        print(plan.text(), flush=True)
-        return {"plan": plan}
-    check_fits_device(plan, device)
 
     data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
     data.check_fits(model_config.block_size, model_config.vocab_size)
@@ -67,10 +70,30 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         run_dir = Path(dist.broadcast(str(claim_run_dir(t.run_dir)) if dist.is_main else None))
         container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
         container["model"]["vocab_size"] = model_config.vocab_size
-        return Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
-                       run_dir, resume).run()  # fmt: skip
+        try:
+            return Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
+                           run_dir, resume).run()  # fmt: skip
+        except torch.OutOfMemoryError as err:
+            half, detail = max(1, t.micro_batch_size // 2), str(err).splitlines()[0][:160]
+            reason = f"out of memory at trainer.micro_batch_size={t.micro_batch_size}; try trainer.micro_batch_size={half} ({detail})"  # noqa: E501
+        # Out of the except block: the error's traceback (and the tensors its frames hold) is gone.
+        free_memory(device)
+        if dist.is_main:
+            record_failure(run_dir, container, config, reason)
+        raise RunFailed(f"{run_name(config)}: {reason}; recorded in {run_dir / FAILURE}")
     finally:
         dist.close()
+
+
+class RunFailed(RuntimeError):
+    """A run that could not finish (e.g. out of memory); its reason is recorded in the run directory."""
+
+
+def free_memory(device: torch.device) -> None:
+    """Release a failed job's memory before the next job of a multirun starts."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def check_resumable(cfg: TrainConfig, ckpt: Checkpoint) -> None:

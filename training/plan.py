@@ -140,6 +140,16 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
     )
 
 
+def planned_dtype(trainer) -> torch.dtype:
+    """The dtype a run would use, without its device: ``auto`` plans for bf16 on a GPU
+    (Ampere or newer), and float32 for a run on the CPU."""
+    if trainer.dtype == "auto":
+        if trainer.device == "cpu" or (trainer.device == "auto" and not torch.cuda.is_available()):
+            return torch.float32
+        return torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[trainer.dtype]
+
+
 def check_fits_device(plan: Plan, device: torch.device, total_bytes: int | None = None) -> None:
     """On CUDA, refuse a run whose estimated peak exceeds the GPU's memory, naming a micro-batch that fits."""
     if total_bytes is None:

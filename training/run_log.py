@@ -68,6 +68,16 @@ def claim_run_dir(run_dir: str | None) -> Path:
     return path
 
 
+FAILURE = "failure.json"
+
+
+def record_failure(run_dir: Path, container: dict, cfg: TrainConfig, reason: str) -> None:
+    """``failure.json`` (and ``run.json`` if the run never got to write it): reports show the run as failed."""
+    if not (run_dir / "run.json").exists():
+        atomic_write_json(run_dir / "run.json", {**container, "name": run_name(cfg), "group": cfg.logger.group})
+    atomic_write_json(run_dir / FAILURE, {"reason": reason})
+
+
 class RunLog:
     """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to a wandb run."""
 
