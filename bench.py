@@ -17,19 +17,29 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import time
 from pathlib import Path
 
 import torch
 import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
-from analysis.tables import save_figure, write_csv, write_text
+from analysis.tables import markdown_table, save_figure, write_csv, write_text
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
-from model.device import autocast, device_name, resolve_device
+from model.device import autocast, device_name, resolve_device, resolve_dtype
 
 COMPILE_MODES = ("eager", "compiled")
 FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
-          "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb"]  # fmt: skip
+          "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
+          "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
+# The aten op each SDPA backend dispatches to: what the profiler shows actually ran.
+SDPA_BACKENDS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
+    "aten::_scaled_dot_product_efficient_attention": "mem-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,7 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layer", type=int, default=4, help="GPT depth (--mode gpt)")
     p.add_argument("--vocab-size", type=int, default=50257, help="GPT vocabulary (--mode gpt)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="autocast dtype")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="autocast dtype; auto: as training uses it (bf16 on Ampere+ GPUs, fp16 on older, fp32 on CPU)")
+    p.add_argument("--no-tf32", dest="tf32", action="store_false",
+                   help="on CUDA, keep float32 matmuls exact (training enables TF32)")
     p.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     p.add_argument("--repeats", type=int, default=1,
                    help="passes over the grid; a cell reports the median over passes and its range")  # fmt: skip
@@ -86,7 +99,7 @@ def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool
             return out[1]
 
     run = torch.compile(module) if compiled else module
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
 
     def forward():
         with torch.no_grad(), autocast(device, dtype):
@@ -99,64 +112,110 @@ def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool
         if optimizer is not None:
             optimizer.step()
         module.zero_grad(set_to_none=True)
+        for x in inputs:
+            x.grad = None  # the block's input gradient would otherwise accumulate across calls
 
     return forward, step
 
 
-def median_ms(fn, min_run_time: float) -> float:
-    for _ in range(3):  # warm-up: compilation, allocator, kernel selection
+def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, float, list[str]]:
+    """(median ms, seconds of the first call, which holds any compilation, benchmark warnings)."""
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    first_s = time.perf_counter() - start
+    for _ in range(2):  # more warm-up: allocator, kernel selection, autotuning
         fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
+    measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    spread = measurement.iqr / measurement.median  # torch.utils.benchmark warns above 10%, as here
+    warnings = [f"interquartile range {spread:.0%} of the median: a noisy measurement"] if spread > 0.1 else []
+    return measurement.median * 1e3, first_s, warnings
+
+
+def sdpa_backend(fn) -> str:
+    """Which SDPA implementation one call ran, from the profiler's op names ("-" when none ran)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    names = {event.key for event in prof.key_averages()}
+    return ", ".join(sorted({label for op, label in SDPA_BACKENDS.items() if op in names})) or "-"
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
     """Time every cell; with repeats, the passes interleave so slow drifts of a shared machine hit every cell."""
     device = resolve_device(args.device)
     cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels))
-    times: dict[tuple, list[tuple[float, float, float | None]]] = {cell: [] for cell in cells}
+    times: dict[tuple, list[dict]] = {cell: [] for cell in cells}
     with tqdm(total=len(cells) * args.repeats, desc=f"benchmark ({args.mode})") as bar:
         for _ in range(args.repeats):
             for cell in cells:
                 times[cell].append(time_cell(args, cell, device))
                 bar.update()
+    dtype = str(resolve_dtype(args.dtype, device, option="--dtype")).removeprefix("torch.")
     rows = []
     for (seq_len, compile_mode, layout, kernel), runs in times.items():
-        step = [s for _, s, _ in runs]
+        step = [r["step_ms"] for r in runs]
         step_ms = statistics.median(step)
-        peaks = [p for _, _, p in runs if p is not None]
+        peaks = [r["peak_mem_mb"] for r in runs if r["peak_mem_mb"] is not None]
+        compile_s = statistics.median(r["compile_s"] for r in runs) if compile_mode == "compiled" else None
         rows.append(dict(mode=args.mode, layout=layout, kernel=kernel, compile=compile_mode, seq_len=seq_len,
-                         batch=args.batch, n_embd=args.n_embd, n_head=args.n_head, dtype=args.dtype,
-                         forward_ms=statistics.median(f for f, _, _ in runs), step_ms=step_ms,
+                         batch=args.batch, n_embd=args.n_embd, n_head=args.n_head, dtype=dtype,
+                         forward_ms=statistics.median(r["forward_ms"] for r in runs), step_ms=step_ms,
                          step_ms_min=min(step), step_ms_max=max(step),
                          tokens_per_sec=args.batch * seq_len / (step_ms / 1e3),
-                         peak_mem_mb=max(peaks) if peaks else None))  # fmt: skip
+                         peak_mem_mb=max(peaks) if peaks else None, sdpa_backend=runs[0]["sdpa_backend"],
+                         compile_s=compile_s, warnings="; ".join(sorted({w for r in runs for w in r["warnings"]}))),
+                    )  # fmt: skip
     return rows
 
 
-def time_cell(args: argparse.Namespace, cell: tuple, device) -> tuple[float, float, float | None]:
-    """(forward ms, step ms, peak MB on CUDA) of one cell."""
+def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
+    """Forward and step ms, peak MB (CUDA), the SDPA backend that ran, compile seconds and warnings of one cell."""
     seq_len, compile_mode, layout, kernel = cell
     torch._dynamo.reset()
     if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device)
-    forward_ms = median_ms(forward, args.min_run_time)
-    step_ms = median_ms(step, args.min_run_time)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return forward_ms, step_ms, peak
+    forward_ms, forward_first_s, forward_warnings = median_ms(forward, args.min_run_time, device)
+    step_ms, step_first_s, step_warnings = median_ms(step, args.min_run_time, device)
+    return {
+        "forward_ms": forward_ms, "step_ms": step_ms,
+        "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "sdpa_backend": sdpa_backend(step),
+        # the first calls compile (forward, then the backward graph); later ones take forward_ms / step_ms
+        "compile_s": forward_first_s - forward_ms / 1e3 + step_first_s - step_ms / 1e3,
+        "warnings": forward_warnings + step_warnings,
+    }  # fmt: skip
 
 
-def markdown(rows: list[dict], title: str, step_name: str) -> str:
-    lines = [title, "", f"| layout | kernel | compile | seq_len | forward ms | {step_name} ms | (range) "
-                        "| tokens/s | peak MB |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
+    header = ["layout", "kernel", "compile", "seq_len", "forward ms", f"{step_name} ms"]
+    header += ["range over passes"] if repeats > 1 else []  # no range to show from one pass
+    header += ["tokens/s", "peak MB", "SDPA backend", "compile s"]
+    table = []
     for r in rows:
-        peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}"
-        lines.append(f"| {r['layout']} | {r['kernel']} | {r['compile']} | {r['seq_len']} | {r['forward_ms']:.3f} "
-                     f"| {r['step_ms']:.3f} | {r['step_ms_min']:.1f}-{r['step_ms_max']:.1f} "
-                     f"| {r['tokens_per_sec']:,.0f} | {peak} |")  # fmt: skip
+        cells = [r["layout"], r["kernel"], r["compile"], str(r["seq_len"]), f"{r['forward_ms']:.3f}",
+                 f"{r['step_ms']:.3f}"]  # fmt: skip
+        cells += [f"{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}"] if repeats > 1 else []
+        cells += [f"{r['tokens_per_sec']:,.0f}", "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}",
+                  r["sdpa_backend"], "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"]  # fmt: skip
+        table.append(cells)
+    right = [i >= 3 and name != "SDPA backend" for i, name in enumerate(header)]
+    lines = [title, "", markdown_table(header, table, right)]
+    notes = []
+    for r in rows:
+        cell = f"{r['layout']}/{r['kernel']}/{r['compile']}/seq {r['seq_len']}"
+        if r["warnings"]:
+            notes.append(f"- {cell}: {r['warnings']}")
+        if r["mode"] == "block" and r["forward_ms"] > r["step_ms"]:
+            notes.append(f"- {cell}: forward ({r['forward_ms']:.3f} ms) measured slower than forward+backward "
+                         f"({r['step_ms']:.3f} ms): too small or too noisy to time; use a larger shape")  # fmt: skip
+    if notes:
+        lines += ["", "Benchmark warnings:", *notes]
     return "\n".join(lines)
 
 
@@ -190,13 +249,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     shape = f"batch={args.batch}, n_embd={args.n_embd}, n_head={args.n_head}"
     if args.mode == "gpt":
         shape += f", n_layer={args.n_layer}, vocab={args.vocab_size}"
-    title = (f"{args.mode} on {device_name(device)}, torch {torch.__version__}, {args.dtype}, {shape}; "
+    dtype = rows[0]["dtype"] if rows else args.dtype
+    title = (f"{args.mode} on {device_name(device)}, torch {torch.__version__}, {dtype}, {shape}; "
              f"medians over {args.repeats} pass(es)")  # fmt: skip
     step_name = "forward+backward" if args.mode == "block" else "train step"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "bench.csv", FIELDS, [[row[k] for k in FIELDS] for row in rows])
-    table = markdown(rows, title, step_name)
+    table = markdown(rows, title, step_name, args.repeats)
     write_text(out / "bench.md", table + "\n")
     plot(rows, out / "bench.png", title, step_name)
     print("\n" + table)

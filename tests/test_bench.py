@@ -25,6 +25,9 @@ def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capsys):
     for r in rows:
         assert float(r["forward_ms"]) > 0 and float(r["step_ms"]) > 0 and r["peak_mem_mb"] == ""
         assert float(r["tokens_per_sec"]) == pytest.approx(2 * int(r["seq_len"]) / float(r["step_ms"]) * 1e3)
+        # the profiler names the SDPA implementation that ran; the manual kernel runs none
+        assert (r["sdpa_backend"] == "-") == (r["kernel"] == "manual"), r
+        assert r["compile_s"] == "" and r["dtype"] == "float32"
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "bench.md").read_text().splitlines()
     assert "threads" in table[0], "the machine is named"
@@ -36,6 +39,8 @@ def test_compiled_cells_run(tmp_path):
                        "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
                        "--min-run-time", "0.01", "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
     assert [r["compile"] for r in rows] == ["eager", "compiled"]
+    assert rows[0]["compile_s"] is None and rows[1]["compile_s"] > 0, "compilation timed apart, per cell"
+    assert "range over passes" not in (tmp_path / "bench.md").read_text(), "one pass: no range column"
 
 
 @pytest.mark.parametrize(
