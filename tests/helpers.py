@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import training.config  # noqa: F401  (registers the config schema)
+from model import GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -22,6 +23,12 @@ TINY = [
     "trainer.eval_interval=10", "trainer.checkpoint_interval=10", "trainer.eval_windows=8",
     "trainer.sample_tokens=0", "trainer.device=cpu", "optim.warmup_steps=2", "optim.lr=3e-3",
 ]  # fmt: skip
+
+
+def tiny_gpt_config(**overrides) -> GPTConfig:
+    """The shared tiny model (vocab 50, 8 positions, 1 layer, 2 heads, width 16); tests override what they need."""
+    fields = dict(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    return GPTConfig(**{**fields, **overrides})
 
 
 def compose_train(*overrides: str) -> DictConfig:

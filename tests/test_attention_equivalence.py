@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from helpers import tiny_gpt_config
 
 from model import (
     ATTENTION_LAYOUTS,
@@ -24,8 +25,8 @@ N_EMBD, N_HEAD, SEQ = 48, 4, 12
 
 
 def tiny_config(**overrides) -> GPTConfig:
-    fields = dict(vocab_size=97, block_size=16, n_layer=2, n_head=N_HEAD, n_embd=N_EMBD)
-    return GPTConfig(**{**fields, **overrides})
+    return tiny_gpt_config(**{"vocab_size": 97, "block_size": 16, "n_layer": 2, "n_head": N_HEAD, "n_embd": N_EMBD,
+                              **overrides})
 
 
 def grads_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:

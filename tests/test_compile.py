@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_gpt_config
 
-from model import ATTENTION_LAYOUTS, GPT, GPTConfig
+from model import ATTENTION_LAYOUTS, GPT
 
 
 def small_gpt(layout: str) -> GPT:
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=32, attention=layout, kernel="sdpa")
-    return GPT(config).eval()
+    return GPT(tiny_gpt_config(vocab_size=64, block_size=16, n_embd=32, attention=layout)).eval()
 
 
 @pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_gpt_config
 
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, KVCache, generate, sample_next
+from model import ATTENTION_LAYOUTS, GPT, KERNELS, KVCache, generate, sample_next
 
 LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), sorted(KERNELS)
 
 
 def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=1) -> GPT:
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=50, block_size=block_size, n_layer=2, n_head=2, n_embd=16,
-                       attention=layout, kernel=kernel)  # fmt: skip
-    model = GPT(config).eval()
+    model = GPT(tiny_gpt_config(block_size=block_size, n_layer=2, attention=layout, kernel=kernel)).eval()
     with torch.no_grad():  # sharper logits than the 0.02 init, so greedy choices are not near-ties
         for p in model.parameters():
             p.mul_(8.0 if p.dim() > 1 else 1.0)

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_gpt_config as config
 
-from model import GPT, GPTConfig, build_attention, convert_attention_layout
-
-
-def config(**overrides) -> GPTConfig:
-    fields = dict(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
-    return GPTConfig(**{**fields, **overrides})
+from model import GPT, build_attention, convert_attention_layout
 
 
 def test_width_not_divisible_by_heads_names_both_numbers():

@@ -1,0 +1,1 @@
+"""Reading finished runs and turning them into tables, plots and per-head studies."""

@@ -1,0 +1,93 @@
+"""PNG figures of per-head studies: attention-map grids, a single-head zoom, per-head heatmaps."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from analysis.tables import save_figure  # noqa: E402
+
+LABELED_TOKENS = 32  # up to this many tokens, a single map's axes carry the tokens themselves
+GRID_LABELED_TOKENS = 24  # the same for the small maps of the grid
+
+
+def token_label(text: str) -> str:
+    return text.replace("\n", "⏎").replace(" ", "·").replace("\t", "→") or "∅"
+
+
+def _label_axes(ax, labels: list[str] | None, fontsize: int) -> None:
+    if labels is None or len(labels) > LABELED_TOKENS:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    ticks = range(len(labels))
+    ax.set_xticks(ticks, labels, rotation=90, fontsize=fontsize)
+    ax.set_yticks(ticks, labels, fontsize=fontsize)
+
+
+def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
+    """maps: (n_layer, n_head, T, T) for one text."""
+    n_layer, n_head = maps.shape[:2]
+    labeled = labels is not None and len(labels) <= GRID_LABELED_TOKENS
+    size = 3.0 if labeled else 2.2
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
+    for layer in range(n_layer):
+        for head in range(n_head):
+            ax = axes[layer][head]
+            ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
+            _label_axes(ax, labels if labeled else None, fontsize=5)
+            ax.set_title(f"L{layer} H{head}", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return path
+
+
+def plot_single_map(weights: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    image = ax.imshow(weights.float().numpy(), cmap="viridis", vmin=0, vmax=1)
+    _label_axes(ax, labels, fontsize=7)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    save_figure(fig, path)
+    return path
+
+
+def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, cmap: str = "magma") -> Path:
+    """One (n_layer x n_head) heatmap per named value, annotated."""
+    fig, axes = plt.subplots(1, len(values), figsize=(max(6.0, 3.6 * len(values)), 3.4), squeeze=False)
+    for ax, (name, grid) in zip(axes[0], values.items()):
+        image = ax.imshow(grid.float().numpy(), cmap=cmap, aspect="auto")
+        low, high = grid.min().item(), grid.max().item()
+        for layer in range(grid.shape[0]):
+            for head in range(grid.shape[1]):
+                value = grid[layer, head].item()
+                bright = (value - low) / max(high - low, 1e-12) > 0.6  # dark text on the bright end of the map
+                ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6, color="k" if bright else "w")
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.suptitle(textwrap.fill(title, 90), fontsize=9)
+    save_figure(fig, path)
+    return path
+
+
+def plot_pruning(curve: list[tuple[tuple[int, int] | None, float]], path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(len(curve)), [loss for _, loss in curve], marker="o", ms=3)
+    ax.set_xlabel("heads removed (greedily, least important first)")
+    ax.set_ylabel("validation loss")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+    return path

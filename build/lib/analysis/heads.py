@@ -1,0 +1,137 @@
+"""Per-head studies of a trained GPT: attention maps, head statistics, head ablation.
+
+All layouts end in the same place: the heads' outputs concatenated (head h in
+columns h*head_dim ... (h+1)*head_dim) and fed to the output projection
+``c_proj``. Ablating a head zeroes its slice of that input; attention maps are
+recomputed from each layout's own projections (``attention_weights``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from tqdm import tqdm
+
+from model import GPT
+
+STATS = ("entropy", "mean_distance", "prev_token", "first_token")
+
+
+def check_head(model: GPT, layer: int, head: int) -> None:
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    if not 0 <= layer < n_layer:
+        raise ValueError(f"layer={layer} is out of range: this model has layers 0..{n_layer - 1}")
+    if not 0 <= head < n_head:
+        raise ValueError(f"head={head} is out of range: this model has heads 0..{n_head - 1}")
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """(n_layer, B, n_head, T, T) attention weights of every head for the token ids ``idx`` (B, T)."""
+    inputs: list[torch.Tensor] = []
+    hooks = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+             for block in model.transformer.h]  # fmt: skip
+    try:
+        model(idx, idx)  # with targets: every position passes through every layer
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack([block.attn.attention_weights(x) for block, x in zip(model.transformer.h, inputs)])
+
+
+def head_statistics(maps: torch.Tensor) -> dict[str, torch.Tensor]:
+    """(n_layer, n_head) tensors of each statistic, averaged over batch and query positions.
+
+    ``maps`` is (n_layer, B, n_head, T, T), as ``attention_maps`` returns.
+
+    entropy: nats of each attention row; mean_distance: expected (query - key) offset;
+    prev_token: weight on the previous token; first_token: weight on position 0 (the "sink").
+    The first and prev/first scores skip query 0, which can only attend to itself.
+    """
+    T = maps.size(-1)
+    offsets = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # query - key
+    entropy = -(maps * maps.clamp_min(1e-12).log()).sum(-1)  # (L, B, H, T)
+    distance = (maps * offsets.clamp_min(0)).sum(-1)
+    prev = maps.diagonal(offset=-1, dim1=-2, dim2=-1)  # (L, B, H, T-1): weight of query i on key i-1
+    first = maps[..., 1:, 0]
+    return {
+        "entropy": entropy.mean(dim=(1, 3)),
+        "mean_distance": distance.mean(dim=(1, 3)),
+        "prev_token": prev.mean(dim=(1, 3)) if T > 1 else torch.zeros(maps.shape[0], maps.shape[2]),
+        "first_token": first.mean(dim=(1, 3)) if T > 1 else torch.ones(maps.shape[0], maps.shape[2]),
+    }
+
+
+@contextlib.contextmanager
+def heads_removed(model: GPT, removed: list[tuple[int, int]]) -> Iterator[None]:
+    """Within the block, the listed (layer, head) outputs are zero where they enter ``c_proj``."""
+    head_dim = model.config.n_embd // model.config.n_head
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in removed:
+        check_head(model, layer, head)
+        by_layer.setdefault(layer, []).append(head)
+
+    def zero_heads(heads: list[int]):
+        def hook(module, args):
+            x = args[0].clone()
+            for h in heads:
+                x[..., h * head_dim : (h + 1) * head_dim] = 0
+            return (x,)
+
+        return hook
+
+    hooks = [model.transformer.h[layer].attn.c_proj.register_forward_pre_hook(zero_heads(heads))
+             for layer, heads in by_layer.items()]  # fmt: skip
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@torch.no_grad()
+def mean_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 32) -> float:
+    total = 0.0
+    for i in range(0, len(x), batch_size):
+        _, loss = model(x[i : i + batch_size], y[i : i + batch_size])
+        total += loss.item() * len(x[i : i + batch_size])
+    return total / len(x)
+
+
+def ablation(model: GPT, x: torch.Tensor, y: torch.Tensor, progress: bool = True) -> tuple[float, torch.Tensor]:
+    """The loss with every head, and the (n_layer, n_head) loss increase when each head alone is removed."""
+    base = mean_loss(model, x, y)
+    L, H = model.config.n_layer, model.config.n_head
+    increase = torch.zeros(L, H)
+    every_head = [(layer, head) for layer in range(L) for head in range(H)]
+    for layer, head in tqdm(every_head, desc="ablate heads", disable=not progress):
+        with heads_removed(model, [(layer, head)]):
+            increase[layer, head] = mean_loss(model, x, y) - base
+    return base, increase
+
+
+def greedy_pruning(
+    model: GPT, x: torch.Tensor, y: torch.Tensor, progress: bool = True
+) -> list[tuple[tuple[int, int] | None, float]]:
+    """Remove heads one at a time, each time the one whose removal hurts least.
+
+    Returns [(None, loss with all heads), ((layer, head), loss after removing it too), ...].
+    """
+    remaining = [(layer, head) for layer in range(model.config.n_layer) for head in range(model.config.n_head)]
+    removed: list[tuple[int, int]] = []
+    curve: list[tuple[tuple[int, int] | None, float]] = [(None, mean_loss(model, x, y))]
+    steps = len(remaining) * (len(remaining) + 1) // 2
+    with tqdm(total=steps, desc="greedy pruning", disable=not progress) as bar:
+        while remaining:
+            losses = {}
+            for candidate in remaining:
+                with heads_removed(model, [*removed, candidate]):
+                    losses[candidate] = mean_loss(model, x, y)
+                bar.update()
+            best = min(losses, key=losses.get)
+            removed.append(best)
+            remaining.remove(best)
+            curve.append((best, losses[best]))
+    return curve

@@ -1,0 +1,70 @@
+"""The reporting toolkit shared by compare.py, bench.py and heads.py: tables (markdown, CSV) and figures.
+
+Every file is written under a temporary name and renamed into place, so a
+report is never half-written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def write_text(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def format_cell(value, digits: int = 4) -> str:
+    """Floats to ``digits`` significant figures (never "-0"), None/NaN as "-", the rest as str."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:.{digits}g}"
+        return "0" if text in ("-0", "-0.0") else text
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence], right_align: Sequence[bool] | None = None,
+                   digits: int = 4) -> str:  # fmt: skip
+    """A markdown table; cells that are not strings are formatted with ``format_cell``."""
+    right = right_align if right_align is not None else [False] * len(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" ---: " if r else " --- " for r in right) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(v if isinstance(v, str) else format_cell(v, digits) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> Path:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows([header, *rows])
+    return write_text(path, buffer.getvalue())
+
+
+def write_table(stem: Path, header: Sequence[str], rows: Sequence[Sequence], digits: int = 4) -> str:
+    """``<stem>.csv`` (full precision) and ``<stem>.md``; returns the markdown."""
+    write_csv(stem.with_suffix(".csv"), header, rows)
+    numeric = [all(isinstance(row[i], (int, float)) for row in rows) for i in range(len(header))]
+    table = markdown_table(header, rows, numeric, digits)
+    write_text(stem.with_suffix(".md"), table + "\n")
+    return table
+
+
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Lay out, save (atomically) and close a matplotlib figure."""
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+    os.replace(tmp, path)
+    plt.close(fig)
+    return path

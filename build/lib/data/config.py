@@ -1,0 +1,51 @@
+"""DataConfig: where text comes from, how it is tokenized and split (the `data` config group)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SOURCES = ("pystdlib", "files", "url", "hub")
+SAMPLE_BY = ("document", "paragraph", "line")
+
+
+@dataclass
+class DataConfig:
+    name: str = "pystdlib"  # a label: names the cache directory and the wandb config
+    source: str = "pystdlib"  # pystdlib | files | url | hub
+    path: str | None = None  # files: a file, directory or glob; hub: the dataset's repo id (or a local folder)
+    subset: str | None = None  # hub: the dataset's config name (e.g. sample-10BT)
+    split: str = "train"  # hub: which split to read
+    url: str | None = None  # url: a text file, downloaded once into the cache
+    text_column: str = "text"  # parquet/jsonl/hub: the column holding the documents
+    sample_by: str = "document"  # plain text: one document per file, paragraph or line
+    streaming: bool = False  # hub: stream instead of downloading the whole dataset
+    max_tokens: int | None = None  # stop after this many tokens (required with streaming)
+    tokenizer: str = "bytes"  # bytes | gpt2 | r50k_base | cl100k_base | o200k_base
+    val_fraction: float = 0.05  # share of documents held out for validation
+    split_seed: int = 1337  # which documents are held out
+    num_proc: int | None = None  # tokenizer processes (None: one per CPU core)
+    cache_dir: str = "~/.cache/headlab/data"
+
+    def __post_init__(self) -> None:
+        check_data_config(self)
+
+
+def check_data_config(cfg: DataConfig) -> None:
+    """Refuse settings that cannot work, naming the value and the fix, before any work."""
+    if cfg.source not in SOURCES:
+        raise ValueError(f"unknown data source {cfg.source!r}; choose one of: {', '.join(SOURCES)}")
+    if cfg.source in ("files", "hub") and not cfg.path:
+        what = "a file, directory or glob" if cfg.source == "files" else "a dataset repo id"
+        raise ValueError(f"data.source={cfg.source} needs data.path ({what})")
+    if cfg.source == "url" and not cfg.url:
+        raise ValueError("data.source=url needs data.url (the address of a text file)")
+    if cfg.sample_by not in SAMPLE_BY:
+        raise ValueError(f"data.sample_by={cfg.sample_by!r}; choose one of: {', '.join(SAMPLE_BY)}")
+    if not 0.0 < cfg.val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction={cfg.val_fraction} must be between 0 and 1 (e.g. 0.05)")
+    if cfg.streaming and cfg.max_tokens is None:
+        raise ValueError("data.streaming=true needs a token budget: set data.max_tokens (e.g. 100_000_000)")
+    if cfg.max_tokens is not None and cfg.max_tokens < 1:
+        raise ValueError(f"data.max_tokens={cfg.max_tokens} must be a positive number of tokens")
+    if cfg.num_proc is not None and cfg.num_proc < 1:
+        raise ValueError(f"data.num_proc={cfg.num_proc} must be at least 1 (or null for one per core)")

@@ -1,0 +1,127 @@
+"""Prepared token files -> batches of (inputs, targets) windows.
+
+Training batches are random contiguous windows of ``block_size + 1`` tokens,
+drawn from a generator seeded by (seed, step, global micro-batch index), where
+the global index is ``micro_step * world_size + rank``. So a resumed run sees
+the same batches, every DDP rank draws its own, and one process with N-fold
+gradient accumulation sees exactly the batches of N ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.prepare import FORMAT_VERSION, SPLITS
+
+
+class PreparedData:
+    """The token files of one prepared directory, checked against their ``meta.json``."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        meta_path = self.folder / "meta.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(
+                f"{self.folder} holds no meta.json: it is not a prepared data directory "
+                f"(prepare one with `python -m data data=...`)"
+            )
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("format") != FORMAT_VERSION:
+            raise ValueError(
+                f"{meta_path} has format {self.meta.get('format')!r}, this headlab reads {FORMAT_VERSION}; "
+                f"delete {self.folder} to prepare it again"
+            )
+        self.dtype = np.dtype(self.meta["dtype"])
+        self.tokens: dict[str, np.memmap] = {}
+        for split in SPLITS:
+            path = self.folder / f"{split}.bin"
+            expected = self.meta["splits"][split]["tokens"]
+            found = path.stat().st_size // self.dtype.itemsize if path.exists() else None
+            if found != expected:
+                raise ValueError(
+                    f"{path} holds {found} tokens but meta.json says {expected}; the directory is "
+                    f"damaged: delete {self.folder} to prepare it again"
+                )
+            self.tokens[split] = np.memmap(path, dtype=self.dtype, mode="r")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["vocab_size"]
+
+    def bytes_per_token(self, split: str) -> float:
+        """Text bytes per token: turns nats per token into bits per byte."""
+        counts = self.meta["splits"][split]
+        return counts["bytes"] / counts["tokens"]
+
+    def check_fits(self, block_size: int, vocab_size: int) -> None:
+        """Refuse a model that cannot read these tokens, before training starts."""
+        if vocab_size < self.vocab_size:
+            raise ValueError(
+                f"the tokenizer {self.meta['tokenizer']!r} has {self.vocab_size} tokens but the model's "
+                f"vocab_size={vocab_size}; set model.vocab_size >= {self.vocab_size} (or leave it unset)"
+            )
+        for split in SPLITS:
+            n = len(self.tokens[split])
+            if n < block_size + 1:
+                raise ValueError(
+                    f"the {split} split of {self.folder.name} has {n} tokens, fewer than "
+                    f"block_size + 1 = {block_size + 1}; use a smaller block_size or more data"
+                )
+
+
+class BatchLoader:
+    """Deterministic random windows from one split, as (inputs, targets) on ``device``."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if len(tokens) < block_size + 1:
+            raise ValueError(
+                f"{len(tokens)} tokens are fewer than block_size + 1 = {block_size + 1}; "
+                f"use a smaller block_size or more data"
+            )
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device(device)
+
+    def starts(self, step: int, micro_step: int = 0) -> np.ndarray:
+        """Window start offsets of one micro-batch."""
+        stream = micro_step * self.world_size + self.rank
+        rng = np.random.default_rng([self.seed, step, stream])
+        return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
+
+    def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        return windows(self.tokens, self.starts(step, micro_step), self.block_size, self.device)
+
+
+def validation_starts(n_tokens: int, block_size: int, n_windows: int) -> np.ndarray:
+    """A fixed set of windows spread evenly over the validation split."""
+    return np.linspace(0, n_tokens - block_size - 1, num=n_windows).round().astype(np.int64)
+
+
+def windows(
+    tokens: np.ndarray, starts: np.ndarray, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack windows of ``block_size + 1`` tokens; targets are the inputs shifted by one."""
+    rows = np.stack([tokens[s : s + block_size + 1] for s in starts]).astype(np.int64)
+    batch = torch.from_numpy(rows)
+    if device.type == "cuda":  # pinned host memory lets the copy overlap with compute
+        batch = batch.pin_memory().to(device, non_blocking=True)
+    else:
+        batch = batch.to(device)
+    return batch[:, :-1], batch[:, 1:]

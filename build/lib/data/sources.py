@@ -1,0 +1,140 @@
+"""Text sources -> a HF `datasets` dataset with one document per row in a ``text`` column.
+
+Every source goes through `datasets`: the embedded Python standard library and
+local text files through the ``text`` builder (line breaks kept), parquet and
+jsonl through their builders, a URL through a cached download, and the hub by
+name (optionally streaming).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import sysconfig
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import datasets
+from tqdm import tqdm
+
+from data.config import DataConfig
+
+# Folders of the standard library that are not the library itself.
+_STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "__pycache__", "idlelib"}
+_BUILDER_BY_SUFFIX = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+
+
+def stdlib_files() -> list[str]:
+    """The running interpreter's standard-library .py files, in a fixed (sorted) order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP)
+        files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    return files
+
+
+def resolve_files(path: str) -> list[str]:
+    """A file, a directory (all files below it) or a glob -> sorted list of files."""
+    expanded = os.path.expanduser(path)
+    if os.path.isfile(expanded):
+        return [expanded]
+    if os.path.isdir(expanded):
+        found = [str(p) for p in Path(expanded).rglob("*") if p.is_file() and not p.name.startswith(".")]
+    else:
+        found = [p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p)]
+    if not found:
+        raise FileNotFoundError(
+            f"data.path={path!r} matches no file; give an existing file, directory or glob (e.g. 'texts/**/*.txt')"
+        )
+    return sorted(found)
+
+
+def load_documents(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
+    """The documents of a source, as a dataset with a ``text`` column."""
+    if cfg.source == "pystdlib":
+        ds = _load_files(stdlib_files(), cfg)
+    elif cfg.source == "files":
+        ds = _load_files(resolve_files(cfg.path), cfg)
+    elif cfg.source == "url":
+        ds = _load_files([download(cfg.url, cfg.cache_dir)], cfg)
+    else:
+        ds = _load_hub(cfg)
+    return _only_text(ds, cfg.text_column)
+
+
+def source_identity(cfg: DataConfig) -> dict:
+    """What the prepared tokens depend on, beyond the settings: the files' sizes and times."""
+    if cfg.source == "pystdlib":
+        files = stdlib_files()
+    elif cfg.source == "files":
+        files = resolve_files(cfg.path)
+    elif cfg.source == "hub" and os.path.isdir(os.path.expanduser(cfg.path)):
+        files = resolve_files(cfg.path)
+    else:
+        return {}  # a URL is downloaded once; a hub dataset is named by its id
+    stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+    return {"files": len(files), "stat_digest": hashlib.sha256(repr(stats).encode()).hexdigest()}
+
+
+def _load_files(files: list[str], cfg: DataConfig) -> datasets.Dataset:
+    suffixes = {Path(f).suffix.lower() for f in files}
+    builders = {_BUILDER_BY_SUFFIX.get(s, "text") for s in suffixes}
+    if len(builders) > 1:
+        raise ValueError(
+            f"data.path mixes file kinds {sorted(suffixes)}; point it at one kind (text, parquet or jsonl)"
+        )
+    builder = builders.pop()
+    kwargs = {"sample_by": cfg.sample_by, "keep_linebreaks": True} if builder == "text" else {}
+    return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
+
+
+def _load_hub(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
+    try:
+        return datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split, streaming=cfg.streaming)
+    except (ConnectionError, OSError) as err:
+        raise RuntimeError(
+            f"could not load hub dataset {cfg.path!r} (subset {cfg.subset!r}, split {cfg.split!r}): "
+            f"{type(err).__name__}: {str(err)[:300]}. It needs the network the first time (and "
+            f"HF_HUB_OFFLINE unset); offline, use a machine that has it cached, a local copy "
+            f"(data.source=files data.path=...), or the embedded corpus (data=pystdlib)"
+        ) from err
+
+
+def _only_text(ds, column: str):
+    columns = ds.column_names
+    if columns is not None and column not in columns:
+        raise ValueError(f"the dataset has no column {column!r} (it has {columns}); set data.text_column")
+    if column != "text":
+        ds = ds.rename_column(column, "text")
+    extra = [c for c in (ds.column_names or []) if c != "text"]
+    return ds.remove_columns(extra) if extra else ds
+
+
+def download(url: str, cache_dir: str) -> str:
+    """Fetch a URL once into ``cache_dir/downloads`` (atomically); later calls reuse the file."""
+    folder = Path(os.path.expanduser(cache_dir)) / "downloads"
+    name = Path(urllib.parse.urlparse(url).path).name or "download.txt"
+    target = folder / f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{name}"
+    if target.exists():
+        return str(target)
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + f".part-{os.getpid()}")
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response, open(partial, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {name}") as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except (urllib.error.URLError, OSError) as err:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(
+            f"could not download data.url={url!r} ({err}); check the network, or download the file "
+            f"yourself and use data.source=files data.path=<the file>"
+        ) from err
+    os.replace(partial, target)
+    return str(target)

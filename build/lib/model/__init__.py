@@ -1,0 +1,31 @@
+"""headlab's model: one GPT, three attention layouts, two kernels, one loader."""
+
+from model.attention import ATTENTION_LAYOUTS, CausalAttentionHead, MultiHeadAttention, build_attention
+from model.checkpoint import Checkpoint, load_checkpoint
+from model.config import GPTConfig
+from model.convert import convert_attention_layout, detect_attention_layout
+from model.generation import generate, sample_next
+from model.gpt import GPT, KVCache
+from model.gpt2_import import import_hf_gpt2
+from model.kernels import KERNELS
+from model.load import LoadedModel, load_model
+
+__all__ = [
+    "ATTENTION_LAYOUTS",
+    "KERNELS",
+    "GPT",
+    "KVCache",
+    "CausalAttentionHead",
+    "Checkpoint",
+    "GPTConfig",
+    "LoadedModel",
+    "MultiHeadAttention",
+    "build_attention",
+    "convert_attention_layout",
+    "detect_attention_layout",
+    "generate",
+    "import_hf_gpt2",
+    "load_checkpoint",
+    "load_model",
+    "sample_next",
+]

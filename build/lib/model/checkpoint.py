@@ -1,0 +1,102 @@
+"""The checkpoint: one typed record, written atomically and read with ``weights_only=True``.
+
+A checkpoint is self-describing: the model's config and tokenizer rebuild the
+model without anything else; the training state (optimizer, step, scaler,
+the resolved training config, the wandb run id) lets ``trainer.resume``
+continue it exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+
+from model.config import GPTConfig
+
+LAST, BEST = "last.pt", "best.pt"
+TMP_MARK = ".tmp-"  # temporary files are ".<name>.tmp-<pid>" beside the checkpoint
+
+
+@dataclass
+class Checkpoint:
+    model: dict  # the uncompiled, unwrapped module's state dict: no "_orig_mod." / "module." prefixes
+    model_config: dict  # GPTConfig fields
+    tokenizer: str
+    step: int = 0
+    best_val_loss: float = float("inf")
+    optimizer: dict | None = None
+    grad_scaler: dict | None = None  # fp16 training's loss scale
+    train_config: dict | None = None  # the resolved training config (None for exported/imported weights)
+    wandb_run_id: str | None = None
+
+    @property
+    def config(self) -> GPTConfig:
+        return GPTConfig(**self.model_config)
+
+    def save(self, path: Path) -> None:
+        """Write to a temporary name, then rename: a crash never leaves half a checkpoint.
+
+        A failed write (disk full, read-only folder) removes its temporary file, leaves
+        the previous checkpoint as it was, and says which path and why.
+        """
+        tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+        try:
+            torch.save(asdict(self), tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise OSError(
+                f"could not write checkpoint {path} ({type(err).__name__}: {str(err).strip()[:200]}); "
+                f"free disk space or make {path.parent} writable. The previous checkpoint is unchanged"
+            ) from err
+
+
+def checkpoint_path(where: str | Path, name: str = LAST) -> Path:
+    """A checkpoint file, or a run directory's ``name`` (``last.pt`` unless told)."""
+    path = Path(where).expanduser()
+    if path.is_dir():
+        path = path / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no checkpoint at {str(where)!r}: give a run directory holding {name} or a checkpoint file (.pt)"
+        )
+    return path
+
+
+def load_checkpoint(where: str | Path, map_location: str | torch.device = "cpu", name: str = LAST) -> Checkpoint:
+    path = checkpoint_path(where, name)
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated, foreign or unsafe pickles
+        raise ValueError(f"{path} is not a readable headlab checkpoint ({type(err).__name__}: {err})") from err
+    known = {f.name for f in fields(Checkpoint)}
+    if not isinstance(payload, dict) or not {"model", "model_config", "tokenizer"} <= payload.keys():
+        raise ValueError(f"{path} is not a headlab checkpoint (no 'model', 'model_config' and 'tokenizer' entries)")
+    return Checkpoint(**{k: v for k, v in payload.items() if k in known})
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete temporary checkpoint files that killed processes left behind (their pid is gone)."""
+    removed = []
+    for tmp in folder.glob(f".*.pt{TMP_MARK}*"):
+        pid = tmp.name.rsplit(TMP_MARK, 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,77 @@
+"""Exact weight conversion between attention layouts.
+
+Each layout (``model.attention``) says how its q/k/v parameters map to and from
+one common form, the full-width q, k and v matrices; converting is then one
+generic loop: find each attention module's q/k/v tensors, read them in the
+source layout's form, write them in the destination's. Biases follow their
+weights; ``c_proj`` and everything else passes through untouched. A conversion
+is a pure re-arrangement, so it works on parameters and gradients alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from model.attention import ATTENTION_LAYOUTS, WrapperAttention
+from model.registry import lookup
+
+
+def split_qkv_key(key: str) -> tuple[str, str, str] | None:
+    """(layout, module prefix, name inside the module) of a q/k/v tensor's key, or None for other keys."""
+    for layout, cls in ATTENTION_LAYOUTS.items():
+        match = cls.QKV_KEY.search(key)
+        if match and (match.start() == 0 or key[match.start() - 1] == "."):
+            return layout, key[: match.start()], key[match.start() :]
+    return None
+
+
+def detect_attention_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """The layout whose q/k/v parameter names a state dict uses."""
+    found = {parts[0] for key in state_dict if (parts := split_qkv_key(key))}
+    if not found:
+        raise ValueError(
+            "the state dict holds no attention q/k/v weights "
+            "(no 'heads.N.query', 'query' or 'c_attn' keys); is it a headlab GPT state dict?"
+        )
+    if len(found) > 1:
+        raise ValueError(f"the state dict mixes attention layouts {sorted(found)}; it is corrupt")
+    return found.pop()
+
+
+def convert_attention_layout(
+    state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Turn a state dict (GPT or single attention block) from layout ``src`` into ``dst``.
+
+    ``n_head`` is needed only to split heads when converting *to* ``wrapper``
+    from another layout (a wrapper state dict already says how many heads it has).
+    """
+    src_cls = lookup(ATTENTION_LAYOUTS, "attention layout", src)
+    dst_cls = lookup(ATTENTION_LAYOUTS, "attention layout", dst)
+    seen = detect_attention_layout(state_dict)
+    if seen != src:
+        raise ValueError(f"the state dict holds {seen!r} attention weights, not src={src!r}")
+
+    out: dict[str, torch.Tensor] = {}
+    modules: dict[str, dict[str, torch.Tensor]] = {}  # module prefix -> its q/k/v tensors by local name
+    for key, tensor in state_dict.items():
+        parts = split_qkv_key(key)
+        if parts is None:
+            out[key] = tensor
+        else:
+            modules.setdefault(parts[1], {})[parts[2]] = tensor
+
+    for prefix, params in modules.items():
+        heads = n_head
+        if src_cls is WrapperAttention:
+            heads = WrapperAttention.heads_in(params)
+            if n_head is not None and heads != n_head:
+                raise ValueError(f"the wrapper state dict has {heads} heads, but n_head={n_head} was given")
+        try:
+            local = dst_cls.from_qkv(src_cls.to_qkv(params), heads)
+        except ValueError as err:
+            raise ValueError(f"attention {prefix!r}: {err}") from None
+        out.update({prefix + name: tensor for name, tensor in local.items()})
+    return out

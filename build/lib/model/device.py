@@ -1,0 +1,128 @@
+"""Device and precision: shared by training, sampling, evaluation, analysis and benchmarks.
+
+Also the GPU peak FLOP/s that MFU is measured against, matched on whole words
+of the device's name, most specific entry first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import re
+
+import torch
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s from the vendors' data sheets, as
+# (bf16, fp16) with fp32 accumulation; None where the GPU has no such tensor cores.
+# Keys are whole words of torch.cuda.get_device_name(); the longest key that matches wins.
+PEAK_TFLOPS: dict[str, tuple[float | None, float]] = {
+    "H200 NVL": (835.0, 835.0),
+    "H200": (989.0, 989.0),  # SXM
+    "H100 NVL": (835.0, 835.0),
+    "H100 PCIe": (756.0, 756.0),
+    "H100": (989.0, 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    "A100": (312.0, 312.0),  # SXM4 and PCIe alike
+    "L40S": (362.0, 362.0),
+    "L40": (181.0, 181.0),
+    "L4": (121.0, 121.0),
+    "A40": (149.7, 149.7),
+    "A30": (165.0, 165.0),
+    "A10": (125.0, 125.0),
+    "RTX 4090": (165.2, 165.2),
+    "RTX 3090": (71.0, 71.0),
+    "V100": (None, 125.0),  # Volta: fp16 only (PCIe parts are ~10% lower)
+    "T4": (None, 65.0),  # Turing: fp16 only
+}
+
+
+def _words(name: str) -> list[str]:
+    return re.split(r"[\s\-_]+", name.upper().strip())
+
+
+def peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
+    """The dense peak of a GPU (by its name) for bf16 or fp16, or None when unknown or not applicable."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return None
+    words = _words(device_name)
+    for key in sorted(PEAK_TFLOPS, key=lambda k: (-len(_words(k)), -len(k))):
+        key_words = _words(key)
+        n = len(key_words)
+        if any(words[i : i + n] == key_words for i in range(len(words) - n + 1)):
+            bf16, fp16 = PEAK_TFLOPS[key]
+            return bf16 if dtype == torch.bfloat16 else fp16
+    return None
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The device's peak FLOP/s for ``dtype``, or None where MFU has no meaning (CPU, fp32, unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    tflops = peak_tflops(torch.cuda.get_device_name(device), dtype)
+    return None if tflops is None else tflops * 1e12
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and thread count: what measurements are quoted against."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the CPU model here; platform.processor() often says only "x86_64"
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads"
+
+
+def resolve_device(name: str, local_rank: int = 0, option: str = "trainer.device") -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; ``option`` is how the user spelled the setting, for errors."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if not isinstance(name, str) or not re.fullmatch(r"cuda(:\d+)?", name):
+        raise ValueError(f"{option}={name!r}; choose auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"{option}={name} but no CUDA GPU is visible (torch.cuda.is_available() is False); "
+            f"use {option}=cpu (or auto), or install a CUDA build of torch"
+        )
+    device = torch.device(f"cuda:{local_rank}" if name == "cuda" else name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{option}={name} but only {torch.cuda.device_count()} GPU(s) are visible")
+    return device
+
+
+def has_native_bf16(device: torch.device) -> bool:
+    """bf16 tensor cores: compute capability 8.0 (Ampere) or later. Older GPUs only emulate bf16, slowly,
+    although ``torch.cuda.is_bf16_supported()`` says True there."""
+    if device.type != "cuda":
+        return True  # CPU autocast supports bf16
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def resolve_dtype(name: str, device: torch.device, option: str = "trainer.dtype") -> torch.dtype:
+    """The autocast dtype. ``auto``: bf16 on GPUs with native bf16, fp16 (with a GradScaler in
+    training) on older GPUs, float32 on CPUs."""
+    if name not in DTYPES:
+        raise ValueError(f"{option}={name!r}; choose one of: {', '.join(DTYPES)}")
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if has_native_bf16(device) else torch.float16
+    if name == "bfloat16" and not has_native_bf16(device):
+        raise ValueError(
+            f"{option}=bfloat16 but {torch.cuda.get_device_name(device)} has no native bf16 (compute capability "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))} < 8.0; it would be emulated, slowly); "
+            f"use {option}=float16 (or auto)"
+        )
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for matmuls in ``dtype`` (weights stay float32); nothing for float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

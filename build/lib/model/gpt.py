@@ -1,0 +1,180 @@
+"""The GPT: embeddings -> N x (LN -> attention -> LN -> MLP) -> LN -> logits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import LayerCache, build_attention
+from model.config import GPTConfig
+from model.convert import convert_attention_layout, detect_attention_layout
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU, so its weights load exactly
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = build_attention(
+            config.attention, config.n_embd, config.n_head, config.kernel, config.dropout, config.bias
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Keys and values of every layer for the positions processed so far (batch of sequences)."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.layers: list[LayerCache] = [{} for _ in range(n_layer)]
+        self.length = 0
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation, drawn in one canonical order whatever the layout.
+
+        Every random tensor is drawn in the fused layout's form, in sorted name
+        order, then converted to this model's layout: for a seed, all layouts
+        start from exactly the same weights, so their losses differ only by
+        arithmetic order. Weights ~ N(0, 0.02); the projections that write into
+        the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1.
+        """
+        fused = _as_layout(self.state_dict(), self.config.attention, "fused_qkv", self.config.n_head)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        drawn: dict[str, torch.Tensor] = {}
+        for name in sorted(fused):
+            template = fused[name]
+            if name == "lm_head.weight":
+                continue  # tied to the token embedding
+            if template.dim() == 2:
+                std = residual_std if name.endswith("c_proj.weight") else 0.02
+                drawn[name] = torch.empty_like(template).normal_(0.0, std)
+            elif ".ln_" in name and name.endswith(".weight"):
+                drawn[name] = torch.ones_like(template)
+            else:
+                drawn[name] = torch.zeros_like(template)
+        drawn["lm_head.weight"] = drawn["transformer.wte.weight"]
+        self.load_weights(drawn)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits over the real vocabulary (padding cropped) and the loss.
+
+        Without targets only the last position's logits are computed (B, 1, V).
+        Targets of -1 are ignored by the loss. With a ``cache``, ``idx`` holds the
+        positions after those already cached, and the cache is extended by them.
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
+        past = cache.length if cache is not None else 0
+        seq_len = past + idx.size(1)
+        if seq_len > self.config.block_size:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
+                f"crop the input to its last {self.config.block_size} tokens"
+            )
+        pos = torch.arange(past, seq_len, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length = seq_len
+        x = self.transformer.ln_f(x)
+        vocab = self.config.vocab_size
+        if targets is None:
+            return self.lm_head(x[:, [-1], :])[..., :vocab], None
+        logits = self.lm_head(x)[..., :vocab]
+        loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
+        return logits, loss  # training keeps only the loss, so these (B, T, V) logits die with the step
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, each counted once (the tied LM head is the token embedding).
+
+        ``non_embedding=True`` leaves out the token and position embeddings.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs (forward + backward) per token, as in the PaLM paper's appendix B.
+
+        6 per weight that multiplies the token (all but the position embedding;
+        the tied token embedding counts as the LM head's matmul) plus the attention
+        score and value matmuls, 12 * n_layer * n_embd * seq_len.
+        """
+        cfg = self.config
+        seq_len = cfg.block_size if seq_len is None else seq_len
+        matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
+        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * seq_len
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load a GPT state dict of any attention layout, converting it to this model's.
+
+        Missing, unexpected or wrongly shaped tensors are a ValueError that names them.
+        """
+        cfg = self.config
+        state_dict = _as_layout(state_dict, detect_attention_layout(state_dict), cfg.attention, cfg.n_head)
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"state dict does not fit this GPT: missing {missing[:5]}"
+                f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                f"{'...' if len(unexpected) > 5 else ''}"
+            )
+        wrong = [
+            f"{k}: state dict {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+            for k, v in own.items()
+            if state_dict[k].shape != v.shape
+        ]
+        if wrong:
+            raise ValueError(
+                f"state dict shapes do not fit this GPT's config ({len(wrong)} tensors): " + "; ".join(wrong[:5])
+            )
+        self.load_state_dict(state_dict)
+
+
+
+def _as_layout(state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int) -> dict[str, torch.Tensor]:
+    return dict(state_dict) if src == dst else convert_attention_layout(state_dict, src, dst, n_head=n_head)

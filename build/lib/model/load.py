@@ -1,0 +1,72 @@
+"""One loader for every script: any source -> (model in the requested layout/kernel, tokenizer, facts).
+
+A source is a run directory (its ``last.pt``, or the checkpoint named), a
+checkpoint file, a pretrained GPT-2 name on the Hugging Face hub (``gpt2``,
+``gpt2-medium``, ...) or a local folder written by ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from model.checkpoint import LAST, Checkpoint, checkpoint_path, load_checkpoint
+from model.gpt import GPT
+from model.pretrained import is_pretrained_source, load_pretrained_gpt2
+
+
+@dataclass
+class LoadedModel:
+    model: GPT
+    tokenizer: object  # data.tokenizers.Tokenizer
+    source: str
+    path: Path | None = None  # the checkpoint file read, for checkpoints
+    step: int | None = None  # training steps behind the weights, for checkpoints
+    checkpoint: Checkpoint | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        """A short label: ``<run or model>`` plus the checkpoint and step where known."""
+        if self.path is None:
+            return Path(self.source).name or self.source
+        label = self.path.parent.name if self.path.name in ("last.pt", "best.pt") else self.path.stem
+        return f"{label}/{self.path.name}, step {self.step}"
+
+
+def load_model(
+    source: str,
+    attention: str | None = None,
+    kernel: str | None = None,
+    checkpoint: str = LAST,
+    dropout: float | None = None,
+) -> LoadedModel:
+    """Load ``source`` on the CPU; ``attention``/``kernel`` convert the weights to another layout/kernel,
+    ``checkpoint`` picks the file in a run directory (``last.pt`` or ``best.pt``)."""
+    from data.tokenizers import get_tokenizer
+
+    if is_pretrained_source(source):
+        model = load_pretrained_gpt2(source, attention or "fused_qkv", kernel or "sdpa")
+        return LoadedModel(model, get_tokenizer("gpt2"), source)
+    path = checkpoint_path(source, checkpoint)
+    ckpt = load_checkpoint(path)
+    return LoadedModel(model_from_checkpoint(ckpt, attention, kernel, dropout), get_tokenizer(ckpt.tokenizer),
+                       source, path, ckpt.step, ckpt)  # fmt: skip
+
+
+def model_from_checkpoint(
+    ckpt: Checkpoint, attention: str | None = None, kernel: str | None = None, dropout: float | None = None
+) -> GPT:
+    """The GPT a checkpoint describes, optionally in another layout, kernel or dropout."""
+    config = ckpt.config
+    config = replace(
+        config,
+        attention=attention or config.attention,
+        kernel=kernel or config.kernel,
+        dropout=config.dropout if dropout is None else dropout,
+    )
+    model = GPT(config)
+    try:
+        model.load_weights(ckpt.model)  # converts between layouts when they differ
+    except ValueError as err:
+        raise ValueError(f"the checkpoint's weights do not match its own config: {err}") from err
+    return model

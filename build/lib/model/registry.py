@@ -1,0 +1,16 @@
+"""Name -> implementation lookup with an error that lists the valid names."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def lookup(registry: dict[str, T], kind: str, name: str) -> T:
+    """Return ``registry[name]``, or raise a ValueError naming the valid choices."""
+    try:
+        return registry[name]
+    except (KeyError, TypeError):
+        valid = ", ".join(sorted(registry))
+        raise ValueError(f"unknown {kind} {name!r}; choose one of: {valid}") from None

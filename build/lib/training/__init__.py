@@ -1,0 +1,1 @@
+"""The training loop behind `train.py`: configs, optimizer, checkpoints, logging, DDP."""

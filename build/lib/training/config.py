@@ -1,0 +1,110 @@
+"""Structured configs for `train.py`: one dataclass per config group, validated by Hydra.
+
+The ``model`` group is ``model.GPTConfig`` itself: the model's shape and its
+attention layout and kernel are declared once, there. Every default lives in
+these dataclasses; the YAML files in ``configs/`` change only what differs.
+
+A typo in a key or a wrong type is rejected by OmegaConf when the config is
+composed; the dataclasses' own checks and ``validate`` then refuse what types
+cannot (ranges, choices, combinations) before any work starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from data.config import DataConfig, check_data_config
+from model.config import GPTConfig
+from model.device import DTYPES
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-3  # peak learning rate, reached after warmup
+    min_lr: float = 2e-4  # end of the cosine decay
+    warmup_steps: int = 30
+    weight_decay: float = 0.1  # on matmul weights only, not biases, norms or embeddings
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000  # optimizer steps; the learning-rate schedule spans them
+    batch_size: int = 16  # sequences per optimizer step, over all ranks and micro-steps
+    micro_batch_size: int = 16  # sequences per forward pass on one rank
+    eval_interval: int = 200  # steps between evaluations (and best/last checkpoints)
+    eval_windows: int = 64  # fixed validation windows per evaluation
+    checkpoint_interval: int = 200  # steps between 'last' checkpoints
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16
+    compile: bool = False
+    seed: int = 1337
+    resume: str | None = None  # a run directory or checkpoint file to continue from
+    stop_at_step: int | None = None  # stop (and checkpoint) early, as if interrupted; resume later
+    sample_tokens: int = 200  # tokens of text printed at the end (0: none)
+    run_dir: str | None = None  # where files go; train.py passes Hydra's output directory
+    plan: bool = False  # print the plan (parameters, FLOPs, batch split, memory estimate) and exit
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = "wandb"  # wandb | none (metrics.jsonl is always written)
+    project: str = "headlab"
+    entity: str | None = None
+    group: str | None = None  # train.py passes the multirun's sweep name, if any
+    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+LOGGER_KINDS = ("wandb", "none")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Refuse what cannot work, naming the value and the fix (types were checked by Hydra)."""
+    t, o = cfg.trainer, cfg.optim
+    GPTConfig.__post_init__(cfg.model)  # again: a config built in Python may have been changed since
+    check_data_config(cfg.data)
+    for name in ("max_steps", "batch_size", "micro_batch_size", "eval_interval", "eval_windows",
+                 "checkpoint_interval"):  # fmt: skip
+        if getattr(t, name) < 1:
+            raise ValueError(f"trainer.{name}={getattr(t, name)} must be at least 1")
+    if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
+        raise ValueError(f"trainer.stop_at_step={t.stop_at_step} must be in 1..max_steps={t.max_steps}")
+    if t.dtype not in DTYPES:
+        raise ValueError(f"trainer.dtype={t.dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if o.lr <= 0 or not 0 <= o.min_lr <= o.lr:
+        raise ValueError(f"optim.lr={o.lr}, optim.min_lr={o.min_lr}: need 0 <= min_lr <= lr and lr > 0")
+    if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
+        raise ValueError("optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0")
+    if cfg.logger.kind not in LOGGER_KINDS:
+        raise ValueError(f"logger.kind={cfg.logger.kind!r}; choose one of: {', '.join(LOGGER_KINDS)}")
+    if cfg.logger.mode not in WANDB_MODES:
+        raise ValueError(f"logger.mode={cfg.logger.mode!r}; choose one of: {', '.join(WANDB_MODES)}")
+
+
+def grad_accum_steps(trainer: TrainerConfig, world_size: int) -> int:
+    """Micro-steps per optimizer step; the batch must split evenly over ranks and micro-batches."""
+    per_step = trainer.micro_batch_size * world_size
+    if trainer.batch_size % per_step != 0:
+        raise ValueError(
+            f"trainer.batch_size={trainer.batch_size} does not divide into micro-batches of "
+            f"trainer.micro_batch_size={trainer.micro_batch_size} x {world_size} rank(s); "
+            f"choose batch_size as a multiple of {per_step}"
+        )
+    return trainer.batch_size // per_step

@@ -1,0 +1,77 @@
+"""torchrun / DDP set-up: NCCL on GPUs, gloo on CPUs; a no-op for a single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def mean(self, value: float, device: torch.device) -> float:
+        """The average of a number over ranks."""
+        return self.sum([value], device)[0] / self.world_size
+
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Element-wise sums over ranks (every rank must call it, with the same number of values)."""
+        if not self.enabled:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when it is true on one (e.g. a stop signal)."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor([int(flag)], device=device)
+        dist.all_reduce(t)
+        return bool(t.item())
+
+    def broadcast(self, obj):
+        """Rank 0's value of a picklable object, on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def from_environment() -> Distributed:
+    """This process's place among torchrun's (RANK, LOCAL_RANK, WORLD_SIZE), before any process group exists."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed()
+    return Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size)
+
+
+def init_distributed(state: Distributed, device: torch.device) -> None:
+    """Join the process group torchrun describes: NCCL on GPUs, gloo on CPUs."""
+    if not state.enabled:
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")

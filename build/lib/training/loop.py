@@ -1,0 +1,279 @@
+"""``train(cfg)``: the pure training function behind ``train.py``.
+
+config -> tokenizer (and the plan) -> data (prepared on demand, before any
+process group exists) -> model + optimizer (or a checkpoint to resume) ->
+steps -> metrics, evaluations and checkpoints in the run directory. Only
+rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from data.loader import BatchLoader, PreparedData
+from data.prepare import prepare
+from data.tokenizers import VOCAB_SIZES, get_tokenizer
+from model import GPT
+from model.checkpoint import BEST, LAST, Checkpoint, load_checkpoint
+from model.device import autocast, device_name, peak_flops, resolve_device, resolve_dtype
+from model.generation import generate
+from training.config import TrainConfig, grad_accum_steps, validate
+from training.distributed import Distributed, from_environment, init_distributed
+from training.evaluate import Evaluator
+from training.memory import MemoryMeter
+from training.optim import lr_at, make_optimizer
+from training.plan import check_fits_device, make_plan, planned_dtype
+from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failure, run_name
+from training.signals import StopSignals
+from training.step import TrainStep
+
+# Fields of the model config that must agree with a checkpoint to resume from it.
+_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "attention")
+
+
+def train(cfg: DictConfig | TrainConfig) -> dict:
+    """Train as ``cfg`` says; returns a summary (run_dir, step, last train/val loss, val bpb)."""
+    config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
+    validate(config)
+    t = config.trainer
+    # Everything that can be refused is checked before data preparation or model building.
+    dist = from_environment()
+    grad_accum = grad_accum_steps(t, dist.world_size)
+    planned = replace(config.model, vocab_size=config.model.vocab_size or VOCAB_SIZES[config.data.tokenizer])
+    if t.plan:  # needs no GPU: plans a GPU run from a laptop
+        plan = make_plan(config, planned, dist.world_size, planned_dtype(t))
+        print(plan.text(), flush=True)
+        return {"plan": plan}
+    device = resolve_device(t.device, dist.local_rank)
+    dtype = resolve_dtype(t.dtype, device)
+    resume = load_checkpoint(t.resume) if t.resume else None
+    if resume is not None:
+        check_resumable(config, resume)
+    check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
+
+    tokenizer = get_tokenizer(config.data.tokenizer)
+    model_config = replace(config.model, vocab_size=config.model.vocab_size or tokenizer.vocab_size)
+
+    data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
+    data.check_fits(model_config.block_size, model_config.vocab_size)
+    init_distributed(dist, device)
+    try:
+        run_dir = Path(dist.broadcast(str(claim_run_dir(t.run_dir)) if dist.is_main else None))
+        container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+        container["model"]["vocab_size"] = model_config.vocab_size
+        try:
+            return Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
+                           run_dir, resume).run()  # fmt: skip
+        except torch.OutOfMemoryError as err:
+            half, detail = max(1, t.micro_batch_size // 2), str(err).splitlines()[0][:160]
+            reason = f"out of memory at trainer.micro_batch_size={t.micro_batch_size}; try trainer.micro_batch_size={half} ({detail})"  # noqa: E501
+        # Out of the except block: the error's traceback (and the tensors its frames hold) is gone.
+        free_memory(device)
+        if dist.is_main:
+            record_failure(run_dir, container, config, reason)
+        raise RunFailed(f"{run_name(config)}: {reason}; recorded in {run_dir / FAILURE}")
+    finally:
+        dist.close()
+
+
+class RunFailed(RuntimeError):
+    """A run that could not finish (e.g. out of memory); its reason is recorded in the run directory."""
+
+
+def free_memory(device: torch.device) -> None:
+    """Release a failed job's memory before the next job of a multirun starts."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def check_resumable(cfg: TrainConfig, ckpt: Checkpoint) -> None:
+    saved = ckpt.model_config
+    mismatched = [f"model.{k}: checkpoint {saved[k]!r} vs now {getattr(cfg.model, k)!r}"
+                  for k in _SHAPE_FIELDS if saved[k] != getattr(cfg.model, k)]  # fmt: skip
+    if mismatched:
+        raise ValueError(
+            f"cannot resume from {cfg.trainer.resume}: its config differs: " + "; ".join(mismatched)
+            + ". Resume with the checkpoint's settings (see its config), or start a new run"
+        )
+    if ckpt.optimizer is None:
+        raise ValueError(f"cannot resume from {cfg.trainer.resume}: it holds weights but no training state")
+    if ckpt.step >= cfg.trainer.max_steps:
+        raise ValueError(
+            f"nothing to resume: {cfg.trainer.resume} is at step {ckpt.step}, trainer.max_steps="
+            f"{cfg.trainer.max_steps}; raise trainer.max_steps to train further"
+        )
+
+
+class Trainer:
+    """Holds a run's parts; ``run`` is the loop."""
+
+    def __init__(self, cfg: TrainConfig, container: dict, model_config, data: PreparedData, tokenizer,
+                 dist: Distributed, device: torch.device, dtype: torch.dtype, grad_accum: int, run_dir: Path,
+                 resume: Checkpoint | None) -> None:  # fmt: skip
+        t = cfg.trainer
+        self.cfg, self.container, self.tokenizer, self.dist = cfg, container, tokenizer, dist
+        self.device, self.dtype, self.run_dir = device, dtype, run_dir
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.memory = MemoryMeter(device)
+
+        torch.manual_seed(t.seed)  # the same initial weights on every rank, and in every layout
+        self.model = GPT(model_config).to(device)
+        self.optimizer = make_optimizer(self.model, cfg.optim, device)
+        self.scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+        self.start_step, self.best_val, wandb_id = 0, math.inf, None
+        if resume is not None:
+            self.model.load_weights(resume.model)
+            self.optimizer.load_state_dict(resume.optimizer)
+            if self.scaler is not None and resume.grad_scaler:
+                self.scaler.load_state_dict(resume.grad_scaler)
+            self.start_step, self.best_val, wandb_id = resume.step, resume.best_val_loss, resume.wandb_run_id
+        self.wandb_id = wandb_id  # kept across resumes, even by a resumed run that logs without wandb
+
+        forward = self.model
+        if t.compile:
+            torch._dynamo.reset()  # a multirun's previous job may have left compiled graphs
+            forward = torch.compile(self.model)
+        if dist.enabled:
+            forward = DistributedDataParallel(forward, device_ids=[device.index] if device.type == "cuda" else None)
+        loader = BatchLoader(data.tokens["train"], model_config.block_size, t.micro_batch_size, t.seed,
+                             dist.rank, dist.world_size, device)  # fmt: skip
+        self.step = TrainStep(self.model, forward, self.optimizer, loader, grad_accum, cfg.optim.grad_clip,
+                              t.seed, dtype, dist, self.scaler)  # fmt: skip
+        self.evaluate = Evaluator(data.tokens["val"], model_config.block_size, t.eval_windows, t.micro_batch_size,
+                                  data.bytes_per_token("val"), device, dtype, dist)  # fmt: skip
+        self.tokens_per_step = t.batch_size * model_config.block_size
+        self.flops_per_token = self.model.flops_per_token()
+        self.peak = peak_flops(device, dtype)
+        facts = {
+            "params": self.model.num_params(), "params_non_embedding": self.model.num_params(non_embedding=True),
+            "world_size": dist.world_size, "device_name": device_name(device),
+            "dtype": str(dtype).removeprefix("torch."), "data_dir": str(data.folder),
+            "tokens_per_step": self.tokens_per_step,
+        }  # fmt: skip
+        self.log = open_run_log(cfg, container, run_dir, facts, wandb_id) if dist.is_main else None
+        if self.log is not None and self.log.wandb_id:
+            self.wandb_id = self.log.wandb_id
+
+    def run(self) -> dict:
+        t = self.cfg.trainer
+        stop_at = t.stop_at_step or t.max_steps
+        step = self.start_step
+        summary: dict = {"run_dir": str(self.run_dir), "start_step": step}
+        bar = tqdm(total=stop_at, initial=step, desc="train", unit="step", disable=not self.dist.is_main,
+                   dynamic_ncols=True)  # fmt: skip
+        try:
+            with StopSignals() as stop:
+                if t.compile:
+                    summary["compile_s"] = self.compile_warmup(step)
+                while step < stop_at:
+                    start = time.perf_counter()
+                    lr = lr_at(step, self.cfg.optim, t.max_steps)
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    loss, grad_norm = self.step(step)
+                    step += 1
+                    step_s = time.perf_counter() - start
+                    if not math.isfinite(loss):
+                        raise FloatingPointError(
+                            f"train/loss became {loss} at step {step}; stopped without saving it. The last "
+                            f"good checkpoint is {self.run_dir / LAST} (if one was written). Lower optim.lr, "
+                            f"keep optim.grad_clip > 0, or use trainer.dtype=float32"
+                        )
+                    metrics = self.step_metrics(step, loss, grad_norm, lr, step_s)
+                    summary["train_loss"] = loss
+                    self.record(step, metrics)
+                    bar.update()
+                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['perf/tokens_per_sec']:,.0f}")
+
+                    stopping = self.dist.any(stop.requested, self.device) or step == stop_at
+                    if step % t.eval_interval == 0 or step == t.max_steps:
+                        summary.update(self.evaluate_and_keep_best(step))
+                    if step % t.checkpoint_interval == 0 or stopping:
+                        self.save(LAST, step)
+                    if stopping:
+                        break
+                summary["interrupted"] = stop.requested
+        finally:
+            bar.close()
+            if self.log is not None:
+                self.log.close()
+        summary["step"] = step
+        if self.dist.is_main and t.sample_tokens > 0 and step == t.max_steps:
+            print(f"\n--- sample ({t.sample_tokens} tokens) ---\n{self.sample(t.sample_tokens)}\n---")
+        return summary
+
+    def compile_warmup(self, step: int) -> float:
+        """Compile before the clock starts: one forward+backward, gradients discarded. Its time is
+        logged as perf/compile_s and kept out of every speed and time-to-target figure."""
+        start = time.perf_counter()
+        x, y = self.step.loader.batch(step, 0)
+        with autocast(self.device, self.dtype):
+            loss = self.step.forward(x, y)[1]
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        self.record(step, {"perf/compile_s": seconds})
+        self.memory.reset()  # the compile's workspace is not the run's steady state
+        return seconds
+
+    def step_metrics(self, step: int, loss: float, grad_norm: float, lr: float, step_s: float) -> dict:
+        metrics = {
+            "train/loss": loss, "train/grad_norm": grad_norm, "lr": lr, "tokens": step * self.tokens_per_step,
+            "perf/step_ms": step_s * 1e3, "perf/tokens_per_sec": self.tokens_per_step / step_s,
+        }  # fmt: skip
+        if self.peak is not None:
+            per_gpu = self.tokens_per_step / step_s / self.dist.world_size
+            metrics["perf/mfu"] = self.flops_per_token * per_gpu / self.peak
+        if self.scaler is not None:
+            metrics["train/loss_scale"] = self.scaler.get_scale()
+        return {**metrics, **self.memory.read()}
+
+    def record(self, step: int, metrics: dict) -> None:
+        if self.log is not None:
+            self.log.log(step, metrics)
+
+    def evaluate_and_keep_best(self, step: int) -> dict:
+        metrics = self.evaluate(self.model)
+        self.record(step, metrics)
+        if metrics["val/loss"] < self.best_val:
+            self.best_val = metrics["val/loss"]
+            self.save(BEST, step)
+        return {"val_loss": metrics["val/loss"], "val_bpb": metrics["val/bpb"], "best_val_loss": self.best_val}
+
+    def save(self, name: str, step: int) -> None:
+        if not self.dist.is_main:
+            return
+        Checkpoint(
+            model=self.model.state_dict(),  # the uncompiled, unwrapped module: no _orig_mod./module.
+            model_config=asdict(self.model.config),
+            tokenizer=self.cfg.data.tokenizer,
+            step=step,
+            best_val_loss=self.best_val,
+            optimizer=self.optimizer.state_dict(),
+            grad_scaler=self.scaler.state_dict() if self.scaler is not None else None,
+            train_config=self.container,
+            wandb_run_id=self.wandb_id,
+        ).save(self.run_dir / name)
+
+    def sample(self, n_tokens: int) -> str:
+        self.model.eval()
+        generator = torch.Generator().manual_seed(self.cfg.trainer.seed)
+        with autocast(self.device, self.dtype):
+            ids = list(generate(self.model, [self.tokenizer.eot_id], n_tokens, temperature=1.0,
+                                top_k=50, generator=generator))  # fmt: skip
+        return self.tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
+

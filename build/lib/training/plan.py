@@ -1,0 +1,177 @@
+"""The plan of a run, before any work: sizes, FLOPs, the batch split, and an estimate of peak memory.
+
+The memory estimate counts, for one GPU, the float32 weights, gradients and
+AdamW's two moments (16 bytes per parameter, plus 4 for DDP's gradient
+buckets), and the tensors eager autograd saves for the backward pass of one
+micro-batch, tensor by tensor (see ``activation_bytes``), plus the logits'
+forward transients. It is an estimate: ``torch.compile`` usually saves less;
+the CUDA context and allocator fragmentation add some. Tested on CPU against
+the bytes autograd really saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.config import GPTConfig
+from training.config import TrainConfig
+
+GIB = 2**30
+ASSUMED_MFU = 0.4  # for time estimates only: a typical compiled bf16 GPT-2-small run on an H100 (an assumption)
+H100_BF16_PEAK = 989e12
+
+
+def param_count(config: GPTConfig) -> int:
+    """Parameters, each counted once (the LM head is tied to the token embedding); same for every layout."""
+    C, L = config.n_embd, config.n_layer
+    bias = config.bias
+    norms = (2 * L + 1) * C * (2 if bias else 1)
+    attention = L * (4 * C * C + (4 * C if bias else 0))  # q, k, v and c_proj
+    mlp = L * (8 * C * C + (5 * C if bias else 0))
+    return config.padded_vocab_size * C + config.block_size * C + norms + attention + mlp
+
+
+def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes of the tensors eager autograd keeps for backward in one forward pass, by part.
+
+    Float32 for LayerNorm inputs, softmax and cross-entropy outputs (autocast runs those in float32);
+    ``dtype`` for matmul inputs and outputs. Under autocast each Linear casts its input separately,
+    so the wrapper's 3 x n_head projections keep 3 x n_head copies of the block's input.
+    """
+    a = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
+    B, T, C, H, L = micro_batch, config.block_size, config.n_embd, config.n_head, config.n_layer
+    N = B * T * C  # one (batch, seq, width) tensor, in elements
+    scores = B * H * T * T  # one attention matrix per head, in elements
+    drop = config.dropout > 0
+    casts = {"wrapper": 3 * H, "separate_qkv": 3, "fused_qkv": 1}[config.attention] if a < 4 else 1
+
+    qkv_input = casts * N * a
+    qkv = 3 * N * a
+    if config.kernel == "manual":
+        # softmax output (float32), its cast for the matmul with V under autocast, dropout's mask
+        kernel = scores * 4 + (scores * a if a < 4 else 0) + (scores * (1 + a) if drop else 0)
+        heads_out = N * a  # merged heads, the input of c_proj
+    else:
+        kernel = B * H * T * 4  # the fused kernel keeps only its output and the log-sum-exp
+        heads_out = 2 * N * a  # the kernel's output and the merged heads
+    per_layer = {
+        "layernorm inputs": 2 * N * 4,
+        "attention projections": qkv_input + qkv + heads_out,
+        "attention matrices" if config.kernel == "manual" else "attention log-sum-exp": kernel,
+        "MLP": N * a + 2 * 4 * N * a,  # c_fc input, GELU input, c_proj input
+        "dropout masks": 2 * N if drop else 0,
+    }
+    parts = {name: L * value for name, value in per_layer.items()}
+    V = config.vocab_size or config.padded_vocab_size
+    parts["final norm and LM head input"] = N * 4 + N * a
+    parts["log-softmax of the logits"] = B * T * V * 4
+    return {name: value for name, value in parts.items() if value}
+
+
+@dataclass
+class Plan:
+    config: GPTConfig
+    world_size: int
+    micro_batch: int
+    grad_accum: int
+    tokens_per_step: int
+    max_steps: int
+    params: int
+    flops_per_token: int
+    dtype: torch.dtype
+    static_bytes: int
+    activations: dict[str, int]
+    logits_transient_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.static_bytes + sum(self.activations.values()) + self.logits_transient_bytes
+
+    def text(self) -> str:
+        c = self.config
+        tokens = self.tokens_per_step * self.max_steps
+        flops = self.flops_per_token * tokens
+        h100_s = flops / (ASSUMED_MFU * H100_BF16_PEAK)
+        lines = [
+            f"plan: {c.name} ({c.attention} + {c.kernel}), {self.params:,} parameters, vocab {c.vocab_size:,}",
+            f"  {c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, context {c.block_size}, "
+            f"dropout {c.dropout}",
+            f"  FLOPs per token (forward + backward): {self.flops_per_token / 1e6:,.1f} M",
+            f"  tokens per step: {self.tokens_per_step:,} over {self.world_size} rank(s): micro-batch "
+            f"{self.micro_batch} x {c.block_size} tokens, {self.grad_accum} accumulation step(s) per rank",
+            f"  run: {self.max_steps:,} steps = {tokens / 1e6:,.1f} M tokens = {flops:.3g} FLOPs",
+            f"  estimated time on one H100 (bf16 peak 989 TFLOP/s at an assumed {ASSUMED_MFU:.0%} MFU): "
+            f"{h100_s / 60 / self.world_size:,.1f} min per GPU over {self.world_size} GPU(s) (an estimate)",
+            f"  estimated peak memory per GPU ({str(self.dtype).removeprefix('torch.')} autocast, eager): "
+            f"{self.peak_bytes / GIB:,.2f} GiB",
+            f"    weights + gradients + AdamW{' + DDP buckets' if self.world_size > 1 else ''}: "
+            f"{self.static_bytes / GIB:,.2f} GiB",
+        ]
+        lines += [f"    {name}: {value / GIB:,.2f} GiB" for name, value in self.activations.items()]
+        lines.append(f"    logits in flight: {self.logits_transient_bytes / GIB:,.2f} GiB")
+        return "\n".join(lines)
+
+
+def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype: torch.dtype,
+              micro_batch: int | None = None) -> Plan:  # fmt: skip
+    t = cfg.trainer
+    micro = micro_batch or t.micro_batch_size
+    params = param_count(model_config)
+    matmul_params = params - model_config.block_size * model_config.n_embd
+    flops = 6 * matmul_params + 12 * model_config.n_layer * model_config.n_embd * model_config.block_size
+    a = torch.finfo(dtype).bits // 8
+    V = model_config.padded_vocab_size
+    return Plan(
+        config=model_config,
+        world_size=world_size,
+        micro_batch=micro,
+        grad_accum=max(1, t.batch_size // (micro * world_size)),
+        tokens_per_step=t.batch_size * model_config.block_size,
+        max_steps=t.max_steps,
+        params=params,
+        flops_per_token=flops,
+        dtype=dtype,
+        static_bytes=params * (16 + (4 if world_size > 1 else 0)),
+        activations=activation_bytes(model_config, micro, dtype),
+        # the LM head's output, its cropped copy and its float32 cast live together for a moment
+        logits_transient_bytes=micro * model_config.block_size * V * (2 * a + (4 if a < 4 else 0)),
+    )
+
+
+def planned_dtype(trainer) -> torch.dtype:
+    """The dtype a run would use, without its device: ``auto`` plans for bf16 on a GPU
+    (Ampere or newer), and float32 for a run on the CPU."""
+    if trainer.dtype == "auto":
+        if trainer.device == "cpu" or (trainer.device == "auto" and not torch.cuda.is_available()):
+            return torch.float32
+        return torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[trainer.dtype]
+
+
+def check_fits_device(plan: Plan, device: torch.device, total_bytes: int | None = None) -> None:
+    """On CUDA, refuse a run whose estimated peak exceeds the GPU's memory, naming a micro-batch that fits."""
+    if total_bytes is None:
+        if device.type != "cuda":
+            return
+        total_bytes = torch.cuda.get_device_properties(device).total_memory
+    if plan.peak_bytes <= total_bytes:
+        return
+    per_rank = plan.tokens_per_step // plan.config.block_size // plan.world_size
+    fits = [m for m in range(plan.micro_batch - 1, 0, -1) if per_rank % m == 0]
+    smaller = next((m for m in fits if _with_micro(plan, m).peak_bytes <= total_bytes), None)
+    hint = (f"set trainer.micro_batch_size={smaller} (estimated {_with_micro(plan, smaller).peak_bytes / GIB:.1f} GiB)"
+            if smaller else "no micro-batch fits: use a smaller model, block_size or the sdpa kernel")  # fmt: skip
+    raise ValueError(
+        f"out of memory expected: trainer.micro_batch_size={plan.micro_batch} needs an estimated "
+        f"{plan.peak_bytes / GIB:.1f} GiB per GPU ({plan.config.attention} + {plan.config.kernel}), the GPU has "
+        f"{total_bytes / GIB:.1f} GiB; {hint}. `trainer.plan=true` shows the estimate"
+    )
+
+
+def _with_micro(plan: Plan, micro: int) -> Plan:
+    scale = micro / plan.micro_batch
+    return Plan(**{**plan.__dict__, "micro_batch": micro,
+                   "activations": {k: int(v * scale) for k, v in plan.activations.items()},
+                   "logits_transient_bytes": int(plan.logits_transient_bytes * scale)})  # fmt: skip

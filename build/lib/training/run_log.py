@@ -1,0 +1,119 @@
+"""The run's record: its directory, ``run.json``, ``metrics.jsonl`` and, when enabled, a wandb run."""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+from pathlib import Path
+
+from model.checkpoint import LAST, remove_stale_temporaries
+from training.config import LoggerConfig, TrainConfig
+
+
+def wandb_mode(cfg: LoggerConfig) -> str:
+    """``auto``: WANDB_MODE if set, else online with an API key and offline without one."""
+    if cfg.mode == "auto":
+        return os.environ.get("WANDB_MODE") or ("online" if has_wandb_key() else "offline")
+    if cfg.mode == "online" and not has_wandb_key():
+        raise ValueError(
+            "logger.mode=online but no wandb API key is set; run `wandb login` or set WANDB_API_KEY, "
+            "or use logger.mode=offline (sync later with `wandb sync`)"
+        )
+    return cfg.mode
+
+
+def has_wandb_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def atomic_write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def run_name(cfg: TrainConfig) -> str:
+    return f"{cfg.model.attention}-{cfg.model.kernel}-{cfg.model.name}"
+
+
+OWNER = ".headlab-run"  # created exclusively: two runs can never share a directory
+
+
+def claim_run_dir(run_dir: str | None) -> Path:
+    """Create the run directory and claim it; refuse one that holds (or is being used by) another run."""
+    if not run_dir:
+        raise ValueError("trainer.run_dir is not set; set trainer.run_dir=<folder> (train.py sets Hydra's)")
+    path = Path(run_dir).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    taken = (path / "metrics.jsonl").exists() or (path / LAST).exists()
+    try:
+        if not taken:
+            os.close(os.open(path / OWNER, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        taken = True
+    if taken:
+        raise ValueError(
+            f"trainer.run_dir={path} already holds another run (started in the same second, or finished); "
+            f"writing there would mix two runs. To continue that run use trainer.resume={path} (it writes to "
+            f"a new directory); otherwise choose another trainer.run_dir"
+        )
+    remove_stale_temporaries(path)
+    return path
+
+
+FAILURE = "failure.json"
+
+
+def record_failure(run_dir: Path, container: dict, cfg: TrainConfig, reason: str) -> None:
+    """``failure.json`` (and ``run.json`` if the run never got to write it): reports show the run as failed."""
+    if not (run_dir / "run.json").exists():
+        atomic_write_json(run_dir / "run.json", {**container, "name": run_name(cfg), "group": cfg.logger.group})
+    atomic_write_json(run_dir / FAILURE, {"reason": reason})
+
+
+class RunLog:
+    """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to a wandb run."""
+
+    def __init__(self, run_dir: Path, wandb_run=None) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses at most a line
+        self.wandb_run = wandb_run
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def log(self, step: int, metrics: dict) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None) -> RunLog:
+    """Write ``run.json`` (the resolved config and the facts reports need) and start wandb with the same."""
+    info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts}
+    atomic_write_json(run_dir / "run.json", info)
+    run = None
+    if cfg.logger.kind == "wandb":
+        import wandb  # imported here: runs with logger=none never pay for it
+
+        m = cfg.model
+        tags = [m.attention, m.kernel, m.name, cfg.data.name, *cfg.logger.tags]
+        run = wandb.init(
+            project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
+            tags=tags, config=info, dir=str(run_dir), mode=wandb_mode(cfg.logger), id=wandb_id,
+            resume="allow" if wandb_id else None,
+        )  # fmt: skip
+    return RunLog(run_dir, run)
