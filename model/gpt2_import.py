@@ -11,7 +11,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 
 # transformers' GPT-2 uses Conv1D, which stores weights as (in, out): transpose to nn.Linear's (out, in).
-_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Causal-mask buffers that older transformers versions keep in the state dict.
 _MASK_BUFFER = re.compile(r"\.attn\.(masked_)?bias$")
 
@@ -52,7 +52,7 @@ def import_hf_gpt2(
     for key, tensor in sd.items():
         if _MASK_BUFFER.search(key):
             continue
-        if key.endswith(_CONV1D):
+        if key.endswith(CONV1D):
             tensor = tensor.t()
         converted[key] = tensor.detach().clone()
     # Pad the token embedding up to the model's padded vocabulary; the LM head is tied to it.

@@ -127,5 +127,5 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
     assert result.returncode == 0
     for line in ("attention: fused_qkv, separate_qkv, wrapper", "kernel: manual, sdpa",
                  "model: gpt2_medium, gpt2_small, mini, nano", "logger: none, wandb",
-                 "experiment: compare_attention, compare_attention_gpu, gpt2_small"):  # fmt: skip
+                 "experiment: compare_attention, compare_attention_gpu, finetune_shakespeare, gpt2_small"):  # fmt: skip
         assert line in result.stdout

@@ -44,6 +44,7 @@ class TrainerConfig:
     compile: bool = False
     seed: int = 1337
     resume: str | None = None  # a run directory or checkpoint file to continue from
+    init_from: str | None = None  # start a NEW run from these weights: run dir, .pt, gpt2[-medium|...], HF folder
     stop_at_step: int | None = None  # stop (and checkpoint) early, as if interrupted; resume later
     sample_tokens: int = 200  # tokens of text printed at the end (0: none)
     run_dir: str | None = None  # where files go; train.py passes Hydra's output directory
@@ -84,6 +85,11 @@ def validate(cfg: TrainConfig) -> None:
                  "checkpoint_interval"):  # fmt: skip
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name}={getattr(t, name)} must be at least 1")
+    if t.resume and t.init_from:
+        raise ValueError(
+            "trainer.resume and trainer.init_from are both set; resume continues a run (same schedule), "
+            "init_from starts a new one from its weights: choose one"
+        )
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ValueError(f"trainer.stop_at_step={t.stop_at_step} must be in 1..max_steps={t.max_steps}")
     if t.dtype not in DTYPES:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
 from data.tokenizers import VOCAB_SIZES, get_tokenizer
-from model import GPT
+from model import GPT, load_model
 from model.checkpoint import BEST, LAST, Checkpoint, load_checkpoint
 from model.device import autocast, device_name, peak_flops, resolve_device, resolve_dtype
 from model.generation import generate
@@ -36,6 +36,7 @@ from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failur
 from training.signals import StopSignals
 from training.step import TrainStep
 
+GPT2_IDS = ("gpt2", "r50k_base")  # two names of one tokenizer
 # Fields of the model config that must agree with a checkpoint to resume from it.
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "attention")
 
@@ -59,6 +60,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     if resume is not None:
         check_resumable(config, resume)
     check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
+    init_weights = initial_weights(config, planned) if t.init_from else None
 
     tokenizer = get_tokenizer(config.data.tokenizer)
     model_config = replace(config.model, vocab_size=config.model.vocab_size or tokenizer.vocab_size)
@@ -72,7 +74,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         container["model"]["vocab_size"] = model_config.vocab_size
         try:
             return Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
-                           run_dir, resume).run()  # fmt: skip
+                           run_dir, resume, init_weights).run()  # fmt: skip
         except torch.OutOfMemoryError as err:
             half, detail = max(1, t.micro_batch_size // 2), str(err).splitlines()[0][:160]
             reason = f"out of memory at trainer.micro_batch_size={t.micro_batch_size}; try trainer.micro_batch_size={half} ({detail})"  # noqa: E501
@@ -94,6 +96,32 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def initial_weights(cfg: TrainConfig, planned) -> dict:
+    """``trainer.init_from``'s weights in this run's layout, checked against the configured model.
+
+    Shape fields must agree; ``block_size`` may shrink (position embeddings cropped, as nanoGPT's
+    fine-tuning does); dropout and the kernel are this run's.
+    """
+    source = load_model(cfg.trainer.init_from, attention=cfg.model.attention, kernel=cfg.model.kernel)
+    have = source.model.config
+    wrong = [f"model.{k}: {cfg.trainer.init_from} has {getattr(have, k)!r}, the config says {getattr(planned, k)!r}"
+             for k in ("n_layer", "n_head", "n_embd", "bias", "vocab_size")
+             if getattr(have, k) != getattr(planned, k)]  # fmt: skip
+    if planned.block_size > have.block_size:
+        wrong.append(f"model.block_size={planned.block_size} is longer than the source's {have.block_size} positions")
+    names = {source.tokenizer.name, cfg.data.tokenizer}
+    if len(names) > 1 and not names <= set(GPT2_IDS):
+        wrong.append(f"data.tokenizer={cfg.data.tokenizer} but the source was trained with {source.tokenizer.name}")
+    if wrong:
+        raise ValueError(
+            f"trainer.init_from={cfg.trainer.init_from} does not fit this run: " + "; ".join(wrong)
+            + ". Set the model to the source's shape (e.g. model=gpt2_small for gpt2) and its tokenizer"
+        )
+    weights = source.model.state_dict()
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: planned.block_size]
+    return weights
 
 
 def check_resumable(cfg: TrainConfig, ckpt: Checkpoint) -> None:
@@ -119,7 +147,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, container: dict, model_config, data: PreparedData, tokenizer,
                  dist: Distributed, device: torch.device, dtype: torch.dtype, grad_accum: int, run_dir: Path,
-                 resume: Checkpoint | None) -> None:  # fmt: skip
+                 resume: Checkpoint | None, init_weights: dict | None = None) -> None:  # fmt: skip
         t = cfg.trainer
         self.cfg, self.container, self.tokenizer, self.dist = cfg, container, tokenizer, dist
         self.device, self.dtype, self.run_dir = device, dtype, run_dir
@@ -129,7 +157,10 @@ class Trainer:
         self.memory = MemoryMeter(device)
 
         torch.manual_seed(t.seed)  # the same initial weights on every rank, and in every layout
-        self.model = GPT(model_config).to(device)
+        self.model = GPT(model_config)
+        if init_weights is not None:
+            self.model.load_weights(init_weights)
+        self.model.to(device)
         self.optimizer = make_optimizer(self.model, cfg.optim, device)
         self.scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         self.start_step, self.best_val, wandb_id = 0, math.inf, None

@@ -1,0 +1,87 @@
+"""Validation loss and bits per byte of any model on any data: ``python evaluate.py source=... [data=...]``.
+
+    python evaluate.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa          # the run's own data
+    python evaluate.py source=gpt2 data=tinyshakespeare                         # pretrained GPT-2
+
+The windows are training's: ``windows`` windows of ``block_size`` tokens spread
+evenly over the validation split (for a run, its ``trainer.eval_windows`` and
+micro-batch), so a finished run's last ``val/loss`` is reproduced. The text comes
+from ``data=`` (default pystdlib), tokenized with the model's own tokenizer.
+Prints ``val/loss`` and ``val/bpb`` and writes them as JSON to ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from data.config import DataConfig
+from data.loader import PreparedData
+from data.prepare import prepare
+from model import load_model
+from model.device import resolve_device, resolve_dtype
+from training.config import TrainerConfig
+from training.evaluate import Evaluator
+
+
+@dataclass
+class EvaluateConfig:
+    source: str = MISSING  # a run directory, a checkpoint file, gpt2[-medium|-large|-xl], or an HF folder
+    checkpoint: str = "last.pt"  # which checkpoint of a run directory: last.pt | best.pt
+    data: DataConfig = field(default_factory=DataConfig)  # the text; its tokenizer is the model's
+    windows: int | None = None  # None: the run's trainer.eval_windows (or training's default)
+    batch_size: int | None = None  # None: the run's trainer.micro_batch_size (or training's default)
+    attention: str | None = None  # evaluate in another layout (the same function)
+    kernel: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    out: str | None = None  # None: eval-<checkpoint>-<data>.json in the run directory, or eval-<name>-<data>.json
+
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+
+
+def run(cfg: EvaluateConfig) -> dict:
+    defaults = TrainerConfig()
+    loaded = load_model(cfg.source, cfg.attention, cfg.kernel, checkpoint=cfg.checkpoint)
+    trained = (loaded.checkpoint.train_config or {}).get("trainer", {}) if loaded.checkpoint else {}
+    windows = cfg.windows or trained.get("eval_windows", defaults.eval_windows)
+    batch = cfg.batch_size or trained.get("micro_batch_size", defaults.micro_batch_size)
+    for name, value in (("windows", windows), ("batch_size", batch)):
+        if value < 1:
+            raise ValueError(f"{name}={value} must be at least 1")
+    device = resolve_device(cfg.device, option="device")
+    dtype = resolve_dtype(cfg.dtype, device, option="dtype")
+    model = loaded.model.to(device)
+    data = PreparedData(prepare(replace(cfg.data, tokenizer=loaded.tokenizer.name)))
+    block = model.config.block_size
+    data.check_fits(block, model.config.vocab_size)
+    evaluator = Evaluator(data.tokens["val"], block, windows, batch, data.bytes_per_token("val"), device, dtype)
+    metrics = evaluator(model)
+    result = {**metrics, "source": cfg.source, "checkpoint": str(loaded.path) if loaded.path else None,
+              "step": loaded.step, "data": cfg.data.name, "data_dir": str(data.folder), "windows": windows,
+              "block_size": block, "tokenizer": loaded.tokenizer.name}  # fmt: skip
+    if cfg.out:
+        out = Path(cfg.out)
+    elif loaded.path is not None:
+        out = loaded.path.parent / f"eval-{loaded.path.stem}-{cfg.data.name}.json"
+    else:
+        out = Path(f"eval-{Path(cfg.source).name}-{cfg.data.name}.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"val/loss {metrics['val/loss']:.4f}  val/bpb {metrics['val/bpb']:.4f}  ({loaded.name}, {windows} windows of "
+          f"{block} tokens of data={cfg.data.name}); written to {out}")  # fmt: skip
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    run(OmegaConf.to_object(cfg))
+
+
+if __name__ == "__main__":
+    main()

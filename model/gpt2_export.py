@@ -1,0 +1,79 @@
+"""Export a headlab GPT of any layout to the Hugging Face GPT-2 format (``config.json`` + ``model.safetensors``).
+
+The inverse of ``model.gpt2_import``: weights converted to the fused layout
+(GPT-2's ``c_attn``), matmul weights transposed to ``Conv1D``'s (in, out), the
+padded vocabulary cropped, and, for models trained without biases, zero biases
+(exactly the same function). ``transformers.GPT2LMHeadModel.from_pretrained``
+loads the folder with the same logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from model.gpt import GPT
+from model.gpt2_import import CONV1D
+
+# GPT-2's activation is the tanh approximation of GELU ("gelu_new" in transformers), as headlab's MLP.
+HF_ACTIVATION = "gelu_new"
+
+
+def hf_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's weights named and shaped as ``GPT2LMHeadModel``'s (the LM head is tied, so left out)."""
+    config = model.config
+    fused = GPT(config.__class__(**{**vars(config), "attention": "fused_qkv", "kernel": "sdpa"}))
+    fused.load_weights(model.state_dict())  # any layout -> the fused c_attn GPT-2 uses
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in fused.state_dict().items():
+        if key == "lm_head.weight":
+            continue
+        if key.endswith(CONV1D):
+            tensor = tensor.t()
+        if key == "transformer.wte.weight":
+            tensor = tensor[: config.vocab_size]  # crop the padding rows
+        out[key] = tensor.detach().to(torch.float32).contiguous().clone()
+    if not config.bias:  # GPT-2 always has biases: zeros compute the same function
+        for key in list(out):
+            if key.endswith(".weight") and (key.rsplit(".", 2)[-2].startswith(("ln_", "c_"))):
+                bias = key[: -len("weight")] + "bias"
+                width = out[key].shape[-1] if key.endswith(CONV1D) else out[key].shape[0]
+                out.setdefault(bias, torch.zeros(width))
+    return out
+
+
+def hf_gpt2_config(model: GPT, eot_id: int | None) -> dict:
+    c = model.config
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": None,  # 4 * n_embd, as headlab's MLP
+        "activation_function": HF_ACTIVATION,
+        "resid_pdrop": c.dropout,
+        "embd_pdrop": c.dropout,
+        "attn_pdrop": c.dropout,
+        "layer_norm_epsilon": 1e-5,  # torch.nn.LayerNorm's default, which headlab uses
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": True,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+    }
+
+
+def export_hf_gpt2(model: GPT, folder: Path, eot_id: int | None) -> list[Path]:
+    """Write ``config.json`` and ``model.safetensors`` into ``folder``; returns the files written."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(hf_gpt2_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf_gpt2_config(model, eot_id), indent=2) + "\n")
+    return [folder / "config.json", folder / "model.safetensors"]
