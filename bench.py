@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import textwrap
 import time
 from pathlib import Path
 
@@ -236,9 +237,9 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("sequence length")
     ax.set_ylabel(f"{step_name} time (ms, median)")
-    ax.set_title(title, fontsize=8)
+    ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout/kernel/compile", title_fontsize=7)
     save_figure(fig, path)
 
 

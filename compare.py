@@ -17,6 +17,7 @@ from analysis.plots import plot_throughput, plot_val_loss
 from analysis.report import COLUMNS, build_rows, check_comparable, default_target, markdown_table
 from analysis.runs import find_runs
 from analysis.tables import write_csv, write_text
+from cli import user_errors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -25,6 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="output folder (default: <first path>/report)")
     p.add_argument("--target-loss", type=float, help="for 'time to target' (default: the loss every run reached)")
     p.add_argument("--force", action="store_true", help="compare runs of different data or token budgets")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log the table and plots as a wandb run (job_type=compare) in the sweep's group; "
+                        "offline without an API key, like training")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -62,6 +66,13 @@ def main(argv: list[str] | None = None) -> Path:
     excluded = ("Speed and time columns exclude compilation (its own 'compile s' column) and count each "
                 "warm-up step (the first 10% of steps, at most 20) as a steady-state step.\n")
     write_text(out / "report.md", f"# Comparison\n\n{header}{excluded}\n{table}\n\n{figures}\n")
+    if args.wandb:
+        from analysis.wandb_report import log_report
+
+        logger = {**info.get("logger", {}), "group": info.get("group")}
+        log_report("compare", f"report-{info.get('group') or out.parent.name}", out,
+                   {"report": (["run", *fields], [[str(run.path), *(row[k] for k in fields)]
+                                                  for run, row in zip(runs, rows)])}, plots, logger)  # fmt: skip
     print(header)
     print(table)
     print(f"\nwritten to {out}/ (report.md, report.csv, {', '.join(p.name for p in plots)})")
@@ -69,4 +80,5 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors("python compare.py <sweep dir | run dirs ...> [--out DIR] [--target-loss X] [--force]"):
+        main()

@@ -20,6 +20,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from cli import user_errors
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
@@ -44,6 +45,7 @@ class EvaluateConfig:
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+USAGE = "python evaluate.py source=<run dir | checkpoint.pt | gpt2 | hf folder> [data=<source>] [key=value ...]"
 
 
 def run(cfg: EvaluateConfig) -> dict:
@@ -80,7 +82,8 @@ def run(cfg: EvaluateConfig) -> dict:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    run(OmegaConf.to_object(cfg))
+    with user_errors(USAGE):
+        run(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

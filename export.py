@@ -21,6 +21,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from cli import user_errors
 from data.hf_tokenizer import GPT2_COMPATIBLE, write_hf_gpt2_tokenizer
 from model import load_model
 from model.gpt2_export import export_hf_gpt2
@@ -34,6 +35,7 @@ class ExportConfig:
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
+USAGE = "python export.py source=<run dir | checkpoint.pt> out=<folder> [checkpoint=best.pt]"
 
 BYTES_HOW_TO = (
     "token ids are the text's UTF-8 bytes (0-255) and 256 is <|endoftext|>: ids = list(text.encode('utf-8')); "
@@ -68,7 +70,8 @@ def run(cfg: ExportConfig) -> Path:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="export")
 def main(cfg: DictConfig) -> None:
-    run(OmegaConf.to_object(cfg))
+    with user_errors(USAGE):
+        run(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

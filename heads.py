@@ -30,7 +30,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
 from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
 from analysis.tables import write_table
-from cli import refuse_renamed_options
+from cli import refuse_renamed_options, user_errors
 from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
@@ -53,9 +53,11 @@ class HeadsConfig:
     kernel: str | None = None
     device: str = "auto"
     out: str | None = None  # unset: <run dir>/heads-<checkpoint> for runs, heads-<name> otherwise
+    wandb: bool = False  # also log the maps and tables as a wandb run (job_type=heads), offline without a key
 
 
 ConfigStore.instance().store(name="heads_schema", node=HeadsConfig)
+USAGE = "python heads.py source=<run dir | checkpoint.pt | gpt2 | hf folder> [data=<source>] [key=value ...]"
 
 
 def validation_windows(data_cfg: DataConfig, n: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,9 +108,10 @@ def run(cfg: HeadsConfig) -> Path:
 
     # Ablation: the loss increase when each head alone is removed.
     base, increase = ablation(model, x, y)
-    write_table(out / "ablation", ["layer", "head", "loss_increase", "loss_without_head"],
-                [[layer, head, increase[layer, head].item(), base + increase[layer, head].item()]
-                 for layer, head in every_head])  # fmt: skip
+    ablation_header = ["layer", "head", "loss_increase", "loss_without_head"]
+    ablation_rows = [[layer, head, increase[layer, head].item(), base + increase[layer, head].item()]
+                     for layer, head in every_head]  # fmt: skip
+    write_table(out / "ablation", ablation_header, ablation_rows)
     plot_head_heatmaps({"val loss increase when removed": increase}, out / "ablation.png",
                        f"head ablation (val loss {base:.4f} with all heads), {name}", cmap="viridis")  # fmt: skip
     if cfg.prune:
@@ -124,12 +127,20 @@ def run(cfg: HeadsConfig) -> Path:
           + ", ".join(f"L{layer}H{head} +{increase[layer, head]:.4f}" for layer, head in ranked[:5]),
           file=sys.stderr)  # fmt: skip
     print(f"written to {out}/", file=sys.stderr)
+    if cfg.wandb:
+        from analysis.wandb_report import log_report
+
+        logger = (loaded.checkpoint.train_config or {}).get("logger", {}) if loaded.checkpoint else {}
+        log_report("heads", f"heads-{loaded.name}", out,
+                   {"head_stats": (["layer", "head", *STATS], stat_rows), "ablation": (ablation_header, ablation_rows)},
+                   sorted(out.glob("*.png")), logger)  # fmt: skip
     return out
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="heads")
 def main(cfg: DictConfig) -> None:
-    run(OmegaConf.to_object(cfg))
+    with user_errors(USAGE):
+        run(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import refuse_renamed_options
+from cli import refuse_renamed_options, user_errors
 from data.tokenizers import EOT
 from model import ATTENTION_LAYOUTS, KERNELS, generate, load_model
 from model.device import autocast, resolve_device, resolve_dtype
@@ -48,6 +48,7 @@ class SampleConfig:
 
 
 ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
+USAGE = "python sample.py source=<run dir | checkpoint.pt | gpt2 | hf folder> [prompt=...] [key=value ...]"
 
 
 def notice(message: str) -> None:
@@ -132,7 +133,8 @@ def run(cfg: SampleConfig) -> list[str]:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")
 def main(cfg: DictConfig) -> None:
-    run(OmegaConf.to_object(cfg))
+    with user_errors(USAGE):
+        run(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

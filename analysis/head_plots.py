@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from analysis.tables import save_figure  # noqa: E402
+from analysis.tables import format_cell, save_figure  # noqa: E402
 
 LABELED_TOKENS = 32  # up to this many tokens, a single map's axes carry the tokens themselves
 GRID_LABELED_TOKENS = 24  # the same for the small maps of the grid
@@ -36,14 +36,20 @@ def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, titl
     n_layer, n_head = maps.shape[:2]
     labeled = labels is not None and len(labels) <= GRID_LABELED_TOKENS
     size = 3.0 if labeled else 2.2
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head + 1.0, size * n_layer), squeeze=False)
+    image = None
     for layer in range(n_layer):
         for head in range(n_head):
             ax = axes[layer][head]
-            ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
+            image = ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
             _label_axes(ax, labels if labeled else None, fontsize=5)
             ax.set_title(f"L{layer} H{head}", fontsize=8)
-    fig.suptitle(title, fontsize=9)
+    for layer in range(n_layer):
+        axes[layer][0].set_ylabel("query", fontsize=7)
+    for head in range(n_head):
+        axes[-1][head].set_xlabel("key", fontsize=7)
+    fig.colorbar(image, ax=axes, fraction=0.02, label="attention weight")
+    fig.suptitle(textwrap.fill(title, 110), fontsize=9)
     save_figure(fig, path)
     return path
 
@@ -70,7 +76,8 @@ def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, 
             for head in range(grid.shape[1]):
                 value = grid[layer, head].item()
                 bright = (value - low) / max(high - low, 1e-12) > 0.6  # dark text on the bright end of the map
-                ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=6, color="k" if bright else "w")
+                ax.text(head, layer, format_cell(value, 3), ha="center", va="center", fontsize=6,
+                        color="k" if bright else "w")
         ax.set_xticks(range(grid.shape[1]))
         ax.set_yticks(range(grid.shape[0]))
         ax.set_xlabel("head")

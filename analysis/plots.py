@@ -1,49 +1,91 @@
-"""PNG plots of a comparison: validation loss against steps and wall time, throughput bars."""
+"""PNG plots of a comparison: validation loss against steps and training time, throughput bars.
+
+One colour per layout and one line style per kernel, whatever the number of
+runs; the seeds of a variant are aggregated (the mean line, a band from the
+lowest to the highest seed) and the throughput bars carry the seeds' spread.
+Legends sit outside the data.
+"""
 
 from __future__ import annotations
 
-import itertools
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
+import numpy as np
 
 from analysis.runs import Run
 from analysis.tables import save_figure
 
+LAYOUT_COLOURS = {"wrapper": "tab:blue", "separate_qkv": "tab:orange", "fused_qkv": "tab:green"}
+KERNEL_STYLES = {"manual": "--", "sdpa": "-"}
 
-def label(run: Run) -> str:
-    return f"{run.layout}/{run.kernel} seed {run.seed}"
+
+def colour(layout: str) -> str:
+    return LAYOUT_COLOURS.get(layout, "tab:gray")
+
+
+def by_variant(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
+    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[(run.layout, run.kernel)].append(run)
+    return dict(sorted(groups.items()))
+
+
+def _curve(run: Run, against: str) -> dict[int, tuple[float, float]]:
+    at = run.training_seconds()
+    return {e["step"]: (e["step"] if against == "step" else at.get(e["step"], float("nan")), e["val/loss"])
+            for e in run.evals}  # fmt: skip
 
 
 def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
-    """``against``: "step" or "time" (training seconds, evaluation excluded)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = itertools.cycle(["-", "--", ":", "-."])
-    for run in runs:
-        at = run.training_seconds()
-        xs = [e["step"] if against == "step" else at.get(e["step"], float("nan")) for e in run.evals]
-        ax.plot(xs, [e["val/loss"] for e in run.evals], next(styles), marker="o", ms=3, label=label(run))
-    ax.set_xlabel("step" if against == "step" else "training time (s; compile and warm-up steps excluded)")
+    """``against``: "step" or "time" (training seconds: evaluation, compilation and warm-up excluded)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (layout, kernel), group in by_variant(runs).items():
+        curves = [_curve(run, against) for run in group]
+        steps = sorted(set.intersection(*(set(c) for c in curves)))  # evaluated by every seed
+        xs = np.array([statistics.fmean(c[s][0] for c in curves) for s in steps])
+        losses = np.array([[c[s][1] for c in curves] for s in steps])
+        seeds = f", {len(group)} seeds" if len(group) > 1 else ""
+        ax.plot(xs, losses.mean(axis=1), KERNEL_STYLES.get(kernel, ":"), color=colour(layout), marker="o", ms=3,
+                label=f"{layout} / {kernel}{seeds}")  # fmt: skip
+        if len(group) > 1:
+            ax.fill_between(xs, losses.min(axis=1), losses.max(axis=1), color=colour(layout), alpha=0.15, lw=0)
+    ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
     ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'wall time'}")
+    spread = " (line: mean over seeds, band: min-max)" if any(len(g) > 1 for g in by_variant(runs).values()) else ""
+    ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout / kernel", title_fontsize=8)
     path = out / f"val_loss_vs_{against}.png"
     save_figure(fig, path)
     return path
 
 
 def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [label(r) for r in runs]
-    values = [row["tokens_per_sec"] for row in rows]
-    bars = ax.bar(range(len(names)), values, color=["C0" if r.kernel == "sdpa" else "C1" for r in runs])
-    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("tokens/s (median after warm-up)")
-    ax.legend(handles=[Patch(color="C0", label="sdpa kernel"), Patch(color="C1", label="manual kernel")], fontsize=8)
-    ax.set_title(f"training throughput ({runs[0].info.get('device_name', '?')})", fontsize=9)
+    """Median tokens/s per variant (over its seeds), with the seeds' min-max as error bars."""
+    speeds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for run, row in zip(runs, rows):
+        speeds[(run.layout, run.kernel)].append(row["tokens_per_sec"])
+    variants = sorted(speeds)
+    mids = [statistics.median(speeds[v]) for v in variants]
+    errors = np.array([[m - min(speeds[v]) for v, m in zip(variants, mids)],
+                       [max(speeds[v]) - m for v, m in zip(variants, mids)]])  # fmt: skip
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    repeated = any(len(speeds[v]) > 1 for v in variants)
+    bars = ax.bar(range(len(variants)), mids, color=[colour(layout) for layout, _ in variants],
+                  yerr=errors if repeated else None, capsize=4)  # fmt: skip
+    for bar, (_, kernel) in zip(bars, variants):
+        bar.set_hatch("//" if kernel == "manual" else None)
+    ax.bar_label(bars, labels=[f"{m:,.0f}" for m in mids], fontsize=8, padding=2)
+    ax.set_xticks(range(len(variants)), [f"{layout}\n{kernel}" for layout, kernel in variants], fontsize=8)
+    n_seeds = max(len(s) for s in speeds.values())
+    ax.set_ylabel("tokens/s (median of steady steps)")
+    seeds = f"; bars: median of {n_seeds} seeds, whiskers: min-max" if n_seeds > 1 else ""
+    ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}; hatched: manual kernel",
+                 fontsize=9)  # fmt: skip
+    ax.grid(axis="y", alpha=0.3)
     path = out / "throughput.png"
     save_figure(fig, path)
     return path

@@ -1,8 +1,14 @@
-"""What the command-line scripts share: one-line errors for options that were renamed or are missing."""
+"""What the command-line scripts share: one-line errors for options that are renamed, missing or wrong."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from omegaconf.errors import MissingMandatoryValue
 
 
 def refuse_renamed_options(renamed: dict[str, str], argv: list[str] | None = None) -> None:
@@ -15,3 +21,35 @@ def refuse_renamed_options(renamed: dict[str, str], argv: list[str] | None = Non
         key = key.lstrip("+~")
         if sep and key in renamed:
             sys.exit(f"error: {key}={value} was renamed: use {renamed[key]}={value}")
+
+
+# Where headlab's own code lives: errors raised there carry a message written for the user.
+_OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) for name in
+                  ("model", "data", "training", "analysis", "cli", "train.py", "sample.py", "heads.py",
+                   "evaluate.py", "export.py", "compare.py", "bench.py"))  # fmt: skip
+
+
+def _raised_by_headlab(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_OWN_CODE)
+
+
+@contextlib.contextmanager
+def user_errors(usage: str) -> Iterator[None]:
+    """Turn the errors a user can fix (a bad or missing option, a missing file) into one line on stderr.
+
+    Only errors headlab raised itself, with their fix in the message; anything from deep inside a
+    library keeps its traceback, and ``HYDRA_FULL_ERROR=1`` keeps every traceback, as for Hydra's own.
+    """
+    try:
+        yield
+    except MissingMandatoryValue as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.exit(f"error: {err.full_key or 'a required option'} is required; usage: {usage}")
+    except (ValueError, OSError, RuntimeError) as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _raised_by_headlab(err):
+            raise
+        sys.exit("error: " + " ".join(str(err).split()))  # one line

@@ -57,6 +57,7 @@ class LoggerConfig:
     project: str = "headlab"
     entity: str | None = None
     group: str | None = None  # train.py passes the multirun's sweep name, if any
+    name: str | None = None  # None: <attention>-<kernel>-<model>; in a sweep train.py adds the swept overrides
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
     tags: list[str] = field(default_factory=list)
 

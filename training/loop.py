@@ -9,7 +9,9 @@ rank 0 writes.
 from __future__ import annotations
 
 import gc
+import logging
 import math
+import statistics
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -18,6 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
@@ -36,6 +39,7 @@ from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failur
 from training.signals import StopSignals
 from training.step import TrainStep
 
+log = logging.getLogger("headlab.train")
 GPT2_IDS = ("gpt2", "r50k_base")  # two names of one tokenizer
 # Fields of the model config that must agree with a checkpoint to resume from it.
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "attention")
@@ -52,7 +56,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     planned = replace(config.model, vocab_size=config.model.vocab_size or VOCAB_SIZES[config.data.tokenizer])
     if t.plan:  # needs no GPU: plans a GPU run from a laptop
         plan = make_plan(config, planned, dist.world_size, planned_dtype(t))
-        print(plan.text(), flush=True)
+        print(plan.text(), flush=True)  # the plan is the command's output, not a log line
         return {"plan": plan}
     device = resolve_device(t.device, dist.local_rank)
     dtype = resolve_dtype(t.dtype, device)
@@ -85,6 +89,13 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         raise RunFailed(f"{run_name(config)}: {reason}; recorded in {run_dir / FAILURE}")
     finally:
         dist.close()
+
+
+def progress_postfix(metrics: dict) -> dict:
+    postfix = {"loss": f"{metrics['train/loss']:.4f}", "tok/s": f"{metrics['perf/tokens_per_sec']:,.0f}"}
+    if "perf/mfu" in metrics:
+        postfix["mfu"] = f"{metrics['perf/mfu']:.1%}"
+    return postfix
 
 
 class RunFailed(RuntimeError):
@@ -163,7 +174,8 @@ class Trainer:
         self.model.to(device)
         self.optimizer = make_optimizer(self.model, cfg.optim, device)
         self.scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-        self.start_step, self.best_val, wandb_id = 0, math.inf, None
+        self.start_step, self.best_val, self.best_bpb, wandb_id = 0, math.inf, math.nan, None
+        self.speeds: list[float] = []
         if resume is not None:
             self.model.load_weights(resume.model)
             self.optimizer.load_state_dict(resume.optimizer)
@@ -202,10 +214,14 @@ class Trainer:
         stop_at = t.stop_at_step or t.max_steps
         step = self.start_step
         summary: dict = {"run_dir": str(self.run_dir), "start_step": step}
+        self.best_step, started = None, time.perf_counter()
+        if self.dist.is_main:
+            log.info("run directory: %s (%s, %s parameters, %s, %s)", self.run_dir, run_name(self.cfg),
+                     f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
         bar = tqdm(total=stop_at, initial=step, desc="train", unit="step", disable=not self.dist.is_main,
                    dynamic_ncols=True)  # fmt: skip
         try:
-            with StopSignals() as stop:
+            with StopSignals() as stop, logging_redirect_tqdm():  # log lines go above the bar
                 if t.compile:
                     summary["compile_s"] = self.compile_warmup(step)
                 while step < stop_at:
@@ -224,9 +240,10 @@ class Trainer:
                         )
                     metrics = self.step_metrics(step, loss, grad_norm, lr, step_s)
                     summary["train_loss"] = loss
+                    self.speeds.append(metrics["perf/tokens_per_sec"])
                     self.record(step, metrics)
                     bar.update()
-                    bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{metrics['perf/tokens_per_sec']:,.0f}")
+                    bar.set_postfix(progress_postfix(metrics), refresh=False)
 
                     stopping = self.dist.any(stop.requested, self.device) or step == stop_at
                     if step % t.eval_interval == 0 or step == t.max_steps:
@@ -236,14 +253,34 @@ class Trainer:
                     if stopping:
                         break
                 summary["interrupted"] = stop.requested
+            bar.close()
+            summary["step"] = step
+            if self.dist.is_main:
+                if t.sample_tokens > 0 and step == t.max_steps:
+                    self.log_sample(step, self.sample(t.sample_tokens))
+                self.report(summary, time.perf_counter() - started)
         finally:
             bar.close()
             if self.log is not None:
                 self.log.close()
-        summary["step"] = step
-        if self.dist.is_main and t.sample_tokens > 0 and step == t.max_steps:
-            print(f"\n--- sample ({t.sample_tokens} tokens) ---\n{self.sample(t.sample_tokens)}\n---")
         return summary
+
+    def report(self, summary: dict, seconds: float) -> None:
+        """The closing lines: where the run is, how it did, and what to do next."""
+        step = summary["step"]
+        if summary.get("interrupted"):
+            log.warning("interrupted at step %d: saved %s. Continue it with: python train.py trainer.resume=%s "
+                        "(and this run's other options, listed in %s)", step, self.run_dir / LAST, self.run_dir,
+                        self.run_dir / ".hydra" / "overrides.yaml")  # fmt: skip
+        lines = [f"run directory: {self.run_dir}", f"steps: {summary['start_step']} -> {step} in {seconds:,.1f} s"]
+        if self.speeds:
+            lines.append(f"median throughput: {statistics.median(self.speeds):,.0f} tokens/s")
+        if self.best_step is not None:
+            lines.append(f"best val/loss {self.best_val:.4f} (val/bpb {self.best_bpb:.4f}) at step {self.best_step}")
+        saved = [name for name in (LAST, BEST) if (self.run_dir / name).exists()]
+        lines.append("checkpoints: " + ", ".join(str(self.run_dir / name) for name in saved))
+        lines.append(f"sample from it: python sample.py source={self.run_dir}")
+        log.info("summary\n  " + "\n  ".join(lines))
 
     def compile_warmup(self, step: int) -> float:
         """Compile before the clock starts: one forward+backward, gradients discarded. Its time is
@@ -279,10 +316,16 @@ class Trainer:
 
     def evaluate_and_keep_best(self, step: int) -> dict:
         metrics = self.evaluate(self.model)
-        self.record(step, metrics)
+        self.record(step, {**metrics, "tokens": step * self.tokens_per_step})
         if metrics["val/loss"] < self.best_val:
-            self.best_val = metrics["val/loss"]
+            self.best_val, self.best_bpb, self.best_step = metrics["val/loss"], metrics["val/bpb"], step
             self.save(BEST, step)
+            if self.log is not None:
+                self.log.best(step, metrics)
+        if self.dist.is_main:
+            best = (f"best {self.best_val:.4f} at step {self.best_step}" if self.best_step is not None
+                    else f"best {self.best_val:.4f} before this run")  # fmt: skip
+            log.info("step %d: val/loss %.4f, val/bpb %.4f (%s)", step, metrics["val/loss"], metrics["val/bpb"], best)
         return {"val_loss": metrics["val/loss"], "val_bpb": metrics["val/bpb"], "best_val_loss": self.best_val}
 
     def save(self, name: str, step: int) -> None:
@@ -299,6 +342,11 @@ class Trainer:
             train_config=self.container,
             wandb_run_id=self.wandb_id,
         ).save(self.run_dir / name)
+
+    def log_sample(self, step: int, text: str) -> None:
+        log.info("sample (%d tokens from <|endoftext|>, top_k=50):\n%s", self.cfg.trainer.sample_tokens, text)
+        if self.log is not None:
+            self.log.sample(step, text)
 
     def sample(self, n_tokens: int) -> str:
         self.model.eval()

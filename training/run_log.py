@@ -40,7 +40,8 @@ def atomic_write_json(path: Path, obj: dict) -> None:
 
 
 def run_name(cfg: TrainConfig) -> str:
-    return f"{cfg.model.attention}-{cfg.model.kernel}-{cfg.model.name}"
+    """``<attention>-<kernel>-<model>``, or the name train.py made (with a sweep's other overrides)."""
+    return cfg.logger.name or f"{cfg.model.attention}-{cfg.model.kernel}-{cfg.model.name}"
 
 
 OWNER = ".headlab-run"  # created exclusively: two runs can never share a directory
@@ -95,10 +96,34 @@ class RunLog:
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
+    def best(self, step: int, metrics: dict) -> None:
+        """The best evaluation so far, as wandb summary values (``best/val_loss``...)."""
+        if self.wandb_run is not None:
+            self.wandb_run.summary.update({"best/val_loss": metrics["val/loss"], "best/val_bpb": metrics["val/bpb"],
+                                           "best/step": step})  # fmt: skip
+
+    def sample(self, step: int, text: str) -> None:
+        """Generated text: a ``samples.txt`` line in the run directory and a wandb Table."""
+        with open(self.path.with_name("samples.txt"), "a") as f:
+            f.write(f"--- step {step} ---\n{text}\n")
+        if self.wandb_run is not None:
+            import wandb
+
+            self.wandb_run.log({"samples": wandb.Table(columns=["step", "text"], data=[[step, text]])}, step=step)
+
     def close(self) -> None:
         self.file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def define_metrics(run) -> None:
+    """Charts against tokens as well as steps; the summary keeps the best (lowest) validation numbers."""
+    run.define_metric("tokens")
+    for pattern in ("train/*", "perf/*", "lr"):
+        run.define_metric(pattern, step_metric="tokens")
+    run.define_metric("val/loss", step_metric="tokens", summary="min")
+    run.define_metric("val/bpb", step_metric="tokens", summary="min")
 
 
 def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None) -> RunLog:
@@ -114,6 +139,8 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
         run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
             tags=tags, config=info, dir=str(run_dir), mode=wandb_mode(cfg.logger), id=wandb_id,
-            resume="allow" if wandb_id else None,
+            resume="allow" if wandb_id else None, job_type="train",
         )  # fmt: skip
+        define_metrics(run)
+        atomic_write_json(run_dir / "run.json", {**info, "wandb_id": run.id})  # for rebuild_wandb.py
     return RunLog(run_dir, run)
