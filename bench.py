@@ -222,6 +222,9 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
 
 def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    from analysis.plots import KERNEL_STYLES, colour
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (layout, kernel, compile_mode), group in itertools.groupby(
@@ -229,12 +232,14 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
         key=lambda r: (r["layout"], r["kernel"], r["compile"]),
     ):
         group = list(group)
-        style = "-" if kernel == "sdpa" else "--"
         marker = "o" if compile_mode == "eager" else "s"
-        ax.plot([r["seq_len"] for r in group], [r["step_ms"] for r in group], style, marker=marker,
-                label=f"{layout}/{kernel}/{compile_mode}")  # fmt: skip
+        ax.plot([r["seq_len"] for r in group], [r["step_ms"] for r in group], KERNEL_STYLES[kernel], marker=marker,
+                color=colour(layout), label=f"{layout}/{kernel}/{compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("sequence length")
     ax.set_ylabel(f"{step_name} time (ms, median)")
     ax.set_title(textwrap.fill(title, 80), fontsize=8)

@@ -36,7 +36,8 @@ def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, titl
     n_layer, n_head = maps.shape[:2]
     labeled = labels is not None and len(labels) <= GRID_LABELED_TOKENS
     size = 3.0 if labeled else 2.2
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head + 1.0, size * n_layer), squeeze=False)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head + 1.0, size * n_layer + 0.6), squeeze=False,
+                             layout="constrained")  # fmt: skip
     image = None
     for layer in range(n_layer):
         for head in range(n_head):
@@ -83,7 +84,9 @@ def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, 
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(name, fontsize=9)
-        fig.colorbar(image, ax=ax, fraction=0.046)
+        bar = fig.colorbar(image, ax=ax, fraction=0.046)
+        bar.formatter.set_useOffset(False)  # whole values on the scale, not "+2.543" and small offsets
+        bar.update_ticks()
     fig.suptitle(textwrap.fill(title, 90), fontsize=9)
     save_figure(fig, path)
     return path

@@ -41,6 +41,12 @@ def _curve(run: Run, against: str) -> dict[int, tuple[float, float]]:
 
 def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
     """``against``: "step" or "time" (training seconds: evaluation, compilation and warm-up excluded)."""
+    path = out / f"val_loss_vs_{against}.png"
+    save_figure(val_loss_figure(runs, against), path)
+    return path
+
+
+def val_loss_figure(runs: list[Run], against: str):
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for (layout, kernel), group in by_variant(runs).items():
         curves = [_curve(run, against) for run in group]
@@ -58,9 +64,7 @@ def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
     ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout / kernel", title_fontsize=8)
-    path = out / f"val_loss_vs_{against}.png"
-    save_figure(fig, path)
-    return path
+    return fig
 
 
 def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:

@@ -62,7 +62,8 @@ def write_table(stem: Path, header: Sequence[str], rows: Sequence[Sequence], dig
 
 def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     """Lay out, save (atomically) and close a matplotlib figure."""
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
     os.replace(tmp, path)

@@ -1,0 +1,160 @@
+"""What a user sees: the console and train.log, the wandb run read back from its file, names, plots."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli
+
+import rebuild_wandb
+from analysis.plots import val_loss_figure
+from analysis.runs import find_runs
+from analysis.wandb_file import history, read_records
+from training.loop import train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def wandb_file(run_dir: Path) -> Path:
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    return path
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory, data_cache):
+    run = tmp_path_factory.mktemp("wandb") / "run"
+    train(compose_train(*TINY, "logger.mode=offline", "trainer.max_steps=20", "trainer.sample_tokens=30",
+                        f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"))  # fmt: skip
+    return run
+
+
+def test_the_wandb_file_holds_job_type_metric_axes_best_summaries_the_sample_and_grad_norm(offline_run):
+    records = list(read_records(wandb_file(offline_run)))
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.job_type == "train" and run.display_name == "fused_qkv-sdpa-nano"
+    metrics = {(r.metric.name or r.metric.glob_name): r.metric
+               for r in records if r.WhichOneof("record_type") == "metric"}  # fmt: skip
+    assert metrics["val/loss"].summary.min and metrics["val/loss"].step_metric == "tokens"
+    assert metrics["train/*"].step_metric == "tokens" and "tokens" in metrics
+    steps = history(wandb_file(offline_run))
+    assert all("train/grad_norm" in steps[s] and steps[s]["train/grad_norm"] > 0 for s in range(1, 21))
+    assert steps[20]["samples/_type"] == "table-file"
+    summaries = [r.summary for r in records if r.WhichOneof("record_type") == "summary"]
+    best = {item.key: item.value_json for s in summaries for item in s.update}
+    vals = [m["val/loss"] for m in read_metrics(offline_run) if "val/loss" in m]
+    assert float(best["best/val_loss"]) == pytest.approx(min(vals))
+    assert "samples.txt" in os.listdir(offline_run)
+
+
+def test_rebuilding_the_wandb_history_from_metrics_gives_the_same_values_step_for_step(offline_run):
+    folder = rebuild_wandb.main([str(offline_run)])
+    (rebuilt,) = folder.glob("run-*.wandb")
+    steps = history(rebuilt)
+    for record in read_metrics(offline_run):
+        for key, value in record.items():
+            if key != "step":
+                assert steps[record["step"]][key] == pytest.approx(value, rel=1e-12), (record["step"], key)
+    (run,) = [r.run for r in read_records(rebuilt) if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == wandb_file(offline_run).stem.removeprefix("run-"), "the original run's id"
+
+
+def test_a_resumed_run_rebuilds_as_one_history(tmp_path, data_cache):
+    common = (*TINY, "logger=none", "trainer.max_steps=8", f"data.cache_dir={data_cache}")
+    train(compose_train(*common, "trainer.stop_at_step=4", f"trainer.run_dir={tmp_path / 'a'}"))
+    train(compose_train(*common, f"trainer.resume={tmp_path / 'a'}", f"trainer.run_dir={tmp_path / 'b'}"))
+    (rebuilt,) = rebuild_wandb.main([str(tmp_path / "a"), str(tmp_path / "b")]).glob("run-*.wandb")
+    steps = history(rebuilt)
+    assert sorted(s for s in steps if "train/loss" in steps[s]) == list(range(1, 9))
+
+
+def test_the_console_names_the_run_directory_and_every_evaluation(tmp_path, data_cache):
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    result = run_cli(*TINY, "logger=none", "trainer.max_steps=20", f"trainer.run_dir={run}",
+                     f"data.cache_dir={data_cache}", f"hydra.run.dir={tmp_path / 'hydra'}",
+                     cwd=tmp_path, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert f"run directory: {run}" in out
+    for step in (10, 20):
+        val = next(m["val/loss"] for m in read_metrics(run) if m.get("step") == step and "val/loss" in m)
+        assert f"step {step}: val/loss {val:.4f}" in out
+    assert "best val/loss" in out and f"python sample.py source={run}" in out
+    assert "step 20: val/loss" in (tmp_path / "hydra" / "train.log").read_text(), "train.log holds the same"
+
+
+def test_ctrl_c_prints_the_resume_command(tmp_path, data_cache):
+    run = tmp_path / "run"
+    args = [*TINY, "trainer.max_steps=100000", "trainer.eval_interval=100000", "logger=none",
+            f"trainer.run_dir={run}", f"data.cache_dir={data_cache}",
+            f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "interrupted at step" in out and f"trainer.resume={run}" in out
+
+
+def test_a_multirun_over_a_non_attention_option_names_its_runs_apart(tmp_path, data_cache):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "optim.beta2=0.95,0.99", *TINY, "trainer.max_steps=2", "logger.mode=offline",
+                     f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    names = []
+    for run_dir in sorted(p for p in sweep.iterdir() if (p / "run.json").exists()):
+        (run,) = [r.run for r in read_records(wandb_file(run_dir)) if r.WhichOneof("record_type") == "run"]
+        names.append(run.display_name)
+    assert names == ["fused_qkv-sdpa-nano-optim.beta2=0.95", "fused_qkv-sdpa-nano-optim.beta2=0.99"]
+
+
+def test_a_sweep_preset_without_multirun_is_refused_naming_m(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    result = run_cli("experiment=compare_attention", "logger=none", cwd=tmp_path, env=env)
+    assert result.returncode != 0
+    assert "defines a sweep over attention, kernel; run it with -m" in result.stderr
+
+
+@pytest.mark.parametrize("script", ["sample.py", "heads.py", "evaluate.py", "export.py"])
+def test_each_script_helps_with_its_own_options_and_names_a_missing_one_in_one_line(tmp_path, script):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    help_text = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
+                               cwd=tmp_path, env=env, timeout=120).stdout  # fmt: skip
+    assert f"Usage: python {script} source=" in help_text and "source: ???" in help_text
+    assert "attention: fused_qkv, separate_qkv, wrapper" not in help_text, "not train.py's groups"
+    result = subprocess.run([sys.executable, str(ROOT / script)], capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [f"error: source is required; usage: python {script} source="
+                                                  + result.stderr.split(f"python {script} source=", 1)[1].strip()]
+
+
+def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(tmp_path, data_cache):
+    sweep = tmp_path / "sweep"
+    for layout in ("wrapper", "fused_qkv"):
+        for seed in (1, 2):
+            train(compose_train(*TINY, "logger=none", f"attention={layout}", f"trainer.seed={seed}",
+                                "trainer.max_steps=20", f"trainer.run_dir={sweep / f'{layout}-{seed}'}",
+                                f"data.cache_dir={data_cache}"))  # fmt: skip
+    runs = find_runs([sweep])
+    fig = val_loss_figure(runs, "step")
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 2 and len(ax.collections) == 2, "a mean line and a band per variant"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["fused_qkv / sdpa, 2 seeds", "wrapper / sdpa, 2 seeds"]
+    import compare
+
+    out = compare.main([str(sweep)])
+    for name in ("val_loss_vs_step.png", "val_loss_vs_time.png", "throughput.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG and len(data) > 10_000, name
