@@ -158,3 +158,27 @@ def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(tm
     for name in ("val_loss_vs_step.png", "val_loss_vs_time.png", "throughput.png"):
         data = (out / name).read_bytes()
         assert data[:8] == PNG and len(data) > 10_000, name
+
+
+def test_the_comparison_and_the_head_study_log_into_wandb(tmp_path, data_cache, trained_run):
+    import compare
+    import heads
+    from data.config import DataConfig
+
+    sweep = tmp_path / "sweep"
+    for layout in ("wrapper", "fused_qkv"):
+        train(compose_train(*TINY, "logger=none", f"attention={layout}", "trainer.max_steps=10",
+                            f"trainer.run_dir={sweep / layout}", f"data.cache_dir={data_cache}"))  # fmt: skip
+    out = compare.main([str(sweep), "--wandb"])
+    (report_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    (run,) = [r.run for r in read_records(report_file) if r.WhichOneof("record_type") == "run"]
+    assert run.job_type == "compare"
+    logged = {k for row in history(report_file).values() for k in row}
+    assert {"report/_type", "throughput/_type", "val_loss_vs_step/_type"} <= logged
+
+    folder = heads.run(heads.HeadsConfig(source=str(trained_run), data=DataConfig(cache_dir=str(data_cache)),
+                                         windows=2, device="cpu", out=str(tmp_path / "heads"), wandb=True))  # fmt: skip
+    (heads_file,) = (folder / "wandb").glob("offline-run-*/run-*.wandb")
+    assert [r.run.job_type for r in read_records(heads_file) if r.WhichOneof("record_type") == "run"] == ["heads"]
+    logged = {k for row in history(heads_file).values() for k in row}
+    assert {"head_stats/_type", "ablation/_type", "maps/_type"} <= logged
