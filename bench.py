@@ -65,13 +65,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="passes over the grid; a cell reports the median over passes and its range")  # fmt: skip
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
-    for names, valid, what in ((args.layouts, ATTENTION_LAYOUTS, "layout"), (args.kernels, KERNELS, "kernel"),
-                               (args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
+    for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
+                                       ("--kernels", args.kernels, KERNELS, "kernel"),
+                                       ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
         for name in names:
             if name not in valid:
-                p.error(f"unknown {what} {name!r}; choose from {sorted(valid)}")
-    if args.repeats < 1:
-        p.error(f"--repeats {args.repeats} must be at least 1")
+                p.error(f"{option}: unknown {what} {name!r}; choose from {sorted(valid)}")
+    for option, values in (("--seq-len", args.seq_len), ("--batch", [args.batch]), ("--n-embd", [args.n_embd]),
+                           ("--n-head", [args.n_head]), ("--n-layer", [args.n_layer]),
+                           ("--vocab-size", [args.vocab_size]), ("--repeats", [args.repeats])):  # fmt: skip
+        for value in values:
+            if value < 1:
+                p.error(f"{option} {value} must be at least 1")
+    if not args.min_run_time > 0:
+        p.error(f"--min-run-time {args.min_run_time} must be a positive number of seconds")
+    try:
+        resolve_dtype(args.dtype, resolve_device(args.device, option="--device"), option="--dtype")
+    except ValueError as err:
+        p.error(str(err))
     if args.n_embd % args.n_head:
         p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     return args

@@ -34,6 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    if args.target_loss is not None and not args.target_loss > 0:
+        raise ValueError(f"--target-loss {args.target_loss} must be a positive loss (nats per token)")
+    if args.out and Path(args.out).is_file():
+        raise ValueError(f"--out {args.out} is a file; give a folder for the report")
     runs = find_runs(args.paths)
     check_comparable(runs, force=args.force)
     target = args.target_loss if args.target_loss is not None else default_target(runs)

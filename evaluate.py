@@ -20,11 +20,11 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import user_errors
+from cli import check_at_least, check_choice, user_errors
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
-from model import load_model
+from model import ATTENTION_LAYOUTS, KERNELS, load_model
 from model.device import resolve_device, resolve_dtype
 from training.config import TrainerConfig
 from training.evaluate import Evaluator
@@ -48,7 +48,24 @@ ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 USAGE = "python evaluate.py source=<run dir | checkpoint.pt | gpt2 | hf folder> [data=<source>] [key=value ...]"
 
 
+def check(cfg: EvaluateConfig) -> None:
+    """Every option that can be checked before the model is loaded; errors name the option as typed."""
+    if cfg.windows is not None:
+        check_at_least("windows", cfg.windows, 1)
+    if cfg.batch_size is not None:
+        check_at_least("batch_size", cfg.batch_size, 1)
+    check_choice("checkpoint", cfg.checkpoint, ("best.pt", "last.pt"))
+    if cfg.attention is not None:
+        check_choice("attention", cfg.attention, ATTENTION_LAYOUTS)
+    if cfg.kernel is not None:
+        check_choice("kernel", cfg.kernel, KERNELS)
+    resolve_dtype(cfg.dtype, resolve_device(cfg.device, option="device"), option="dtype")
+    if cfg.out is not None and Path(cfg.out).is_dir():
+        raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
+
+
 def run(cfg: EvaluateConfig) -> dict:
+    check(cfg)
     defaults = TrainerConfig()
     loaded = load_model(cfg.source, cfg.attention, cfg.kernel, checkpoint=cfg.checkpoint)
     trained = (loaded.checkpoint.train_config or {}).get("trainer", {}) if loaded.checkpoint else {}

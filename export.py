@@ -21,7 +21,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import user_errors
+from cli import check_choice, user_errors
 from data.hf_tokenizer import GPT2_COMPATIBLE, write_hf_gpt2_tokenizer
 from model import load_model
 from model.gpt2_export import export_hf_gpt2
@@ -44,6 +44,9 @@ BYTES_HOW_TO = (
 
 
 def run(cfg: ExportConfig) -> Path:
+    check_choice("checkpoint", cfg.checkpoint, ("best.pt", "last.pt"))
+    if Path(cfg.out).expanduser().is_file():
+        raise ValueError(f"out={cfg.out!r} is a file; give a folder (created if missing)")
     loaded = load_model(cfg.source, checkpoint=cfg.checkpoint)
     if loaded.path is None:
         raise ValueError(f"source={cfg.source!r} is already in the Hugging Face format: nothing to export")

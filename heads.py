@@ -30,11 +30,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
 from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
 from analysis.tables import write_table
-from cli import refuse_renamed_options, user_errors
+from cli import check_at_least, check_choice, refuse_renamed_options, user_errors
 from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
-from model import load_model
+from model import ATTENTION_LAYOUTS, KERNELS, load_model
 from model.device import resolve_device
 
 
@@ -74,14 +74,32 @@ def default_out(cfg: HeadsConfig, path: Path | None) -> Path:
     return path.parent / f"heads-{path.stem}"
 
 
+MAX_WINDOWS = 4096  # each window is a forward pass per head for the ablation: more would run for hours
+
+
+def check(cfg: HeadsConfig) -> None:
+    """Every option that can be checked before the model is loaded; errors name the option as typed."""
+    if cfg.prompt is not None and not cfg.prompt.strip():
+        raise ValueError("prompt is empty; give some text, or leave prompt unset to use validation text")
+    check_at_least("windows", cfg.windows, 1)
+    if cfg.windows > MAX_WINDOWS:
+        raise ValueError(f"windows={cfg.windows} is more than {MAX_WINDOWS}; statistics settle long before (try 64)")
+    check_at_least("map_tokens", cfg.map_tokens, 1)
+    check_at_least("layer", cfg.layer, 0)
+    check_at_least("head", cfg.head, 0)
+    check_choice("checkpoint", cfg.checkpoint, ("best.pt", "last.pt"))
+    if cfg.attention is not None:
+        check_choice("attention", cfg.attention, ATTENTION_LAYOUTS)
+    if cfg.kernel is not None:
+        check_choice("kernel", cfg.kernel, KERNELS)
+    resolve_device(cfg.device, option="device")
+
+
 def run(cfg: HeadsConfig) -> Path:
+    check(cfg)
     loaded = load_model(cfg.source, cfg.attention, cfg.kernel, checkpoint=cfg.checkpoint)
     model, tokenizer = loaded.model, loaded.tokenizer
     check_head(model, cfg.layer, cfg.head)
-    if cfg.prompt is not None and not cfg.prompt.strip():
-        raise ValueError("prompt is empty; give some text, or leave prompt unset to use validation text")
-    if cfg.windows < 1:
-        raise ValueError(f"windows={cfg.windows} must be at least 1")
     device = resolve_device(cfg.device, option="device")
     model = model.to(device).eval()
     block = model.config.block_size

@@ -21,11 +21,10 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import refuse_renamed_options, user_errors
+from cli import check_at_least, check_choice, refuse_renamed_options, user_errors
 from data.tokenizers import EOT
 from model import ATTENTION_LAYOUTS, KERNELS, generate, load_model
 from model.device import autocast, resolve_device, resolve_dtype
-from model.registry import lookup
 
 
 @dataclass
@@ -56,18 +55,22 @@ def notice(message: str) -> None:
 
 
 def check(cfg: SampleConfig) -> None:
+    """Every option, before the model is loaded; errors name the option as typed."""
     if not 0.0 < cfg.top_p <= 1.0:
         raise ValueError(f"top_p={cfg.top_p} must be in (0, 1]; 1 keeps every token")
-    if cfg.temperature < 0:
+    if not cfg.temperature >= 0:
         raise ValueError(f"temperature={cfg.temperature} must be >= 0 (0 is greedy)")
-    if cfg.num_samples < 1 or cfg.max_new_tokens < 0:
-        raise ValueError("num_samples must be >= 1 and max_new_tokens >= 0")
-    if cfg.top_k is not None and cfg.top_k < 1:
-        raise ValueError(f"top_k={cfg.top_k} must be >= 1 (or null for no limit)")
+    check_at_least("num_samples", cfg.num_samples, 1)
+    check_at_least("max_new_tokens", cfg.max_new_tokens, 0)
+    check_at_least("seed", cfg.seed, 0)
+    if cfg.top_k is not None:
+        check_at_least("top_k", cfg.top_k, 1, " (or null for no limit)")
     if cfg.attention is not None:
-        lookup(ATTENTION_LAYOUTS, "attention layout", cfg.attention)
+        check_choice("attention", cfg.attention, ATTENTION_LAYOUTS)
     if cfg.kernel is not None:
-        lookup(KERNELS, "attention kernel", cfg.kernel)
+        check_choice("kernel", cfg.kernel, KERNELS)
+    if cfg.prompt_file is not None and cfg.prompt != "":
+        raise ValueError(f"prompt={cfg.prompt!r} and prompt_file={cfg.prompt_file!r} are both set; give one")
 
 
 def read_prompt(cfg: SampleConfig) -> str:
@@ -75,7 +78,11 @@ def read_prompt(cfg: SampleConfig) -> str:
         path = Path(cfg.prompt_file).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"prompt_file={cfg.prompt_file!r} does not exist")
-        return path.read_text()
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"prompt_file={cfg.prompt_file!r} is not UTF-8 text (byte {err.start}); "
+                             f"convert it (e.g. iconv -t utf-8)") from None
     return sys.stdin.read() if cfg.prompt == "-" else cfg.prompt
 
 
@@ -95,9 +102,10 @@ def run(cfg: SampleConfig) -> list[str]:
     check(cfg)
     device = resolve_device(cfg.device, option="device")
     dtype = resolve_dtype(cfg.dtype, device, option="dtype")
+    prompt = read_prompt(cfg)  # a missing or unreadable prompt file is named before the model loads
     loaded = load_model(cfg.source, cfg.attention, cfg.kernel)
     model, tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
-    ids = prompt_ids(read_prompt(cfg), tokenizer, model.config.block_size)
+    ids = prompt_ids(prompt, tokenizer, model.config.block_size)
     top_k = cfg.top_k
     if top_k is not None and top_k > model.config.vocab_size:
         notice(f"top_k={top_k} is larger than the vocabulary ({model.config.vocab_size}): no limit")

@@ -6,6 +6,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,13 +71,31 @@ def warmup_steps(n_steps: int) -> int:
     return min(MAX_WARMUP_STEPS, int(n_steps * WARMUP_FRACTION))
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file; a damaged line (a run killed mid-write) is skipped with a warning."""
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            warn(f"{path}:{number} is not a JSON record (cut by a kill?): skipped that line")
+    return records
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def load_run(path: Path) -> Run:
     metrics = path / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
+    records = read_jsonl(metrics) if metrics.exists() else []
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
     steps = {r["step"]: r for r in records if "train/loss" in r}
     evals = {r["step"]: r for r in records if "val/loss" in r}
     info = json.loads((path / "run.json").read_text())
+    info["model"]["attention"], info["model"]["kernel"], info["trainer"]["seed"]  # noqa: B018  (KeyError: damaged)
     compile_s = [r["perf/compile_s"] for r in records if "perf/compile_s" in r]
     if compile_s:
         info["compile_s"] = compile_s[-1]
@@ -107,4 +126,12 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             f"no runs found in {', '.join(map(str, paths))}: a run directory holds run.json and "
             f"metrics.jsonl (written by train.py); point at run directories or a multirun directory"
         )
-    return [load_run(p) for p in dict.fromkeys(found)]
+    runs = []
+    for path in dict.fromkeys(found):
+        try:
+            runs.append(load_run(path))
+        except (json.JSONDecodeError, KeyError, TypeError, OSError) as err:
+            warn(f"skipped {path}: its run.json is damaged ({type(err).__name__}: {err})")
+    if not runs:
+        raise ValueError(f"every run found in {', '.join(map(str, paths))} is damaged; nothing to compare")
+    return runs

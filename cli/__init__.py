@@ -45,6 +45,10 @@ def user_errors(usage: str) -> Iterator[None]:
     """
     try:
         yield
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM where headlab stops cleanly (data preparation)
+        if not str(err):
+            raise
+        sys.exit(f"interrupted: {err}")
     except MissingMandatoryValue as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
@@ -53,3 +57,14 @@ def user_errors(usage: str) -> Iterator[None]:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _raised_by_headlab(err):
             raise
         sys.exit("error: " + " ".join(str(err).split()))  # one line
+
+
+def check_at_least(option: str, value, low, hint: str = "") -> None:
+    """``option=value`` must be >= ``low``; the error names the option as typed and the valid range."""
+    if value is None or value < low:
+        raise ValueError(f"{option}={value} must be at least {low}{hint}")
+
+
+def check_choice(option: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{option}={value!r} is not one of: {', '.join(map(str, sorted(choices)))}")

@@ -12,6 +12,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from cli import user_errors
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
@@ -27,8 +28,9 @@ ConfigStore.instance().store(name="prepare_schema", node=PrepareConfig)
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
 def main(cfg: DictConfig) -> None:
-    data_cfg: DataConfig = OmegaConf.to_object(cfg.data)
-    prepared = PreparedData(prepare(data_cfg))
+    with user_errors("python -m data [data=<source>] [data.key=value ...]"):
+        data_cfg: DataConfig = OmegaConf.to_object(cfg.data)
+        prepared = PreparedData(prepare(data_cfg))
     print(f"prepared: {prepared.folder}")
     for split, counts in prepared.meta["splits"].items():
         print(

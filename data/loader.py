@@ -29,12 +29,18 @@ class PreparedData:
                 f"{self.folder} holds no meta.json: it is not a prepared data directory "
                 f"(prepare one with `python -m data data=...`)"
             )
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta.get("format") != FORMAT_VERSION:
+        try:
+            self.meta = json.loads(meta_path.read_text())
+            if self.meta.get("format") != FORMAT_VERSION:
+                raise ValueError(
+                    f"{meta_path} has format {self.meta.get('format')!r}, this headlab reads {FORMAT_VERSION}; "
+                    f"delete {self.folder} to prepare it again"
+                )
+            self.meta["splits"]["val"]["tokens"], self.meta["vocab_size"], self.meta["dtype"]  # noqa: B018
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as err:
             raise ValueError(
-                f"{meta_path} has format {self.meta.get('format')!r}, this headlab reads {FORMAT_VERSION}; "
-                f"delete {self.folder} to prepare it again"
-            )
+                f"{meta_path} is damaged ({type(err).__name__}: {err}); delete {self.folder} to prepare it again"
+            ) from None
         self.dtype = np.dtype(self.meta["dtype"])
         self.tokens: dict[str, np.memmap] = {}
         for split in SPLITS:
@@ -47,6 +53,13 @@ class PreparedData:
                     f"damaged: delete {self.folder} to prepare it again"
                 )
             self.tokens[split] = np.memmap(path, dtype=self.dtype, mode="r")
+            # Every id must be a token of the vocabulary; anything else is a damaged file, not data.
+            top = int(self.tokens[split].max()) if len(self.tokens[split]) else 0
+            if top >= self.meta["vocab_size"]:
+                raise ValueError(
+                    f"{path} holds token id {top}, outside the vocabulary of {self.meta['vocab_size']}: the file is "
+                    f"damaged; delete {self.folder} to prepare it again"
+                )
 
     @property
     def vocab_size(self) -> int:

@@ -9,11 +9,16 @@ and renamed into place.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import fcntl
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -78,8 +83,31 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "meta.json").exists():
             return target
-        _prepare_into(cfg, tokenizer, settings, target)
+        remove_stale_partials(target)
+        with _stop_signals_interrupt():  # from the start: loading the source can take a while too
+            _prepare_into(cfg, tokenizer, settings, target)
     return target
+
+
+def remove_stale_partials(target: Path) -> list[Path]:
+    """Half-written directories of ``target`` left by processes that died (their pid is gone)."""
+    removed = []
+    for partial in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+            removed.append(partial)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target: Path) -> None:
@@ -87,7 +115,7 @@ def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        meta = _write_tokens(cfg, tokenizer, partial, settings, target.name)
+        meta = _write_tokens(cfg, tokenizer, partial, settings)
         (partial / "meta.json").write_text(json.dumps(meta, indent=2))  # the rename below makes it appear
         try:
             os.rename(partial, target)
@@ -98,55 +126,111 @@ def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def _tokenize(batch: dict, indices: list[int], tokenizer: Tokenizer, seed: int, fraction: float) -> dict:
+BATCH_DOCS = 256  # documents per task sent to a tokenizer process
+
+
+def _encode(texts: list[str], start: int, tokenizer: Tokenizer, seed: int, fraction: float) -> list:
+    """(token ids with the closing EOT, text bytes, is validation) per document of a batch."""
     dtype = token_dtype(tokenizer.vocab_size)
-    # numpy arrays, not lists: datasets stores them in Arrow several times faster
-    ids = [np.array([*doc, tokenizer.eot_id], dtype=dtype) for doc in tokenizer.encode_batch(batch["text"])]
-    return {
-        "ids": ids,
-        "n_bytes": [len(text.encode("utf-8")) for text in batch["text"]],
-        "val": [is_val(i, seed, fraction) for i in indices],
-    }
+    rows = []
+    for i, (text, ids) in enumerate(zip(texts, tokenizer.encode_batch(texts))):
+        rows.append((np.array([*ids, tokenizer.eot_id], dtype=dtype), len(text.encode("utf-8")),
+                     is_val(start + i, seed, fraction)))  # fmt: skip
+    return rows
 
 
-def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings: dict, name: str) -> dict:
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer: Tokenizer, seed: int, fraction: float) -> None:
+    """A tokenizer process: Ctrl-C is the parent's to handle, and it dies with the parent, even on SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends it at once
+    with contextlib.suppress(Exception):  # Linux only: PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    _WORKER.update(tokenizer=tokenizer, seed=seed, fraction=fraction)
+
+
+def _encode_in_worker(batch: tuple[int, list[str]]) -> list:
+    start, texts = batch
+    return _encode(texts, start, _WORKER["tokenizer"], _WORKER["seed"], _WORKER["fraction"])
+
+
+def _documents(docs) -> Iterator[tuple[int, list[str]]]:
+    """(index of the first document, texts) batches, in order, for map-style and streaming datasets alike."""
+    start = 0
+    for batch in docs.iter(batch_size=BATCH_DOCS):
+        yield start, batch["text"]
+        start += len(batch["text"])
+
+
+@contextlib.contextmanager
+def _tokenized(docs, tokenizer: Tokenizer, cfg: DataConfig, workers: int) -> Iterator[Iterator]:
+    """Documents -> (ids, bytes, is_val), in order; ``workers`` processes tokenize ahead of the writer."""
+    batches = _documents(docs)
+    if workers <= 1:
+        yield (row for start, texts in batches
+               for row in _encode(texts, start, tokenizer, cfg.split_seed, cfg.val_fraction))  # fmt: skip
+        return
+    pool = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn").Pool(
+        workers, initializer=_init_worker, initargs=(tokenizer, cfg.split_seed, cfg.val_fraction))
+    try:
+        yield (row for rows in pool.imap(_encode_in_worker, batches) for row in rows)
+    finally:
+        pool.terminate()  # also on Ctrl-C, SIGTERM or an error: no process is left behind
+        pool.join()
+
+
+class PreparationInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during data preparation: nothing was kept, no process is left."""
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM ends preparation like Ctrl-C does: cleanly, through the same clean-up."""
+
+    def interrupt(signum, frame):
+        raise PreparationInterrupted(f"data preparation interrupted by signal {signum}; nothing was kept")
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings: dict) -> dict:
     docs = load_documents(cfg)
-    map_args = dict(
-        batched=True,
-        with_indices=True,
-        remove_columns=["text"],
-        fn_kwargs=dict(tokenizer=tokenizer, seed=cfg.split_seed, fraction=cfg.val_fraction),
-    )
     streaming = not hasattr(docs, "__len__")
-    if not streaming:  # map-style: tokenize in parallel; our own cache replaces datasets'
-        workers = min(cfg.num_proc or os.cpu_count() or 1, len(docs))
-        map_args.update(
-            num_proc=workers if workers > 1 else None,  # None: in this process, no pool
-            new_fingerprint=name,
-            desc=f"tokenize ({tokenizer.name})",
-        )
-    tokens = docs.map(_tokenize, **map_args)
-
+    workers = cfg.num_proc or os.cpu_count() or 1
+    if not streaming:
+        workers = min(workers, -(-len(docs) // BATCH_DOCS))
     dtype = token_dtype(tokenizer.vocab_size)
     counts = {split: {"tokens": 0, "bytes": 0, "documents": 0} for split in SPLITS}
     total = 0
     files = {split: open(folder / f"{split}.bin", "wb") for split in SPLITS}
-    bar = tqdm(total=None if streaming else len(tokens), unit="doc", desc=f"write {cfg.name}")
+    desc = f"tokenize {cfg.name} ({tokenizer.name}, {workers} process{'es' if workers > 1 else ''})"
+    bar = tqdm(total=None if streaming else len(docs), unit="doc", desc=desc)
     try:
-        for ids, n_bytes, val in _rows(tokens):
-            bar.update()
-            if n_bytes == 0:
-                continue  # an empty document adds nothing, not even an EOT
-            split = "val" if val else "train"
-            files[split].write(ids.astype(dtype, copy=False).tobytes())
-            counts[split]["tokens"] += len(ids)
-            counts[split]["bytes"] += int(n_bytes)
-            counts[split]["documents"] += 1
-            total += len(ids)
-            if bar.n % 1000 == 0:
-                bar.set_postfix(tokens=f"{total:,}")
-            if cfg.max_tokens is not None and total >= cfg.max_tokens:
-                break
+        with _tokenized(docs, tokenizer, cfg, workers) as rows:
+            for ids, n_bytes, val in rows:
+                bar.update()
+                if n_bytes == 0:
+                    continue  # an empty document adds nothing, not even an EOT
+                split = "val" if val else "train"
+                files[split].write(ids.astype(dtype, copy=False).tobytes())
+                counts[split]["tokens"] += len(ids)
+                counts[split]["bytes"] += int(n_bytes)
+                counts[split]["documents"] += 1
+                total += len(ids)
+                if bar.n % 1000 == 0:
+                    bar.set_postfix(tokens=f"{total:,}")
+                if cfg.max_tokens is not None and total >= cfg.max_tokens:
+                    break
     finally:
         bar.set_postfix(tokens=f"{total:,}")
         bar.close()
@@ -175,8 +259,3 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
-
-def _rows(tokens) -> Iterator[tuple[np.ndarray, int, bool]]:
-    """(token ids, text bytes, is validation) per document, in order."""
-    for batch in tokens.with_format("numpy").iter(batch_size=1000):
-        yield from zip(batch["ids"], batch["n_bytes"], batch["val"], strict=True)

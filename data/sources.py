@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import sysconfig
 import urllib.error
@@ -88,8 +89,93 @@ def _load_files(files: list[str], cfg: DataConfig) -> datasets.Dataset:
             f"data.path mixes file kinds {sorted(suffixes)}; point it at one kind (text, parquet or jsonl)"
         )
     builder = builders.pop()
+    check_files(files, builder, cfg.text_column)
     kwargs = {"sample_by": cfg.sample_by, "keep_linebreaks": True} if builder == "text" else {}
     return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
+
+
+def check_files(files: list[str], builder: str, column: str) -> None:
+    """Refuse a file `datasets` would choke on, naming the file, the line or row, and the fix."""
+    for path in files:
+        if builder == "text":
+            _check_text(path)
+        elif builder == "parquet":
+            _check_parquet(path, column)
+        elif path.endswith(".jsonl"):
+            _check_jsonl(path, column)
+
+
+def _check_text(path: str) -> None:
+    data = Path(path).read_bytes()
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise ValueError(
+            f"data file {path} is binary (a NUL byte at offset {nul}), not text; remove it from "
+            f"data.path or narrow the pattern (e.g. data.path='texts/**/*.txt')"
+        )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(
+            f"data file {path} is not UTF-8 text (line {line}, byte {err.start}: {data[err.start:err.start + 4]!r}); "
+            f"convert it (e.g. iconv -f latin1 -t utf-8) or leave it out of data.path"
+        ) from None
+
+
+def _check_jsonl(path: str, column: str) -> None:
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                cut = " (the file may be cut mid-line)" if not raw.endswith(b"\n") else ""
+                raise ValueError(
+                    f"data file {path} line {number} is not valid JSON{cut}: {err}; fix or remove that line"
+                ) from None
+            _check_text_value(row.get(column, _MISSING) if isinstance(row, dict) else _MISSING,
+                              f"data file {path} line {number}", column, row)  # fmt: skip
+
+
+_MISSING = object()
+
+
+def _check_text_value(value, where: str, column: str, row=None) -> None:
+    if value is _MISSING:
+        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise ValueError(f"{where} has no {column!r} (it has {keys}); set data.text_column to the text's key")
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{where}: {column!r} holds {type(value).__name__} {str(value)[:40]!r}, not text; set data.text_column "
+            f"to the column with the documents, or drop the rows without text"
+        )
+
+
+def _check_parquet(path: str, column: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"data file {path} is not a readable parquet file ({err}); remove or replace it") from None
+    if column not in schema.names:
+        return  # named with all the columns of the dataset, after loading
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(
+            f"data file {path}: column {column!r} is {kind}, not text; set data.text_column to the column with the "
+            f"documents (it has {schema.names})"
+        )
+    values = pq.read_table(path, columns=[column]).column(column)
+    if values.null_count:
+        first = next(i for i, v in enumerate(values.is_null().to_pylist()) if v)
+        raise ValueError(
+            f"data file {path}: column {column!r} has {values.null_count} null value(s) (first at row {first}); "
+            f"drop or fill those rows"
+        )
 
 
 def _load_hub(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:

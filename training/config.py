@@ -86,6 +86,10 @@ def validate(cfg: TrainConfig) -> None:
                  "checkpoint_interval"):  # fmt: skip
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name}={getattr(t, name)} must be at least 1")
+    if t.seed < 0:
+        raise ValueError(f"trainer.seed={t.seed} must be >= 0 (numpy seeds the data order with it)")
+    if cfg.data.split_seed < 0:
+        raise ValueError(f"data.split_seed={cfg.data.split_seed} must be >= 0")
     if t.resume and t.init_from:
         raise ValueError(
             "trainer.resume and trainer.init_from are both set; resume continues a run (same schedule), "

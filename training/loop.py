@@ -26,7 +26,7 @@ from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
 from data.tokenizers import VOCAB_SIZES, get_tokenizer
 from model import GPT, load_model
-from model.checkpoint import BEST, LAST, Checkpoint, load_checkpoint
+from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint, remove_stale_temporaries
 from model.device import autocast, device_name, peak_flops, resolve_device, resolve_dtype
 from model.generation import generate
 from training.config import TrainConfig, grad_accum_steps, validate
@@ -63,6 +63,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     resume = load_checkpoint(t.resume) if t.resume else None
     if resume is not None:
         check_resumable(config, resume)
+        remove_stale_temporaries(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
     check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
     init_weights = initial_weights(config, planned) if t.init_from else None
 
