@@ -70,7 +70,7 @@ def test_a_resumed_run_rebuilds_as_one_history(tmp_path, data_cache):
     train(compose_train(*common, f"trainer.resume={tmp_path / 'a'}", f"trainer.run_dir={tmp_path / 'b'}"))
     (rebuilt,) = rebuild_wandb.main([str(tmp_path / "a"), str(tmp_path / "b")]).glob("run-*.wandb")
     steps = history(rebuilt)
-    assert sorted(s for s in steps if "train/loss" in steps[s]) == list(range(1, 9))
+    assert sorted(s for s in steps if "train/loss" in steps[s]) == list(range(1, 9)), steps
 
 
 def test_the_console_names_the_run_directory_and_every_evaluation(tmp_path, data_cache):
