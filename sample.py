@@ -23,8 +23,9 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from cli import check_at_least, check_choice, refuse_renamed_options, user_errors
 from data.tokenizers import EOT
-from model import ATTENTION_LAYOUTS, KERNELS, generate, load_model
-from model.device import autocast, resolve_device, resolve_dtype
+from model import ATTENTION_LAYOUTS, KERNELS, load_model
+from model.device import resolve_device, resolve_dtype
+from model.generation import generate_batch
 
 
 @dataclass
@@ -39,7 +40,7 @@ class SampleConfig:
     top_p: float = 1.0  # nucleus sampling: keep the most likely tokens up to this probability
     seed: int = 1337
     device: str = "auto"
-    dtype: str = "auto"  # bf16 autocast on CUDA when supported
+    dtype: str = "auto"  # the weights' dtype: auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False
     attention: str | None = None  # run the weights in another QKV layout: wrapper | separate_qkv | fused_qkv
     kernel: str | None = None  # manual | sdpa
@@ -110,32 +111,42 @@ def run(cfg: SampleConfig) -> list[str]:
     if top_k is not None and top_k > model.config.vocab_size:
         notice(f"top_k={top_k} is larger than the vocabulary ({model.config.vocab_size}): no limit")
         top_k = None
+    if dtype != torch.float32:
+        model = model.to(dtype)  # cast the weights once: every token then reads half the bytes
     if cfg.compile:
         model.forward = torch.compile(model.forward, dynamic=True)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    samples = []
-    for i in range(cfg.num_samples):
-        if cfg.num_samples > 1:
-            print(f"--- sample {i + 1}/{cfg.num_samples} ---", flush=True)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split characters
-        text = "" if ids == [tokenizer.eot_id] else decoder.decode(tokenizer.decode_bytes(ids))
-        print(text, end="", flush=True)
-        start, count = time.perf_counter(), 0
-        with autocast(device, dtype):
-            for token in generate(model, ids, cfg.max_new_tokens, cfg.temperature, top_k, cfg.top_p,
-                                  generator, use_cache=cfg.use_cache, stop_id=tokenizer.eot_id):  # fmt: skip
-                count += 1
-                if token == tokenizer.eot_id:
-                    break
-                piece = decoder.decode(tokenizer.decode_bytes([token]))
-                text += piece
+    # Sample i has its own generator (seed + i): the same text whether generated alone or in a batch.
+    generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(cfg.num_samples)]
+    decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in generators]  # tokens split chars
+    prefix = "" if ids == [tokenizer.eot_id] else tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
+    texts = [prefix] * cfg.num_samples
+    counts = [0] * cfg.num_samples
+    if cfg.num_samples > 1:
+        print(f"--- sample 1/{cfg.num_samples} ---", flush=True)
+    print(prefix, end="", flush=True)  # the first sample streams; the others are printed when all are done
+    start = time.perf_counter()
+    for step in generate_batch(model, ids, cfg.max_new_tokens, generators, cfg.temperature, top_k, cfg.top_p,
+                               use_cache=cfg.use_cache, stop_id=tokenizer.eot_id):  # fmt: skip
+        for i, token in enumerate(step):
+            if token is None:
+                continue
+            counts[i] += 1
+            if token == tokenizer.eot_id:
+                continue
+            piece = decoders[i].decode(tokenizer.decode_bytes([token]))
+            texts[i] += piece
+            if i == 0:
                 print(piece, end="", flush=True)
-        text += decoder.decode(b"", final=True)
-        print(flush=True)
-        seconds = time.perf_counter() - start
-        notice(f"{count} tokens in {seconds:.2f} s: {count / max(seconds, 1e-9):.1f} tokens/s "
-               f"({'with' if cfg.use_cache else 'without'} KV cache, {device})")  # fmt: skip
-        samples.append(text)
+    seconds = time.perf_counter() - start
+    texts = [text + decoder.decode(b"", final=True) for text, decoder in zip(texts, decoders)]
+    print(flush=True)
+    for i, text in enumerate(texts[1:], 2):
+        print(f"--- sample {i}/{cfg.num_samples} ---\n{text}", flush=True)
+    total = sum(counts)
+    notice(f"{total} tokens in {seconds:.2f} s: {total / max(seconds, 1e-9):.1f} tokens/s "
+           f"({'with' if cfg.use_cache else 'without'} KV cache, {device}, {str(dtype).removeprefix('torch.')}, "
+           f"{cfg.num_samples} sample{'s' if cfg.num_samples > 1 else ''} at once)")  # fmt: skip
+    samples = texts
     return samples
 
 

@@ -23,9 +23,29 @@ from torch import nn
 from model.kernels import attention_probs, get_kernel
 from model.registry import lookup
 
-# One layer's cached keys and values, per slot: slot 0 for the multi-head layouts,
-# one slot per head for the wrapper. Tensors are (batch, heads, positions, head_dim).
-LayerCache = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+class LayerCache:
+    """One layer's keys and values for the positions processed so far, in preallocated buffers.
+
+    Slot 0 serves the multi-head layouts, one slot per head the wrapper. Buffers are
+    (batch, heads, capacity, head_dim), allocated at the first write; each call writes its
+    positions in place (no copy of the past per token) and returns views of all positions so far.
+    """
+
+    def __init__(self, owner) -> None:
+        self.owner = owner  # the KVCache: how many positions are cached, and the capacity
+        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.owner.length
+        end = start + k.size(2)
+        if slot not in self.slots:
+            shape = (k.size(0), k.size(1), self.owner.capacity, k.size(3))
+            self.slots[slot] = (k.new_empty(shape), v.new_empty(shape))
+        k_all, v_all = self.slots[slot]
+        k_all[:, :, start:end] = k
+        v_all[:, :, start:end] = v
+        return k_all[:, :, :end], v_all[:, :, :end]
 # The common form of one attention block's projections: for "weight" and "bias",
 # the full-width (q, k, v) tensors, each (n_embd, n_embd) or (n_embd,).
 QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -35,14 +55,8 @@ PROJECTIONS = ("query", "key", "value")
 def remember(
     cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Append the new positions' k, v to the cache; return all keys and values so far."""
-    if cache is None:
-        return k, v
-    if slot in cache:
-        past_k, past_v = cache[slot]
-        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-    cache[slot] = (k, v)
-    return k, v
+    """Add the new positions' k, v to the cache; return all keys and values so far."""
+    return (k, v) if cache is None else cache.update(slot, k, v)
 
 
 def check_heads(n_embd: int, n_head: int) -> None:

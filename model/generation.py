@@ -1,10 +1,16 @@
-"""Autoregressive generation: a KV cache, a sliding context window, and sampling filters.
+"""Autoregressive generation: a batch of samples at once, a preallocated KV cache, a sliding window.
 
-With the cache each new token costs one position, not the whole context. The
-model has absolute positions up to ``block_size``, so once the context is
-full it slides: the cache is rebuilt from the last ``block_size // 2`` tokens
-and grows again. Without the cache the same windows are used, so both paths
-predict from exactly the same context.
+With the cache each new token costs one position, not the whole context, and
+the cache is written in place (``model.attention.LayerCache``). The model has
+absolute positions up to ``block_size``, so once the context is full it slides:
+the cache is rebuilt from the last ``block_size // 2`` tokens and grows again.
+Without the cache the same windows are used, so both paths predict from exactly
+the same context.
+
+Sampling happens on the model's device for the whole batch. Each sample has its
+own random generator, drawing one uniform number per token (inverse-CDF
+sampling), so sample ``i`` of a batch equals the sample generated alone with the
+same generator, up to float round-off in the batched matmuls.
 """
 
 from __future__ import annotations
@@ -17,6 +23,38 @@ import torch.nn.functional as F
 from model.gpt import GPT, KVCache
 
 
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
+    """(B, V) logits -> temperature-scaled logits with top-k / nucleus (top-p) filtered tokens at -inf."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose probability reaches top_p.
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
+        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
+         generators: list[torch.Generator | None]) -> torch.Tensor:  # fmt: skip
+    """One token id per row of (B, V) logits, on their device; temperature 0 is greedy.
+
+    Row ``i`` uses one uniform number from ``generators[i]`` (a CPU generator, so a seed gives
+    the same draws whatever the device) and takes the token where the cumulative probability passes it.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = F.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(cdf.device)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return token.clamp_(max=logits.size(-1) - 1)
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -24,30 +62,56 @@ def sample_next(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> int:
-    """One token id from a (vocab,) row of logits; temperature 0 is greedy.
+    """One token id from a (vocab,) row of logits; temperature 0 is greedy."""
+    return int(draw(logits.unsqueeze(0), temperature, top_k, top_p, [generator])[0])
 
-    Sampling runs on the CPU in float32, so a seeded CPU generator gives the same
-    draws whatever device the model is on.
+
+@torch.inference_mode()
+def generate_batch(
+    model: GPT,
+    prompt: list[int],
+    max_new_tokens: int,
+    generators: list[torch.Generator | None],
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    use_cache: bool = True,
+    stop_id: int | None = None,
+) -> Iterator[list[int | None]]:
+    """``len(generators)`` continuations of ``prompt`` at once; yields each step's new token per sample.
+
+    A sample that produced ``stop_id`` yields None from then on; generation ends when every
+    sample has stopped or after ``max_new_tokens``.
     """
-    logits = logits.detach().float().cpu()
-    if temperature == 0:
-        return int(logits.argmax())
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        # Keep the smallest set of most likely tokens whose probability reaches top_p.
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = F.softmax(sorted_logits, dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
-        sorted_logits = sorted_logits.masked_fill(before >= top_p, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
-    probs = F.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    if not prompt:
+        raise ValueError("the prompt is empty; start from at least one token (e.g. <|endoftext|>)")
+    n, block = len(generators), model.config.block_size
+    keep = max(1, block // 2)
+    device = next(model.parameters()).device
+    tokens = torch.empty(n, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
+    tokens[:, : len(prompt)] = torch.tensor(prompt, device=device)
+    length, start = len(prompt), max(0, len(prompt) - block)
+    cache: KVCache | None = None
+    stopped = [False] * n
+    for _ in range(max_new_tokens):
+        if length - start > block:  # the context is full: slide the window
+            start, cache = length - keep, None
+        if not use_cache:
+            logits, _ = model(tokens[:, start:length])
+        elif cache is None:  # (re)fill the cache with the whole window
+            cache = KVCache(model.config.n_layer, capacity=block)
+            logits, _ = model(tokens[:, start:length], cache=cache)
+        else:
+            logits, _ = model(tokens[:, length - 1 : length], cache=cache)
+        tokens[:, length] = draw(logits[:, -1], temperature, top_k, top_p, generators)
+        new = tokens[:, length].tolist()  # the one host sync of a step, for every sample
+        length += 1
+        yield [None if stopped[i] else token for i, token in enumerate(new)]
+        stopped = [done or token == stop_id for done, token in zip(stopped, new)]
+        if all(stopped):
+            return
 
 
-@torch.no_grad()
 def generate(
     model: GPT,
     prompt: list[int],
@@ -60,26 +124,6 @@ def generate(
     stop_id: int | None = None,
 ) -> Iterator[int]:
     """Yield new token ids one at a time after ``prompt`` (non-empty), stopping at ``stop_id``."""
-    if not prompt:
-        raise ValueError("the prompt is empty; start from at least one token (e.g. <|endoftext|>)")
-    block = model.config.block_size
-    keep = max(1, block // 2)
-    device = next(model.parameters()).device
-    tokens = list(prompt)
-    start = max(0, len(tokens) - block)
-    cache: KVCache | None = None
-    for _ in range(max_new_tokens):
-        if len(tokens) - start > block:  # the context is full: slide the window
-            start, cache = len(tokens) - keep, None
-        if not use_cache:
-            logits, _ = model(torch.tensor([tokens[start:]], device=device))
-        elif cache is None:  # (re)fill the cache with the whole window
-            cache = KVCache(model.config.n_layer)
-            logits, _ = model(torch.tensor([tokens[start:]], device=device), cache=cache)
-        else:
-            logits, _ = model(torch.tensor([tokens[-1:]], device=device), cache=cache)
-        token = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
-        tokens.append(token)
+    for (token,) in generate_batch(model, prompt, max_new_tokens, [generator], temperature, top_k, top_p,
+                                   use_cache, stop_id):  # fmt: skip
         yield token
-        if token == stop_id:
-            return

@@ -42,11 +42,15 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Keys and values of every layer for the positions processed so far (batch of sequences)."""
+    """Keys and values of every layer for the positions processed so far (a batch of sequences).
 
-    def __init__(self, n_layer: int) -> None:
-        self.layers: list[LayerCache] = [{} for _ in range(n_layer)]
+    ``capacity`` positions are preallocated per layer (the model's ``block_size`` unless given).
+    """
+
+    def __init__(self, n_layer: int, capacity: int | None = None) -> None:
+        self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.length = 0
+        self.capacity = capacity
 
 
 class GPT(nn.Module):
@@ -111,6 +115,8 @@ class GPT(nn.Module):
                 f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
             )
+        if cache is not None and cache.capacity is None:
+            cache.capacity = self.config.block_size
         pos = torch.arange(past, seq_len, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
@@ -120,7 +126,7 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         vocab = self.config.vocab_size
         if targets is None:
-            return self.lm_head(x[:, [-1], :])[..., :vocab], None
+            return self.lm_head(x[:, -1:, :])[..., :vocab], None
         logits = self.lm_head(x)[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
         return logits, loss  # training keeps only the loss, so these (B, T, V) logits die with the step

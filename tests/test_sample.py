@@ -28,7 +28,7 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     for text in samples:
         body = text.split("---\n", 1)[1]
         assert body.startswith("import ") and len(body) > len("import ") + 5
-    assert result.stderr.count("tokens/s (with KV cache, cpu)") == 2
+    assert result.stderr.count("tokens/s (with KV cache, cpu, float32, 2 samples at once)") == 1
 
 
 def test_cli_reads_the_prompt_from_stdin(trained_run):

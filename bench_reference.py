@@ -1,0 +1,219 @@
+"""headlab against its references, side by side in one process, interleaved (printing numbers, not tests).
+
+    python bench_reference.py train-step            # a training step vs transformers' GPT2LMHeadModel
+    python bench_reference.py generate              # greedy / sampled generation vs transformers' generate
+    python bench_reference.py sample-process        # sample.py num_samples=8 vs 1, whole process
+    python bench_reference.py prepare               # data preparation with gpt2 vs tiktoken's batch encode
+
+Each comparison alternates the two sides for ``--rounds`` rounds and reports the
+median of the per-round ratios (headlab / reference time; < 1 is faster), so a
+shared machine's slow moments hit both sides. Needs transformers (the dev extra);
+``prepare`` and ``sample-process`` need GPT-2's rank file (``TIKTOKEN_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from model import GPT, Checkpoint, GPTConfig, generate
+from model.device import device_name
+from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
+
+ROOT = Path(__file__).resolve().parent
+
+
+def hf_twin(model: GPT):
+    """transformers' GPT2LMHeadModel holding exactly ``model``'s weights."""
+    import transformers
+
+    config = transformers.GPT2Config(**{k: v for k, v in hf_gpt2_config(model, None).items()
+                                        if k not in ("architectures", "model_type")})  # fmt: skip
+    hf = transformers.GPT2LMHeadModel(config)
+    missing, unexpected = hf.load_state_dict(hf_gpt2_state_dict(model), strict=False)
+    assert not unexpected and all("lm_head" in k or "attn.bias" in k or "masked_bias" in k for k in missing), missing
+    return hf
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleave(ours, theirs, rounds: int) -> tuple[list[float], list[float]]:
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(timed(ours))
+        b.append(timed(theirs))
+    return a, b
+
+
+def report(what: str, a: list[float], b: list[float], unit_work: float, unit: str) -> None:
+    ratios = [x / y for x, y in zip(a, b)]
+    print(f"{what}: headlab {unit_work / statistics.median(a):,.1f} {unit}, reference "
+          f"{unit_work / statistics.median(b):,.1f} {unit}; time ratio headlab/reference: median "
+          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(a)} rounds")
+
+
+def train_step(args) -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, attention=args.attention, kernel=args.kernel)  # fmt: skip
+    ours = GPT(config)
+    hf = hf_twin(ours)
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def make_step(model, loss_of):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+        def step():
+            for _ in range(args.steps):
+                loss = loss_of(model)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        return step
+
+    ours_step = make_step(ours, lambda m: m(x, y)[1])
+    theirs_step = make_step(hf, lambda m: torch.nn.functional.cross_entropy(
+        m(input_ids=x).logits.reshape(-1, args.vocab), y.reshape(-1)))  # fmt: skip
+    ours_step(), theirs_step()  # warm-up
+    a, b = interleave(ours_step, theirs_step, args.rounds)
+    report(f"training step ({args.attention}/{args.kernel}, batch {args.batch} x {args.seq}, {args.n_layer} layers x "
+           f"{args.n_embd}, vocab {args.vocab})", a, b, args.steps, "steps/s")  # fmt: skip
+
+
+def generation(args) -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)  # GPT-2 small
+    ours = GPT(config).eval()
+    hf = hf_twin(ours).eval()
+    dtype = getattr(torch, args.dtype)
+    ours, hf = ours.to(dtype), hf.to(dtype)  # weights cast once, as sample.py dtype=... does
+    prompt = torch.randint(0, 50257, (1, 16))
+    n = args.new_tokens
+    tokens: dict[str, list] = {}
+
+    def ours_greedy():
+        tokens["ours"] = list(generate(ours, prompt[0].tolist(), n, temperature=0))
+
+    def hf_greedy():
+        with torch.no_grad():
+            out = hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
+                              pad_token_id=0)  # fmt: skip
+        tokens["hf"] = out[0, prompt.size(1):].tolist()
+
+    ours_greedy(), hf_greedy()
+    a, b = interleave(ours_greedy, hf_greedy, args.rounds)
+    same = sum(p == q for p, q in zip(tokens["ours"], tokens["hf"]))
+    report(f"greedy generation, batch 1, {n} new tokens (GPT-2 small shape, {args.dtype} weights; {same}/{n} tokens "
+           f"equal)", a, b, n,
+           "tokens/s")  # fmt: skip
+    if args.batch > 1:
+        from model.generation import generate_batch
+
+        def ours_batch():
+            generators = [torch.Generator().manual_seed(i) for i in range(args.batch)]
+            list(generate_batch(ours, prompt[0].tolist(), n, generators, temperature=1.0, top_k=200))
+
+        def hf_batch():
+            with torch.no_grad():
+                hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=True, top_k=200,
+                            num_return_sequences=args.batch, use_cache=True, pad_token_id=0)  # fmt: skip
+
+        ours_batch(), hf_batch()
+        a, b = interleave(ours_batch, hf_batch, args.rounds)
+        report(f"sampled generation, batch {args.batch}, {n} new tokens each", a, b, n * args.batch, "tokens/s")
+
+
+def sample_process(args) -> None:
+    """Whole ``sample.py`` processes: num_samples=N against 1, the same checkpoint and length."""
+    from data.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer("gpt2")
+    folder = Path(tempfile.mkdtemp(prefix="bench-sample-"))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+    Checkpoint(model=model.state_dict(), model_config=asdict(model.config), tokenizer="gpt2").save(folder / "last.pt")
+
+    def run(n):
+        cmd = [sys.executable, str(ROOT / "sample.py"), f"source={folder}", f"num_samples={n}",
+               f"max_new_tokens={args.new_tokens}", "prompt='The meaning of life is'", "device=cpu"]  # fmt: skip
+        return lambda: subprocess.run(cmd, check=True, capture_output=True, env={**os.environ})
+
+    a, b = interleave(run(args.batch), run(1), args.rounds)
+    ratios = [x / y for x, y in zip(a, b)]
+    print(f"sample.py num_samples={args.batch} vs 1 ({args.new_tokens} new tokens, GPT-2 small shape, whole "
+          f"process): {statistics.median(a):.2f} s vs {statistics.median(b):.2f} s; wall-time ratio median "
+          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(a)} rounds")
+
+
+def prepare_speed(args) -> None:
+    """Our preparation of the embedded corpus with gpt2 against tiktoken's own batch encode of the same texts."""
+    import shutil
+
+    from data.config import DataConfig
+    from data.prepare import prepare
+    from data.sources import load_documents
+    from data.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer("gpt2")
+    cfg = DataConfig(tokenizer="gpt2", num_proc=args.threads)
+    texts = load_documents(cfg)["text"]
+    megabytes = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+
+    def ours():
+        cache = tempfile.mkdtemp(prefix="bench-prepare-")
+        try:
+            prepare(DataConfig(tokenizer="gpt2", num_proc=args.threads, cache_dir=cache), tokenizer)
+        finally:
+            shutil.rmtree(cache)
+
+    def tiktoken_raw():
+        tokenizer.encoding.encode_ordinary_batch(texts, num_threads=args.threads)
+
+    a, b = interleave(ours, tiktoken_raw, args.rounds)
+    report(f"preparing the embedded corpus with gpt2 ({megabytes:.1f} MB, {args.threads} threads/processes; "
+           f"ours includes loading, splitting and writing)", a, b, megabytes, "MB/s")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare"])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")
+    p.add_argument("--batch", type=int, default=12, help="train-step: batch; generate/sample-process: samples")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=257)
+    p.add_argument("--attention", default="fused_qkv")
+    p.add_argument("--kernel", default="sdpa")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="generate: the weights' dtype")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="prepare: tokenizer threads/processes")
+    args = p.parse_args(argv)
+    for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads"):
+        if getattr(args, option) < 1:
+            p.error(f"--{option.replace('_', '-')} {getattr(args, option)} must be at least 1")
+    print(f"machine: {device_name(torch.device('cpu'))}, torch {torch.__version__}")
+    {"train-step": train_step, "generate": generation, "sample-process": sample_process,
+     "prepare": prepare_speed}[args.what](args)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

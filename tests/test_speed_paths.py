@@ -1,0 +1,102 @@
+"""The fast paths change nothing but speed: batched sampling, the preallocated cache, weights cast once;
+real GPT-2 BPE offline from the shipped rank file."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+import torch
+from helpers import tiny_gpt_config
+
+import sample
+from data.config import DataConfig
+from data.loader import PreparedData
+from data.prepare import prepare
+from model import GPT, Checkpoint, generate
+from model.generation import generate_batch
+
+
+def tiny_model(seed: int = 1) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(tiny_gpt_config(block_size=16, n_layer=2)).eval()
+    with torch.no_grad():  # sharper logits than the 0.02 init, so choices are not near-ties
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    return model
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, 1.0), (1.0, None, 1.0), (0.8, 10, 0.9)])
+def test_a_batch_of_samples_equals_the_samples_generated_one_at_a_time(temperature, top_k, top_p):
+    model, prompt, n = tiny_model(), [3, 1, 4], 5
+    batched = list(generate_batch(model, prompt, 40, [torch.Generator().manual_seed(100 + i) for i in range(n)],
+                                  temperature, top_k, top_p))  # fmt: skip
+    for i in range(n):
+        alone = list(generate(model, prompt, 40, temperature, top_k, top_p, torch.Generator().manual_seed(100 + i)))
+        assert [step[i] for step in batched] == alone, f"sample {i}"
+    if temperature > 0:
+        assert len({tuple(step[i] for step in batched) for i in range(n)}) > 1, "the samples differ"
+
+
+def test_samples_stop_one_by_one_at_the_stop_token():
+    model = tiny_model()
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    free = list(generate_batch(model, [1], 30, [torch.Generator().manual_seed(i) for i in range(4)], 1.0))
+    stop = free[5][0]
+    stopped = list(generate_batch(model, [1], 30, gens, 1.0, stop_id=stop))
+    first = [step[0] for step in stopped]
+    assert stop in first and all(t is None for t in first[first.index(stop) + 1 :])
+
+
+def test_the_cache_is_written_in_place_not_copied_per_token():
+    model = tiny_model()
+    from model import KVCache
+
+    cache = KVCache(model.config.n_layer)
+    model(torch.tensor([[1, 2, 3]]), cache=cache)
+    buffer = cache.layers[0].slots[0][0]
+    model(torch.tensor([[4]]), cache=cache)
+    assert cache.layers[0].slots[0][0] is buffer and buffer.shape[2] == model.config.block_size
+
+
+def test_sample_casts_the_weights_once_to_the_dtype_asked(tmp_path, capsys):
+    model = GPT(tiny_gpt_config(vocab_size=257, block_size=16))
+    Checkpoint(model=model.state_dict(), model_config=asdict(model.config), tokenizer="bytes").save(tmp_path / "m.pt")
+    texts = sample.run(sample.SampleConfig(source=str(tmp_path / "m.pt"), dtype="bfloat16", device="cpu",
+                                           max_new_tokens=10, num_samples=3, prompt="ab"))  # fmt: skip
+    assert len(texts) == 3 and all(t.startswith("ab") for t in texts)
+    assert "cpu, bfloat16, 3 samples at once" in capsys.readouterr().err
+
+
+def test_gpt2_bpe_round_trips_real_text(gpt2_tokenizer_offline):
+    tok = gpt2_tokenizer_offline
+    text = "Hello world! GPT-2's tokenizer: naïve café, 東京, emoji 😀, code:\n\tdef f(x): return x ** 2\n"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and ids[:2] == [15496, 995]  # "Hello", " world" in GPT-2's vocabulary
+    assert tok.vocab_size == 50257 and tok.eot_id == 50256
+
+
+def test_prepare_with_gpt2_bpe_on_the_shipped_rank_file(tmp_path, gpt2_tokenizer_offline):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    docs = [f"Document {i}: the rain in Spain stays mainly in the plain. 東京 {i * 7}\n" for i in range(40)]
+    for i, doc in enumerate(docs):
+        (folder / f"{i:02d}.txt").write_text(doc)
+    cfg = DataConfig(name="bpe", source="files", path=str(folder), tokenizer="gpt2", num_proc=2, val_fraction=0.2,
+                     cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = PreparedData(prepare(cfg, gpt2_tokenizer_offline))
+    assert data.meta["tokenizer"] == "gpt2" and data.dtype.name == "uint16"
+    text = "".join(gpt2_tokenizer_offline.decode(data.tokens[s].tolist()) for s in ("train", "val"))
+    assert sorted(text.split("<|endoftext|>")[:-1]) == sorted(docs)
+
+
+def test_imported_gpt2_matches_transformers_on_real_token_ids(gpt2_tokenizer_offline):
+    transformers = pytest.importorskip("transformers")
+    from model import import_hf_gpt2
+
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=64)).eval()
+    ours = import_hf_gpt2(hf.state_dict(), n_head=4, attention="wrapper", kernel="manual").eval()
+    ids = torch.tensor([gpt2_tokenizer_offline.encode("The quick brown fox jumps over the lazy dog.")])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0][:, -1], hf(ids).logits[:, -1], rtol=0, atol=1e-4)
