@@ -23,7 +23,7 @@ class DataConfig:
     tokenizer: str = "bytes"  # bytes | gpt2 | r50k_base | cl100k_base | o200k_base
     val_fraction: float = 0.05  # share of documents held out for validation
     split_seed: int = 1337  # which documents are held out
-    num_proc: int | None = None  # tokenizer processes (None: one per CPU core)
+    num_proc: int | None = None  # tokenizer threads (None: one per CPU core)
     cache_dir: str = "~/.cache/headlab/data"
 
     def __post_init__(self) -> None:

@@ -10,17 +10,15 @@ and renamed into place.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -126,34 +124,18 @@ def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-BATCH_DOCS = 256  # documents per task sent to a tokenizer process
+BATCH_DOCS = 64  # documents per call to the tokenizer
 
 
-def _encode(texts: list[str], start: int, tokenizer: Tokenizer, seed: int, fraction: float) -> list:
+def _rows(texts: list[str], encoded: list[list[int]], start: int, tokenizer: Tokenizer, seed: int,
+          fraction: float) -> list:  # fmt: skip
     """(token ids with the closing EOT, text bytes, is validation) per document of a batch."""
     dtype = token_dtype(tokenizer.vocab_size)
     rows = []
-    for i, (text, ids) in enumerate(zip(texts, tokenizer.encode_batch(texts))):
-        rows.append((np.array([*ids, tokenizer.eot_id], dtype=dtype), len(text.encode("utf-8")),
-                     is_val(start + i, seed, fraction)))  # fmt: skip
+    for i, (text, ids) in enumerate(zip(texts, encoded)):
+        ids.append(tokenizer.eot_id)
+        rows.append((np.array(ids, dtype=dtype), len(text.encode("utf-8")), is_val(start + i, seed, fraction)))
     return rows
-
-
-_WORKER: dict = {}
-
-
-def _init_worker(tokenizer: Tokenizer, seed: int, fraction: float) -> None:
-    """A tokenizer process: Ctrl-C is the parent's to handle, and it dies with the parent, even on SIGKILL."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool's terminate() ends it at once
-    with contextlib.suppress(Exception):  # Linux only: PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    _WORKER.update(tokenizer=tokenizer, seed=seed, fraction=fraction)
-
-
-def _encode_in_worker(batch: tuple[int, list[str]]) -> list:
-    start, texts = batch
-    return _encode(texts, start, _WORKER["tokenizer"], _WORKER["seed"], _WORKER["fraction"])
 
 
 def _documents(docs) -> Iterator[tuple[int, list[str]]]:
@@ -164,21 +146,26 @@ def _documents(docs) -> Iterator[tuple[int, list[str]]]:
         start += len(batch["text"])
 
 
-@contextlib.contextmanager
-def _tokenized(docs, tokenizer: Tokenizer, cfg: DataConfig, workers: int) -> Iterator[Iterator]:
-    """Documents -> (ids, bytes, is_val), in order; ``workers`` processes tokenize ahead of the writer."""
+def _tokenized(docs, tokenizer: Tokenizer, cfg: DataConfig, threads: int) -> Iterator[tuple]:
+    """Documents -> (ids, bytes, is_val), in order.
+
+    tiktoken encodes each batch on ``threads`` threads (outside the GIL) while this thread turns
+    the previous batch into arrays: one process, nothing to leave behind, and Ctrl-C is handled
+    between batches.
+    """
     batches = _documents(docs)
-    if workers <= 1:
-        yield (row for start, texts in batches
-               for row in _encode(texts, start, tokenizer, cfg.split_seed, cfg.val_fraction))  # fmt: skip
-        return
-    pool = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn").Pool(
-        workers, initializer=_init_worker, initargs=(tokenizer, cfg.split_seed, cfg.val_fraction))
-    try:
-        yield (row for rows in pool.imap(_encode_in_worker, batches) for row in rows)
-    finally:
-        pool.terminate()  # also on Ctrl-C, SIGTERM or an error: no process is left behind
-        pool.join()
+
+    def encode(batch):
+        start, texts = batch
+        return start, texts, tokenizer.encode_batch(texts, num_threads=threads)
+
+    with ThreadPoolExecutor(max_workers=1) as ahead:
+        pending = ahead.submit(encode, first) if (first := next(batches, None)) is not None else None
+        while pending is not None:
+            start, texts, encoded = pending.result()
+            following = next(batches, None)
+            pending = ahead.submit(encode, following) if following is not None else None
+            yield from _rows(texts, encoded, start, tokenizer, cfg.split_seed, cfg.val_fraction)
 
 
 class PreparationInterrupted(KeyboardInterrupt):
@@ -207,30 +194,27 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings:
     docs = load_documents(cfg)
     streaming = not hasattr(docs, "__len__")
     workers = cfg.num_proc or os.cpu_count() or 1
-    if not streaming:
-        workers = min(workers, -(-len(docs) // BATCH_DOCS))
     dtype = token_dtype(tokenizer.vocab_size)
     counts = {split: {"tokens": 0, "bytes": 0, "documents": 0} for split in SPLITS}
     total = 0
     files = {split: open(folder / f"{split}.bin", "wb") for split in SPLITS}
-    desc = f"tokenize {cfg.name} ({tokenizer.name}, {workers} process{'es' if workers > 1 else ''})"
+    desc = f"tokenize {cfg.name} ({tokenizer.name}, {workers} thread{'s' if workers > 1 else ''})"
     bar = tqdm(total=None if streaming else len(docs), unit="doc", desc=desc)
     try:
-        with _tokenized(docs, tokenizer, cfg, workers) as rows:
-            for ids, n_bytes, val in rows:
-                bar.update()
-                if n_bytes == 0:
-                    continue  # an empty document adds nothing, not even an EOT
-                split = "val" if val else "train"
-                files[split].write(ids.astype(dtype, copy=False).tobytes())
-                counts[split]["tokens"] += len(ids)
-                counts[split]["bytes"] += int(n_bytes)
-                counts[split]["documents"] += 1
-                total += len(ids)
-                if bar.n % 1000 == 0:
-                    bar.set_postfix(tokens=f"{total:,}")
-                if cfg.max_tokens is not None and total >= cfg.max_tokens:
-                    break
+        for ids, n_bytes, val in _tokenized(docs, tokenizer, cfg, workers):
+            bar.update()
+            if n_bytes == 0:
+                continue  # an empty document adds nothing, not even an EOT
+            split = "val" if val else "train"
+            files[split].write(ids.astype(dtype, copy=False).tobytes())
+            counts[split]["tokens"] += len(ids)
+            counts[split]["bytes"] += int(n_bytes)
+            counts[split]["documents"] += 1
+            total += len(ids)
+            if bar.n % 1000 == 0:
+                bar.set_postfix(tokens=f"{total:,}")
+            if cfg.max_tokens is not None and total >= cfg.max_tokens:
+                break
     finally:
         bar.set_postfix(tokens=f"{total:,}")
         bar.close()

@@ -67,8 +67,8 @@ class Tokenizer:
         """Text -> ids; special-token strings in the text are treated as plain text."""
         return self.encoding.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.encoding.encode_ordinary_batch(texts)
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        return self.encoding.encode_ordinary_batch(texts, num_threads=num_threads)
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 from pathlib import Path
 
 import torch
@@ -23,6 +25,9 @@ class MemoryMeter:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return
+        gc.collect()
+        with contextlib.suppress(OSError, AttributeError):  # glibc: hand memory freed by earlier jobs back to the OS,
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # or it would count in this run's resident set
         with contextlib.suppress(OSError):
             _CLEAR_REFS.write_text("5")
             self.cpu_peak_resets = True
