@@ -1,1 +1,0 @@
-"""The training loop behind `train.py`: configs, optimizer, checkpoints, logging, DDP."""
