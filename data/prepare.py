@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -124,48 +125,39 @@ def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-BATCH_DOCS = 64  # documents per call to the tokenizer
-
-
-def _rows(texts: list[str], encoded: list[list[int]], start: int, tokenizer: Tokenizer, seed: int,
-          fraction: float) -> list:  # fmt: skip
-    """(token ids with the closing EOT, text bytes, is validation) per document of a batch."""
-    dtype = token_dtype(tokenizer.vocab_size)
-    rows = []
-    for i, (text, ids) in enumerate(zip(texts, encoded)):
-        ids.append(tokenizer.eot_id)
-        rows.append((np.array(ids, dtype=dtype), len(text.encode("utf-8")), is_val(start + i, seed, fraction)))
-    return rows
-
-
-def _documents(docs) -> Iterator[tuple[int, list[str]]]:
-    """(index of the first document, texts) batches, in order, for map-style and streaming datasets alike."""
-    start = 0
-    for batch in docs.iter(batch_size=BATCH_DOCS):
-        yield start, batch["text"]
-        start += len(batch["text"])
+def _texts(docs) -> Iterator[str]:
+    """The documents' texts in order, for map-style and streaming datasets alike."""
+    for batch in docs.iter(batch_size=256):
+        yield from batch["text"]
 
 
 def _tokenized(docs, tokenizer: Tokenizer, cfg: DataConfig, threads: int) -> Iterator[tuple]:
-    """Documents -> (ids, bytes, is_val), in order.
+    """Documents -> (token ids with the closing EOT, text bytes, is validation), in order.
 
-    tiktoken encodes each batch on ``threads`` threads (outside the GIL) while this thread turns
-    the previous batch into arrays: one process, nothing to leave behind, and Ctrl-C is handled
-    between batches.
+    ``threads`` threads encode documents ahead (tiktoken releases the GIL) while this thread
+    turns finished ones into arrays and the caller writes them: one process, nothing to leave
+    behind, and Ctrl-C is handled between documents.
     """
-    batches = _documents(docs)
+    dtype = token_dtype(tokenizer.vocab_size)
+    pool = ThreadPoolExecutor(max_workers=threads)
+    pending: deque = deque()
 
-    def encode(batch):
-        start, texts = batch
-        return start, texts, tokenizer.encode_batch(texts, num_threads=threads)
+    def finished():
+        index, text, future = pending.popleft()
+        encoded = future.result()
+        ids = np.empty(len(encoded) + 1, dtype=dtype)
+        ids[:-1], ids[-1] = encoded, tokenizer.eot_id
+        return ids, len(text.encode("utf-8")), is_val(index, cfg.split_seed, cfg.val_fraction)
 
-    with ThreadPoolExecutor(max_workers=1) as ahead:
-        pending = ahead.submit(encode, first) if (first := next(batches, None)) is not None else None
-        while pending is not None:
-            start, texts, encoded = pending.result()
-            following = next(batches, None)
-            pending = ahead.submit(encode, following) if following is not None else None
-            yield from _rows(texts, encoded, start, tokenizer, cfg.split_seed, cfg.val_fraction)
+    try:
+        for index, text in enumerate(_texts(docs)):
+            pending.append((index, text, pool.submit(tokenizer.encode_array, text)))
+            if len(pending) >= 16 * threads:  # enough work queued to keep every thread busy
+                yield finished()
+        while pending:
+            yield finished()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class PreparationInterrupted(KeyboardInterrupt):

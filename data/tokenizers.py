@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tiktoken
 
 from model.registry import lookup
@@ -66,6 +67,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> ids; special-token strings in the text are treated as plain text."""
         return self.encoding.encode_ordinary(text)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Text -> uint32 ids as a numpy array, straight from tiktoken's buffer (no Python list);
+        special-token strings are plain text, as in ``encode``."""
+        return self.encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         return self.encoding.encode_ordinary_batch(texts, num_threads=num_threads)

@@ -137,7 +137,7 @@ def test_different_settings_get_their_own_directory(tmp_path):
 
 
 class InterruptingTokenizer(Tokenizer):
-    def encode_batch(self, texts, num_threads=1):
+    def encode_array(self, text):
         raise KeyboardInterrupt  # as if the user pressed Ctrl-C mid-way
 
 
