@@ -27,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.config import DataConfig
+from data.leftovers import remove_leftovers
 from data.sources import load_documents, source_identity
 from data.tokenizers import Tokenizer, get_tokenizer
 
@@ -90,23 +91,7 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
 
 def remove_stale_partials(target: Path) -> list[Path]:
     """Half-written directories of ``target`` left by processes that died (their pid is gone)."""
-    removed = []
-    for partial in target.parent.glob(f".{target.name}.tmp-*"):
-        pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(partial, ignore_errors=True)
-            removed.append(partial)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return remove_leftovers(target.parent, f".{target.name}.tmp-*", ".tmp-")
 
 
 def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from data.leftovers import remove_leftovers
 from model.config import GPTConfig
 
 LAST, BEST = "last.pt", "best.pt"
@@ -82,21 +83,4 @@ def load_checkpoint(where: str | Path, map_location: str | torch.device = "cpu",
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Delete temporary checkpoint files that killed processes left behind (their pid is gone)."""
-    removed = []
-    for tmp in folder.glob(f".*.pt{TMP_MARK}*"):
-        pid = tmp.name.rsplit(TMP_MARK, 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-                removed.append(tmp)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return remove_leftovers(folder, f".*.pt{TMP_MARK}*", TMP_MARK)

@@ -31,6 +31,26 @@ def tiny_gpt_config(**overrides) -> GPTConfig:
     return GPTConfig(**{**fields, **overrides})
 
 
+def save_tiny_hf_gpt2(folder: Path, n_layer: int = 2, n_positions: int = 64, seed: int = 0):
+    """A small transformers GPT2LMHeadModel (GPT-2's vocabulary) written with save_pretrained."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(n_layer=n_layer, n_head=2, n_embd=32, n_positions=n_positions)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def write_text_corpus(folder: Path, n_docs: int, text: str) -> Path:
+    """``n_docs`` text files, ``text`` formatted with the document's number ({i})."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_docs):
+        (folder / f"{i:03d}.txt").write_text(text.format(i=i))
+    return folder
+
+
 def compose_train(*overrides: str) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose(config_name="train", overrides=list(overrides))

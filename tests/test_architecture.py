@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, save_tiny_hf_gpt2, write_text_corpus
 
 import heads
 from data.config import DataConfig
@@ -42,14 +42,9 @@ def test_the_loader_reads_run_directories_and_checkpoint_files_alike(trained_run
 
 
 def test_heads_studies_a_save_pretrained_gpt2_through_the_same_loader(tmp_path, gpt2_tokenizer_offline):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64))
-    hf.save_pretrained(tmp_path / "gpt2-tiny")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"{i}.txt").write_text(f"Document {i}: the quick brown fox jumps over the lazy dog. " * 8)
+    pytest.importorskip("transformers")
+    save_tiny_hf_gpt2(tmp_path / "gpt2-tiny")
+    corpus = write_text_corpus(tmp_path / "corpus", 30, "Document {i}: the quick brown fox jumps over a dog. " * 8)
     data = DataConfig(name="corpus", source="files", path=str(corpus), tokenizer="bytes", num_proc=1,
                       cache_dir=str(tmp_path / "cache"))  # fmt: skip
     out = heads.run(heads.HeadsConfig(source=str(tmp_path / "gpt2-tiny"), data=data, windows=2, device="cpu",

@@ -101,19 +101,20 @@ def test_a_bad_text_file_is_named_with_the_fix(tmp_path, name, content, message)
         prepare(files_cfg(tmp_path, folder_with(tmp_path, name, content)))
 
 
-def test_a_jsonl_file_cut_mid_line_is_named_with_its_line(tmp_path):
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"text": "one"}\n{"text": "two"}\n{"text": "thr',
+         r"line 3 is not valid JSON \(the file may be cut mid-line\)"),
+        ('{"text": "one"}\n{"text": 42}\n', r"line 2: 'text' holds int '42', not text"),
+    ],
+    ids=["cut-mid-line", "text-not-a-string"],
+)
+def test_a_bad_jsonl_line_is_named(tmp_path, content, message):
     folder = tmp_path / "corpus"
     folder.mkdir()
-    (folder / "docs.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": "thr')
-    with pytest.raises(ValueError, match=r"docs.jsonl line 3 is not valid JSON \(the file may be cut mid-line\)"):
-        prepare(files_cfg(tmp_path, folder))
-
-
-def test_a_jsonl_text_that_is_not_a_string_is_named(tmp_path):
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    (folder / "docs.jsonl").write_text('{"text": "one"}\n{"text": 42}\n')
-    with pytest.raises(ValueError, match=r"docs.jsonl line 2: 'text' holds int '42', not text"):
+    (folder / "docs.jsonl").write_text(content)
+    with pytest.raises(ValueError, match=f"docs.jsonl {message}"):
         prepare(files_cfg(tmp_path, folder))
 
 

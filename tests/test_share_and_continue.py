@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, compose_train, read_metrics, tiny_gpt_config
+from helpers import TINY, compose_train, read_metrics, save_tiny_hf_gpt2, tiny_gpt_config, write_text_corpus
 
 import evaluate
 import export
@@ -97,13 +97,8 @@ def test_init_from_a_run_starts_at_its_loss_level_in_a_new_run(trained_run, tmp_
 
 
 def test_init_from_a_save_pretrained_gpt2_in_another_layout_crops_positions(tmp_path, gpt2_tokenizer_offline):
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64))
-    hf.save_pretrained(tmp_path / "gpt2-tiny")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"{i}.txt").write_text(f"Story {i}: once upon a time there was a little model that learned. " * 6)
+    save_tiny_hf_gpt2(tmp_path / "gpt2-tiny", n_layer=1)
+    corpus = write_text_corpus(tmp_path / "corpus", 30, "Story {i}: once upon a time a little model learned. " * 6)
     run = tmp_path / "run"
     train(compose_train(*TINY, "logger=none", "data=files", f"data.path={corpus}", "data.tokenizer=gpt2",
                         "data.num_proc=1", f"data.cache_dir={tmp_path / 'cache'}", "attention=separate_qkv",
@@ -137,13 +132,8 @@ def test_evaluate_reproduces_the_runs_last_validation_loss(trained_run, data_cac
 
 
 def test_evaluate_a_save_pretrained_gpt2_gives_transformers_loss(tmp_path, gpt2_tokenizer_offline):
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32)).eval()
-    hf.save_pretrained(tmp_path / "gpt2-tiny")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(40):
-        (corpus / f"{i}.txt").write_text(f"Chapter {i}. The rain in Spain stays mainly in the plain. " * 4)
+    hf = save_tiny_hf_gpt2(tmp_path / "gpt2-tiny", n_positions=32)
+    corpus = write_text_corpus(tmp_path / "corpus", 40, "Chapter {i}. The rain in Spain stays in the plain. " * 4)
     data = DataConfig(name="corpus", source="files", path=str(corpus), tokenizer="gpt2", num_proc=1,
                       cache_dir=str(tmp_path / "cache"))  # fmt: skip
     cfg = evaluate.EvaluateConfig(source=str(tmp_path / "gpt2-tiny"), data=data, windows=6, batch_size=4,
