@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,10 +46,29 @@ def read_records(path: str | Path) -> Iterator:
             yield record
 
 
+def read_complete(path: str | Path, timeout: float = 60.0) -> list:
+    """Every record of a finished run's file, once wandb's writer has flushed it to the end.
+
+    wandb writes the file from a service process that may still be flushing when ``finish()``
+    returns; the run is complete when its ``exit`` record is there.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            records = list(read_records(path))
+        except Exception:  # noqa: BLE001  (a record cut while being written)
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} has no exit record after {timeout:.0f} s: the run did not finish writing")
+        time.sleep(0.2)
+
+
 def history(path: str | Path) -> dict[int, dict]:
     """Logged values by step: ``{step: {key: value}}`` (tables and images as their JSON descriptions)."""
     steps: dict[int, dict] = {}
-    for record in read_records(path):
+    for record in read_complete(path):
         if record.WhichOneof("record_type") == "history":
             row = {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in record.history.item}
             steps.setdefault(row.get("_step", record.history.step.num), {}).update(row)

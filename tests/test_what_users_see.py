@@ -15,7 +15,7 @@ from helpers import ROOT, TINY, compose_train, read_metrics, run_cli
 import rebuild_wandb
 from analysis.plots import val_loss_figure
 from analysis.runs import find_runs
-from analysis.wandb_file import history, read_records
+from analysis.wandb_file import history, read_complete
 from training.loop import train
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -35,7 +35,7 @@ def offline_run(tmp_path_factory, data_cache):
 
 
 def test_the_wandb_file_holds_job_type_metric_axes_best_summaries_the_sample_and_grad_norm(offline_run):
-    records = list(read_records(wandb_file(offline_run)))
+    records = list(read_complete(wandb_file(offline_run)))
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.job_type == "train" and run.display_name == "fused_qkv-sdpa-nano"
     metrics = {(r.metric.name or r.metric.glob_name): r.metric
@@ -60,7 +60,7 @@ def test_rebuilding_the_wandb_history_from_metrics_gives_the_same_values_step_fo
         for key, value in record.items():
             if key != "step":
                 assert steps[record["step"]][key] == pytest.approx(value, rel=1e-12), (record["step"], key)
-    (run,) = [r.run for r in read_records(rebuilt) if r.WhichOneof("record_type") == "run"]
+    (run,) = [r.run for r in read_complete(rebuilt) if r.WhichOneof("record_type") == "run"]
     assert run.run_id == wandb_file(offline_run).stem.removeprefix("run-"), "the original run's id"
 
 
@@ -113,7 +113,7 @@ def test_a_multirun_over_a_non_attention_option_names_its_runs_apart(tmp_path, d
     assert result.returncode == 0, result.stderr[-2000:]
     names = []
     for run_dir in sorted(p for p in sweep.iterdir() if (p / "run.json").exists()):
-        (run,) = [r.run for r in read_records(wandb_file(run_dir)) if r.WhichOneof("record_type") == "run"]
+        (run,) = [r.run for r in read_complete(wandb_file(run_dir)) if r.WhichOneof("record_type") == "run"]
         names.append(run.display_name)
     assert names == ["fused_qkv-sdpa-nano-optim.beta2=0.95", "fused_qkv-sdpa-nano-optim.beta2=0.99"]
 
@@ -171,7 +171,7 @@ def test_the_comparison_and_the_head_study_log_into_wandb(tmp_path, data_cache, 
                             f"trainer.run_dir={sweep / layout}", f"data.cache_dir={data_cache}"))  # fmt: skip
     out = compare.main([str(sweep), "--wandb"])
     (report_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
-    (run,) = [r.run for r in read_records(report_file) if r.WhichOneof("record_type") == "run"]
+    (run,) = [r.run for r in read_complete(report_file) if r.WhichOneof("record_type") == "run"]
     assert run.job_type == "compare"
     logged = {k for row in history(report_file).values() for k in row}
     assert {"report/_type", "throughput/_type", "val_loss_vs_step/_type"} <= logged
@@ -179,6 +179,6 @@ def test_the_comparison_and_the_head_study_log_into_wandb(tmp_path, data_cache, 
     folder = heads.run(heads.HeadsConfig(source=str(trained_run), data=DataConfig(cache_dir=str(data_cache)),
                                          windows=2, device="cpu", out=str(tmp_path / "heads"), wandb=True))  # fmt: skip
     (heads_file,) = (folder / "wandb").glob("offline-run-*/run-*.wandb")
-    assert [r.run.job_type for r in read_records(heads_file) if r.WhichOneof("record_type") == "run"] == ["heads"]
+    assert [r.run.job_type for r in read_complete(heads_file) if r.WhichOneof("record_type") == "run"] == ["heads"]
     logged = {k for row in history(heads_file).values() for k in row}
     assert {"head_stats/_type", "ablation/_type", "maps/_type"} <= logged
