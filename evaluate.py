@@ -20,11 +20,12 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import check_at_least, check_choice, user_errors
+from cli import check_at_least, check_attention_and_kernel, check_choice, user_errors
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
-from model import ATTENTION_LAYOUTS, KERNELS, load_model
+from model import load_model
+from model.checkpoint import BEST, LAST
 from model.device import resolve_device, resolve_dtype
 from training.config import TrainerConfig
 from training.evaluate import Evaluator
@@ -54,11 +55,8 @@ def check(cfg: EvaluateConfig) -> None:
         check_at_least("windows", cfg.windows, 1)
     if cfg.batch_size is not None:
         check_at_least("batch_size", cfg.batch_size, 1)
-    check_choice("checkpoint", cfg.checkpoint, ("best.pt", "last.pt"))
-    if cfg.attention is not None:
-        check_choice("attention", cfg.attention, ATTENTION_LAYOUTS)
-    if cfg.kernel is not None:
-        check_choice("kernel", cfg.kernel, KERNELS)
+    check_choice("checkpoint", cfg.checkpoint, (BEST, LAST))
+    check_attention_and_kernel(cfg.attention, cfg.kernel)
     resolve_dtype(cfg.dtype, resolve_device(cfg.device, option="device"), option="dtype")
     if cfg.out is not None and Path(cfg.out).is_dir():
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")

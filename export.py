@@ -22,8 +22,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from cli import check_choice, user_errors
-from data.hf_tokenizer import GPT2_COMPATIBLE, write_hf_gpt2_tokenizer
+from data.hf_tokenizer import write_hf_gpt2_tokenizer
+from data.tokenizers import GPT2_IDS
 from model import load_model
+from model.checkpoint import BEST, LAST
 from model.gpt2_export import export_hf_gpt2
 
 
@@ -44,7 +46,7 @@ BYTES_HOW_TO = (
 
 
 def run(cfg: ExportConfig) -> Path:
-    check_choice("checkpoint", cfg.checkpoint, ("best.pt", "last.pt"))
+    check_choice("checkpoint", cfg.checkpoint, (BEST, LAST))
     if Path(cfg.out).expanduser().is_file():
         raise ValueError(f"out={cfg.out!r} is a file; give a folder (created if missing)")
     loaded = load_model(cfg.source, checkpoint=cfg.checkpoint)
@@ -56,7 +58,7 @@ def run(cfg: ExportConfig) -> Path:
     trained = loaded.model.config
     info = {"tokenizer": tokenizer.name, "eot_id": tokenizer.eot_id, "source": str(loaded.path), "step": loaded.step,
             "trained_attention": trained.attention, "trained_kernel": trained.kernel}  # fmt: skip
-    if tokenizer.name in GPT2_COMPATIBLE:
+    if tokenizer.name in GPT2_IDS:
         written += write_hf_gpt2_tokenizer(tokenizer, out, loaded.model.config.block_size)
         info["tokenize"] = "AutoTokenizer.from_pretrained(this folder): GPT-2's tokenizer, the same ids as tiktoken's"
     elif tokenizer.name == "bytes":

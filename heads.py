@@ -30,11 +30,12 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
 from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
 from analysis.tables import write_table
-from cli import check_at_least, check_choice, refuse_renamed_options, user_errors
+from cli import check_at_least, check_attention_and_kernel, check_choice, refuse_renamed_options, user_errors
 from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
-from model import ATTENTION_LAYOUTS, KERNELS, load_model
+from model import load_model
+from model.checkpoint import BEST, LAST
 from model.device import resolve_device
 
 
@@ -87,11 +88,8 @@ def check(cfg: HeadsConfig) -> None:
     check_at_least("map_tokens", cfg.map_tokens, 1)
     check_at_least("layer", cfg.layer, 0)
     check_at_least("head", cfg.head, 0)
-    check_choice("checkpoint", cfg.checkpoint, ("best.pt", "last.pt"))
-    if cfg.attention is not None:
-        check_choice("attention", cfg.attention, ATTENTION_LAYOUTS)
-    if cfg.kernel is not None:
-        check_choice("kernel", cfg.kernel, KERNELS)
+    check_choice("checkpoint", cfg.checkpoint, (BEST, LAST))
+    check_attention_and_kernel(cfg.attention, cfg.kernel)
     resolve_device(cfg.device, option="device")
 
 

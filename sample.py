@@ -21,9 +21,9 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import check_at_least, check_choice, refuse_renamed_options, user_errors
+from cli import check_at_least, check_attention_and_kernel, refuse_renamed_options, user_errors
 from data.tokenizers import EOT
-from model import ATTENTION_LAYOUTS, KERNELS, load_model
+from model import load_model
 from model.device import resolve_device, resolve_dtype
 from model.generation import generate_batch
 
@@ -66,10 +66,7 @@ def check(cfg: SampleConfig) -> None:
     check_at_least("seed", cfg.seed, 0)
     if cfg.top_k is not None:
         check_at_least("top_k", cfg.top_k, 1, " (or null for no limit)")
-    if cfg.attention is not None:
-        check_choice("attention", cfg.attention, ATTENTION_LAYOUTS)
-    if cfg.kernel is not None:
-        check_choice("kernel", cfg.kernel, KERNELS)
+    check_attention_and_kernel(cfg.attention, cfg.kernel)
     if cfg.prompt_file is not None and cfg.prompt != "":
         raise ValueError(f"prompt={cfg.prompt!r} and prompt_file={cfg.prompt_file!r} are both set; give one")
 
@@ -146,8 +143,7 @@ def run(cfg: SampleConfig) -> list[str]:
     notice(f"{total} tokens in {seconds:.2f} s: {total / max(seconds, 1e-9):.1f} tokens/s "
            f"({'with' if cfg.use_cache else 'without'} KV cache, {device}, {str(dtype).removeprefix('torch.')}, "
            f"{cfg.num_samples} sample{'s' if cfg.num_samples > 1 else ''} at once)")  # fmt: skip
-    samples = texts
-    return samples
+    return texts
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")

@@ -68,3 +68,13 @@ def check_at_least(option: str, value, low, hint: str = "") -> None:
 def check_choice(option: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{option}={value!r} is not one of: {', '.join(map(str, sorted(choices)))}")
+
+
+def check_attention_and_kernel(attention: str | None, kernel: str | None) -> None:
+    """A script's optional ``attention=`` / ``kernel=`` (run the weights in another layout or kernel)."""
+    from model import ATTENTION_LAYOUTS, KERNELS
+
+    if attention is not None:
+        check_choice("attention", attention, ATTENTION_LAYOUTS)
+    if kernel is not None:
+        check_choice("kernel", kernel, KERNELS)

@@ -12,9 +12,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from data.tokenizers import EOT, Tokenizer
-
-GPT2_COMPATIBLE = ("gpt2", "r50k_base")  # tiktoken encodings whose ids are GPT-2's
+from data.tokenizers import EOT, GPT2_IDS, Tokenizer
 
 
 @lru_cache(maxsize=1)
@@ -65,8 +63,8 @@ def gpt2_vocab_and_merges(tokenizer: Tokenizer) -> tuple[dict[str, int], list[st
 
 def write_hf_gpt2_tokenizer(tokenizer: Tokenizer, folder: Path, max_length: int) -> list[Path]:
     """Files that ``transformers.AutoTokenizer.from_pretrained(folder)`` reads as GPT-2's tokenizer."""
-    if tokenizer.name not in GPT2_COMPATIBLE:
-        raise ValueError(f"tokenizer {tokenizer.name!r} has no GPT-2 files; only {', '.join(GPT2_COMPATIBLE)} do")
+    if tokenizer.name not in GPT2_IDS:
+        raise ValueError(f"tokenizer {tokenizer.name!r} has no GPT-2 files; only {', '.join(GPT2_IDS)} do")
     vocab, merges = gpt2_vocab_and_merges(tokenizer)
     files = {
         "vocab.json": json.dumps(vocab, ensure_ascii=False),

@@ -183,7 +183,7 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings:
             if n_bytes == 0:
                 continue  # an empty document adds nothing, not even an EOT
             split = "val" if val else "train"
-            files[split].write(ids.astype(dtype, copy=False).tobytes())
+            files[split].write(ids.tobytes())  # already the file's dtype
             counts[split]["tokens"] += len(ids)
             counts[split]["bytes"] += int(n_bytes)
             counts[split]["documents"] += 1

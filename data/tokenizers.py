@@ -51,6 +51,8 @@ TOKENIZERS = {
 }
 
 
+GPT2_IDS = ("gpt2", "r50k_base")  # two names of one tokenizer: GPT-2's token ids
+
 # Vocabulary sizes (tiktoken's n_vocab), so a run can be planned before any rank file is downloaded.
 VOCAB_SIZES = {"bytes": 257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277, "o200k_base": 200019}
 
@@ -73,8 +75,6 @@ class Tokenizer:
         special-token strings are plain text, as in ``encode``."""
         return self.encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
-    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
-        return self.encoding.encode_ordinary_batch(texts, num_threads=num_threads)
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)

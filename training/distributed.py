@@ -23,10 +23,6 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
     def mean(self, value: float, device: torch.device) -> float:
         """The average of a number over ranks."""
         return self.sum([value], device)[0] / self.world_size

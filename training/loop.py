@@ -24,7 +24,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
-from data.tokenizers import VOCAB_SIZES, get_tokenizer
+from data.tokenizers import GPT2_IDS, VOCAB_SIZES, get_tokenizer
 from model import GPT, load_model
 from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint, remove_stale_temporaries
 from model.device import autocast, device_name, peak_flops, resolve_device, resolve_dtype
@@ -40,7 +40,6 @@ from training.signals import StopSignals
 from training.step import TrainStep
 
 log = logging.getLogger("headlab.train")
-GPT2_IDS = ("gpt2", "r50k_base")  # two names of one tokenizer
 # Fields of the model config that must agree with a checkpoint to resume from it.
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "attention")
 

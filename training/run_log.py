@@ -129,7 +129,6 @@ def define_metrics(run) -> None:
 def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None) -> RunLog:
     """Write ``run.json`` (the resolved config and the facts reports need) and start wandb with the same."""
     info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts}
-    atomic_write_json(run_dir / "run.json", info)
     run = None
     if cfg.logger.kind == "wandb":
         import wandb  # imported here: runs with logger=none never pay for it
@@ -142,5 +141,6 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
             resume="allow" if wandb_id else None, job_type="train",
         )  # fmt: skip
         define_metrics(run)
-        atomic_write_json(run_dir / "run.json", {**info, "wandb_id": run.id})  # for rebuild_wandb.py
+        info = {**info, "wandb_id": run.id}  # for rebuild_wandb.py
+    atomic_write_json(run_dir / "run.json", info)
     return RunLog(run_dir, run)
