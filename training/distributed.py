@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -51,9 +52,21 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def close(self) -> None:
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, finished: bool = True) -> None:
+        """Leave the process group in order.
+
+        A rank that finished waits for the others (a barrier), so no rank tears down its connections while
+        a peer still uses them; then objects that hold the group (DDP's reducer sits in reference cycles)
+        are collected while the interpreter is alive: a gloo group destroyed during interpreter shutdown
+        can abort the process (SIGABRT, "terminate called without an active exception"). A rank that
+        failed skips the barrier: its peers may never reach it.
+        """
+        if not (self.enabled and dist.is_initialized()):
+            return
+        if finished:
+            dist.barrier()
+        gc.collect()
+        dist.destroy_process_group()
 
 
 def from_environment() -> Distributed:

@@ -72,13 +72,16 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
     data.check_fits(model_config.block_size, model_config.vocab_size)
     init_distributed(dist, device)
+    finished = False
     try:
         run_dir = Path(dist.broadcast(str(claim_run_dir(t.run_dir)) if dist.is_main else None))
         container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
         container["model"]["vocab_size"] = model_config.vocab_size
         try:
-            return Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
-                           run_dir, resume, init_weights).run()  # fmt: skip
+            summary = Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
+                              run_dir, resume, init_weights).run()  # fmt: skip
+            finished = True
+            return summary
         except torch.OutOfMemoryError as err:
             half, detail = max(1, t.micro_batch_size // 2), str(err).splitlines()[0][:160]
             reason = f"out of memory at trainer.micro_batch_size={t.micro_batch_size}; try trainer.micro_batch_size={half} ({detail})"  # noqa: E501
@@ -88,7 +91,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
             record_failure(run_dir, container, config, reason)
         raise RunFailed(f"{run_name(config)}: {reason}; recorded in {run_dir / FAILURE}")
     finally:
-        dist.close()
+        dist.close(finished)
 
 
 def progress_postfix(metrics: dict) -> dict:
