@@ -15,6 +15,7 @@ from data.loader import PreparedData
 from data.prepare import prepare
 from model import GPT, Checkpoint, generate
 from model.generation import generate_batch
+from model.packed import is_packed, mkl_packing_available, packed_linears
 
 
 def tiny_model(seed: int = 1) -> GPT:
@@ -36,6 +37,43 @@ def test_a_batch_of_samples_equals_the_samples_generated_one_at_a_time(temperatu
         assert [step[i] for step in batched] == alone, f"sample {i}"
     if temperature > 0:
         assert len({tuple(step[i] for step in batched) for i in range(n)}) > 1, "the samples differ"
+
+
+needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="MKL weight packing (x86 CPU builds of torch)")
+
+
+@needs_mkl
+def test_weights_packed_for_a_batch_give_the_plain_logits_and_are_dropped_afterwards():
+    model = tiny_model()
+    idx = torch.randint(0, model.config.vocab_size, (4, 1))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.inference_mode():
+        plain, plain_prompt = model(idx)[0], model(idx.repeat(1, 3))[0]
+        with packed_linears(model, rows=4) as on:
+            assert on and all(is_packed(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+            torch.testing.assert_close(model(idx)[0], plain, rtol=1e-5, atol=1e-5)
+            assert torch.equal(model(idx.repeat(1, 3))[0], plain_prompt), "12 rows (a prompt) take the plain path"
+        assert not any(is_packed(m) for m in model.modules())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
+@needs_mkl
+def test_packing_is_left_off_where_it_cannot_pay():
+    model = tiny_model()
+    with packed_linears(model, rows=1) as on:
+        assert not on, "one row: MKL's plain path is as fast"
+    with packed_linears(model.to(torch.bfloat16), rows=8) as on:
+        assert not on, "MKL packs float32 only"
+
+
+@needs_mkl
+def test_an_abandoned_batch_generation_unpacks_the_model():
+    model = tiny_model()
+    steps = generate_batch(model, [3, 1, 4], 20, [torch.Generator().manual_seed(i) for i in range(3)])
+    next(steps)
+    assert is_packed(model.lm_head)
+    steps.close()  # a caller that stops reading early
+    assert not is_packed(model.lm_head)
 
 
 def test_samples_stop_one_by_one_at_the_stop_token():
