@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -96,3 +97,37 @@ def test_a_resume_with_nothing_left_to_do_says_so(tmp_path, data_cache):
 def test_help_of_train_names_the_new_spellings(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert "attention=wrapper kernel=manual" in result.stdout
+
+
+_CLOSE_SCRIPT = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from training.distributed import from_environment, init_distributed
+state = from_environment()
+init_distributed(state, torch.device("cpu"))
+if sys.argv[1] == "failed" and state.rank == 1:
+    os._exit(0)  # a rank that died: it never reaches the barrier
+start = time.monotonic()
+state.close(finished=sys.argv[1] == "finished")
+print(f"rank {state.rank} closed in {time.monotonic() - start:.1f} s; group left: {not dist.is_initialized()}")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="gloo on loopback")
+@pytest.mark.parametrize("how", ["finished", "failed"])
+def test_ranks_leave_the_process_group_together_and_a_failed_rank_does_not_wait(tmp_path, how):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    ranks = [subprocess.Popen([sys.executable, "-c", _CLOSE_SCRIPT, how], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    # On the failed path a barrier would wait for a dead peer (or fail when its connection drops).
+    outs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outs
+    printed = [out.strip() for out, _ in outs]
+    assert printed[0].startswith("rank 0 closed") and printed[0].endswith("group left: True")
+    if how == "finished":
+        assert printed[1].startswith("rank 1 closed") and printed[1].endswith("group left: True")
