@@ -152,6 +152,10 @@ def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(tm
     assert len(ax.get_lines()) == 2 and len(ax.collections) == 2, "a mean line and a band per variant"
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend == ["fused_qkv / sdpa, 2 seeds", "wrapper / sdpa, 2 seeds"]
+    # Identical starts: the layouts' curves lie on each other, and the plot says so.
+    assert [t.get_text().splitlines()[0] for t in ax.texts] == ["all 2 curves coincide:"]
+    runs[0].evals = [{**e, "val/loss": e["val/loss"] + 0.01} for e in runs[0].evals]
+    assert not val_loss_figure(runs, "step").axes[0].texts, "curves that differ get no such note"
     import compare
 
     out = compare.main([str(sweep)])
