@@ -55,11 +55,12 @@ class Distributed:
     def close(self, finished: bool = True) -> None:
         """Leave the process group in order.
 
-        A rank that finished waits for the others (a barrier), so no rank tears down its connections while
-        a peer still uses them; then objects that hold the group (DDP's reducer sits in reference cycles)
-        are collected while the interpreter is alive: a gloo group destroyed during interpreter shutdown
-        can abort the process (SIGABRT, "terminate called without an active exception"). A rank that
-        failed skips the barrier: its peers may never reach it.
+        A rank that finished waits for the others (a barrier), so no rank tears down its connections
+        while a peer still uses them. Then a collection frees what still holds the group: the trainer
+        that owns DDP sits in reference cycles, so DDP's reducer outlives it until one runs, and a
+        gloo group destroyed during interpreter shutdown can abort the process (SIGABRT, "terminate
+        called without an active exception"). A rank that failed skips the barrier: its peers may
+        never reach it.
         """
         if not (self.enabled and dist.is_initialized()):
             return
