@@ -15,8 +15,12 @@ and bench.png (time against sequence length) to --out, and prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
 import statistics
+import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -148,10 +152,29 @@ def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, flo
 
 def sdpa_backend(fn) -> str:
     """Which SDPA implementation one call ran, from the profiler's op names ("-" when none ran)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with without_profiler_notices(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     names = {event.key for event in prof.key_averages()}
     return ", ".join(sorted({label for op, label in SDPA_BACKENDS.items() if op in names})) or "-"
+
+
+@contextlib.contextmanager
+def without_profiler_notices():
+    """Drop the "USDT: ... profiler_start/stop" lines that the profiler's C++ side (kineto) writes to
+    stderr at every start and stop, which would break into the progress bar; pass anything else on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(True)
+                    if not line.startswith("USDT:")]  # fmt: skip
+            sys.stderr.write("".join(kept))
 
 
 def measure(args: argparse.Namespace) -> list[dict]:

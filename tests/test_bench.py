@@ -10,7 +10,7 @@ import bench
 
 
 @pytest.mark.parametrize("mode", ["block", "gpt"])
-def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capsys):
+def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
     bench.main([
         "--mode", mode, "--seq-len", "8", "16", "--batch", "2", "--n-embd", "16", "--n-head", "2",
         "--n-layer", "1", "--vocab-size", "64", "--min-run-time", "0.01", "--device", "cpu",
@@ -32,6 +32,7 @@ def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capsys):
     table = (tmp_path / "bench.md").read_text().splitlines()
     assert "threads" in table[0], "the machine is named"
     assert len([line for line in table if line.startswith("| ")]) == 2 + 12
+    assert "USDT:" not in capfd.readouterr().err, "the profiler's start/stop notices stay off the console"
 
 
 def test_compiled_cells_run(tmp_path):
