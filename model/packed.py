@@ -34,10 +34,20 @@ def free_memory_bytes() -> int:
         return 0
 
 
+def compiled(model: nn.Module) -> bool:
+    """torch.compile in any form: ``torch.compile(model)``, ``model.compile()``, or a compiled ``forward``."""
+    return hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None) is not None or (
+        "forward" in vars(model)
+    )
+
+
 def worth_packing(model: nn.Module, rows: int) -> bool:
-    """True for float32 CPU inference of a batch (rows > 1) where MKL can pack and memory allows."""
+    """True for float32 CPU inference of a batch (rows > 1) where MKL can pack and memory allows.
+
+    Not under torch.compile: the compiler cannot trace MKL's packed product, and makes its own choices.
+    """
     weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
-    if rows < 2 or not weights or not mkl_packing_available():
+    if rows < 2 or not weights or not mkl_packing_available() or compiled(model):
         return False
     if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
         return False

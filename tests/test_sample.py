@@ -50,6 +50,13 @@ def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_oth
     assert next(iter(outputs.values())).startswith("def ")
 
 
+def test_compiled_sampling_of_a_batch_gives_the_eager_samples(trained_run, capsys):
+    eager = sample.run(config(source=str(trained_run), prompt="def ", num_samples=2, max_new_tokens=12, seed=2))
+    compiled = sample.run(config(source=str(trained_run), prompt="def ", num_samples=2, max_new_tokens=12, seed=2,
+                                 compile=True))  # fmt: skip
+    assert compiled == eager and len(compiled) == 2
+
+
 def test_same_seed_same_text_with_and_without_the_cache(trained_run, capsys):
     a = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9))
     b = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9, use_cache=False))

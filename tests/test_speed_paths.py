@@ -67,6 +67,20 @@ def test_packing_is_left_off_where_it_cannot_pay():
 
 
 @needs_mkl
+@pytest.mark.parametrize("how", ["wrapped", "Module.compile", "compiled forward"])
+def test_packing_stays_off_under_torch_compile_which_cannot_trace_it(how):
+    model = tiny_model()
+    if how == "wrapped":
+        model = torch.compile(model)
+    elif how == "Module.compile":
+        model.compile()
+    else:
+        model.forward = torch.compile(model.forward, dynamic=True)  # what sample.py compile=true does
+    with packed_linears(model, rows=4) as on:
+        assert not on
+
+
+@needs_mkl
 def test_an_abandoned_batch_generation_unpacks_the_model():
     model = tiny_model()
     steps = generate_batch(model, [3, 1, 4], 20, [torch.Generator().manual_seed(i) for i in range(3)])
