@@ -134,8 +134,8 @@ def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool
     return forward, step
 
 
-def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, float, list[str]]:
-    """(median ms, seconds of the first call, which holds any compilation, benchmark warnings)."""
+def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, float, float]:
+    """(median ms, seconds of the first call, which holds any compilation, interquartile range / median)."""
     start = time.perf_counter()
     fn()
     if device.type == "cuda":
@@ -145,9 +145,24 @@ def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, flo
         fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    spread = measurement.iqr / measurement.median  # torch.utils.benchmark warns above 10%, as here
-    warnings = [f"interquartile range {spread:.0%} of the median: a noisy measurement"] if spread > 0.1 else []
-    return measurement.median * 1e3, first_s, warnings
+    return measurement.median * 1e3, first_s, measurement.iqr / measurement.median
+
+
+def step_label(mode: str) -> str:
+    return "forward+backward" if mode == "block" else "train step"
+
+
+def noise_warnings(runs: list[dict], step_name: str) -> str:
+    """The cell's measurements whose interquartile range passed 10% of the median (torch.utils.benchmark's
+    own threshold), with each noisy pass's figure."""
+    notes = []
+    for what, name in (("forward", "forward"), ("step", step_name)):
+        noisy = [r[f"{what}_spread"] for r in runs if r[f"{what}_spread"] > 0.1]
+        if noisy:
+            figures = ", ".join(f"{spread:.0%}" for spread in noisy)
+            notes.append(f"{name}: interquartile range {figures} of the median in {len(noisy)} of {len(runs)} "
+                         f"pass(es), a noisy measurement")  # fmt: skip
+    return "; ".join(notes)
 
 
 def sdpa_backend(fn) -> str:
@@ -200,7 +215,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                          step_ms_min=min(step), step_ms_max=max(step),
                          tokens_per_sec=args.batch * seq_len / (step_ms / 1e3),
                          peak_mem_mb=max(peaks) if peaks else None, sdpa_backend=runs[0]["sdpa_backend"],
-                         compile_s=compile_s, warnings="; ".join(sorted({w for r in runs for w in r["warnings"]}))),
+                         compile_s=compile_s, warnings=noise_warnings(runs, step_label(args.mode))),
                     )  # fmt: skip
     return rows
 
@@ -215,15 +230,15 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device)
-    forward_ms, forward_first_s, forward_warnings = median_ms(forward, args.min_run_time, device)
-    step_ms, step_first_s, step_warnings = median_ms(step, args.min_run_time, device)
+    forward_ms, forward_first_s, forward_spread = median_ms(forward, args.min_run_time, device)
+    step_ms, step_first_s, step_spread = median_ms(step, args.min_run_time, device)
     return {
         "forward_ms": forward_ms, "step_ms": step_ms,
         "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "sdpa_backend": sdpa_backend(step),
         # the first calls compile (forward, then the backward graph); later ones take forward_ms / step_ms
         "compile_s": forward_first_s - forward_ms / 1e3 + step_first_s - step_ms / 1e3,
-        "warnings": forward_warnings + step_warnings,
+        "forward_spread": forward_spread, "step_spread": step_spread,
     }  # fmt: skip
 
 
@@ -292,13 +307,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dtype = rows[0]["dtype"] if rows else args.dtype
     title = (f"{args.mode} on {device_name(device)}, torch {torch.__version__}, {dtype}, {shape}; "
              f"medians over {args.repeats} pass(es)")  # fmt: skip
-    step_name = "forward+backward" if args.mode == "block" else "train step"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "bench.csv", FIELDS, [[row[k] for k in FIELDS] for row in rows])
-    table = markdown(rows, title, step_name, args.repeats)
+    table = markdown(rows, title, step_label(args.mode), args.repeats)
     write_text(out / "bench.md", table + "\n")
-    plot(rows, out / "bench.png", title, step_name)
+    plot(rows, out / "bench.png", title, step_label(args.mode))
     print("\n" + table)
     print(f"\nwritten to {out}/ (bench.csv, bench.md, bench.png)")
     return rows

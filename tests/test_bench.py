@@ -56,3 +56,13 @@ def test_unknown_grid_values_are_refused(args, message, capsys):
     with pytest.raises(SystemExit):
         bench.main(args)
     assert message in capsys.readouterr().err
+
+
+def test_noisy_passes_are_named_per_measurement_with_their_figures():
+    quiet = {"forward_spread": 0.05, "step_spread": 0.02}
+    assert bench.noise_warnings([quiet, quiet], "train step") == ""
+    noisy = [quiet, {"forward_spread": 0.3, "step_spread": 0.12}, {"forward_spread": 0.01, "step_spread": 0.26}]
+    assert bench.noise_warnings(noisy, "train step") == (
+        "forward: interquartile range 30% of the median in 1 of 3 pass(es), a noisy measurement; "
+        "train step: interquartile range 12%, 26% of the median in 2 of 3 pass(es), a noisy measurement"
+    )
