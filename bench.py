@@ -271,7 +271,7 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
 
 def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
     from analysis.plots import KERNEL_STYLES, colour
 
@@ -286,8 +286,9 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
                 color=colour(layout), label=f"{layout}/{kernel}/{compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 1-2-5 labels: no crowding
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("sequence length")
     ax.set_ylabel(f"{step_name} time (ms, median)")
