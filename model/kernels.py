@@ -47,13 +47,22 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: f
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
 
 
-@functools.lru_cache(maxsize=16)
 def _future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
     """True where query i (the last q_len of k_len positions) would look at a later key.
 
-    Cached: a training run asks for the same mask in every layer of every step.
+    Cached in eager mode: a training run asks for the same mask in every layer of every step.
+    Under torch.compile the graph builds it (the compiler ignores an lru_cache, and warns that it does).
     """
+    if torch.compiler.is_compiling():
+        return _build_future_mask(q_len, k_len, device)
+    return _cached_future_mask(q_len, k_len, device)
+
+
+def _build_future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(1 + k_len - q_len)
+
+
+_cached_future_mask = functools.lru_cache(maxsize=16)(_build_future_mask)
 
 
 KERNELS: dict[str, Kernel] = {"manual": manual_attention, "sdpa": sdpa_attention}

@@ -35,3 +35,14 @@ def test_compiled_gpt_matches_eager(layout):
         logits, loss = compiled(idx, idx)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+
+
+def test_the_manual_kernel_traces_without_warnings(recwarn):
+    # Its causal mask is cached in eager mode; under the compiler an lru_cache is ignored with a warning.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt_config(vocab_size=64, block_size=16, n_embd=32, kernel="manual")).eval()
+    idx = torch.randint(0, 64, (2, 16))
+    explanation = torch._dynamo.explain(model)(idx, idx)
+    assert explanation.graph_break_count == 0
+    assert not [str(w.message) for w in recwarn if "lru_cache" in str(w.message)]
