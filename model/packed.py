@@ -3,8 +3,8 @@
 Decoding a batch of samples multiplies a few rows (one per sample) by every weight matrix.
 MKL's ordinary sgemm handles such short, wide products poorly; a weight packed once for
 that row count (``cblas_sgemm_pack``, the path PyTorch's inductor takes for frozen CPU
-models) is read about 1.4x faster. Measured here (Intel Xeon, 2 cores), GPT-2 small,
-8 samples: 54 -> 37 ms per decoding step; for one row there is no gain, so it is not used.
+models) runs them faster. Measured here (Intel Xeon, 2 cores), GPT-2 small, 8 samples:
+54 -> 37 ms per decoding step; for one row there is no gain, so it is not used.
 
 The packed copies live only while ``packed_linears`` is open and take about the weights'
 size again (measured: GPT-2 small's resident memory grows by 0.47 GB); packing is skipped
