@@ -41,12 +41,12 @@ def compiled(model: nn.Module) -> bool:
     )
 
 
-def worth_packing(model: nn.Module, rows: int) -> bool:
+def worth_packing(model: nn.Module, linears: list[nn.Linear], rows: int) -> bool:
     """True for float32 CPU inference of a batch (rows > 1) where MKL can pack and memory allows.
 
     Not under torch.compile: the compiler cannot trace MKL's packed product, and makes its own choices.
     """
-    weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    weights = [linear.weight for linear in linears]
     if rows < 2 or not weights or not mkl_packing_available() or compiled(model):
         return False
     if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
@@ -83,7 +83,7 @@ def packed_linears(model: nn.Module, rows: int) -> Iterator[bool]:
     the packed copies are dropped on exit.
     """
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and not is_packed(m)]
-    if not worth_packing(model, rows):
+    if not worth_packing(model, linears, rows):
         yield False
         return
     try:
