@@ -24,7 +24,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from cli import check_at_least, check_attention_and_kernel, refuse_renamed_options, user_errors
 from data.tokenizers import EOT
 from model import load_model
-from model.device import resolve_device, resolve_dtype
+from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.generation import generate_batch
 
 
@@ -111,6 +111,7 @@ def run(cfg: SampleConfig) -> list[str]:
     if dtype != torch.float32:
         model = model.to(dtype)  # cast the weights once: every token then reads half the bytes
     if cfg.compile:
+        inductor_cache_per_cpu_capability()
         model.forward = torch.compile(model.forward, dynamic=True)
     # Sample i has its own generator (seed + i): the same text whether generated alone or in a batch.
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(cfg.num_samples)]

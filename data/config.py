@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 SOURCES = ("pystdlib", "files", "url", "hub")
 SAMPLE_BY = ("document", "paragraph", "line")
@@ -24,10 +26,26 @@ class DataConfig:
     val_fraction: float = 0.05  # share of documents held out for validation
     split_seed: int = 1337  # which documents are held out
     num_proc: int | None = None  # tokenizer threads (None: one per CPU core)
-    cache_dir: str = "~/.cache/headlab/data"
+    cache_dir: str | None = None  # None: <headlab cache>/data (see headlab_cache)
 
     def __post_init__(self) -> None:
         check_data_config(self)
+
+
+def headlab_cache() -> Path:
+    """headlab's cache folder: ``$HEADLAB_CACHE`` if set, else ``$XDG_CACHE_HOME/headlab``, else ``~/.cache/headlab``.
+
+    A relative ``XDG_CACHE_HOME`` is ignored, as the XDG base-directory specification says.
+    """
+    if os.environ.get("HEADLAB_CACHE"):
+        return Path(os.environ["HEADLAB_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "headlab"
+
+
+def data_cache_dir(cfg: DataConfig) -> Path:
+    """Where prepared token files and downloads go: ``data.cache_dir``, else ``<headlab cache>/data``."""
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else headlab_cache() / "data"
 
 
 def check_data_config(cfg: DataConfig) -> None:

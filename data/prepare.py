@@ -1,6 +1,6 @@
 """Documents -> token files: ``train.bin``, ``val.bin`` (numpy memmaps) and ``meta.json``.
 
-The files live in ``<cache_dir>/<name>-<tokenizer>-<fingerprint>/``; the
+The files live in ``<data cache>/<name>-<tokenizer>-<fingerprint>/`` (``data.config.data_cache_dir``); the
 fingerprint covers the source, the tokenizer and the split settings, so the
 same settings reuse the directory at once and different ones get their own.
 A directory appears only when complete: it is written under a temporary name
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data.config import DataConfig
+from data.config import DataConfig, data_cache_dir
 from data.leftovers import remove_leftovers
 from data.sources import load_documents, source_identity
 from data.tokenizers import Tokenizer, get_tokenizer
@@ -66,7 +66,7 @@ def settings_of(cfg: DataConfig, tokenizer: Tokenizer) -> dict:
 def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer, settings: dict | None = None) -> Path:
     settings = settings if settings is not None else settings_of(cfg, tokenizer)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(os.path.expanduser(cfg.cache_dir)) / f"{cfg.name}-{tokenizer.name}-{digest}"
+    return data_cache_dir(cfg) / f"{cfg.name}-{tokenizer.name}-{digest}"
 
 
 def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:

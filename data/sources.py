@@ -21,7 +21,7 @@ from pathlib import Path
 import datasets
 from tqdm import tqdm
 
-from data.config import DataConfig
+from data.config import DataConfig, data_cache_dir
 
 # Folders of the standard library that are not the library itself.
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "__pycache__", "idlelib"}
@@ -61,7 +61,7 @@ def load_documents(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDatas
     elif cfg.source == "files":
         ds = _load_files(resolve_files(cfg.path), cfg)
     elif cfg.source == "url":
-        ds = _load_files([download(cfg.url, cfg.cache_dir)], cfg)
+        ds = _load_files([download(cfg.url, data_cache_dir(cfg))], cfg)
     else:
         ds = _load_hub(cfg)
     return _only_text(ds, cfg.text_column)
@@ -200,9 +200,9 @@ def _only_text(ds, column: str):
     return ds.remove_columns(extra) if extra else ds
 
 
-def download(url: str, cache_dir: str) -> str:
+def download(url: str, cache_dir: Path) -> str:
     """Fetch a URL once into ``cache_dir/downloads`` (atomically); later calls reuse the file."""
-    folder = Path(os.path.expanduser(cache_dir)) / "downloads"
+    folder = cache_dir / "downloads"
     name = Path(urllib.parse.urlparse(url).path).name or "download.txt"
     target = folder / f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{name}"
     if target.exists():

@@ -7,6 +7,7 @@ of the device's name, most specific entry first.
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import re
 
@@ -126,3 +127,21 @@ def autocast(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def inductor_cache_per_cpu_capability() -> None:
+    """Give each ``ATEN_CPU_CAPABILITY`` its own inductor cache folder; call before torch.compile.
+
+    Inductor picks its vector instructions from that variable, but its on-disk graph cache does not
+    key the generated C++ on them (torch 2.13): code cached under AVX-512 then fails to build under
+    ``ATEN_CPU_CAPABILITY=default`` ("'at::vec' has not been declared"). A ``TORCHINDUCTOR_CACHE_DIR``
+    the user chose is left alone.
+    """
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if not capability:
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:  # inductor writes its default back
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default, f"cpu-capability-{capability}")

@@ -48,12 +48,19 @@ def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: flo
     Row ``i`` uses one uniform number from ``generators[i]`` (a CPU generator, so a seed gives
     the same draws whatever the device) and takes the token where the cumulative probability passes it.
     """
+    u = None if temperature == 0 else torch.stack([torch.rand((), generator=g) for g in generators])
+    return choose(logits, u, temperature, top_k, top_p)
+
+
+def choose(logits: torch.Tensor, u: torch.Tensor | None, temperature: float, top_k: int | None,
+           top_p: float) -> torch.Tensor:  # fmt: skip
+    """Per row of (B, V) logits, the token where the cumulative probability passes ``u`` (B uniform
+    numbers in [0, 1)); the most likely token when ``temperature`` is 0 (``u`` is then unused)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = F.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
     cdf = probs.cumsum(dim=-1)
-    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(cdf.device)
-    token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    token = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     return token.clamp_(max=logits.size(-1) - 1)
 
 

@@ -62,7 +62,12 @@ def _build_future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Te
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(1 + k_len - q_len)
 
 
-_cached_future_mask = functools.lru_cache(maxsize=16)(_build_future_mask)
+@functools.lru_cache(maxsize=16)
+def _cached_future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    # A mask first built while generating (inference mode) would be an inference tensor, which a later
+    # training step could not save for backward: the cached one is always an ordinary tensor.
+    with torch.inference_mode(False):
+        return _build_future_mask(q_len, k_len, device)
 
 
 KERNELS: dict[str, Kernel] = {"manual": manual_attention, "sdpa": sdpa_attention}

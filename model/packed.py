@@ -15,6 +15,7 @@ Rows other than the packed count (a prompt, a refill of the cache) use the plain
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -57,16 +58,22 @@ def worth_packing(model: nn.Module, linears: list[nn.Linear], rows: int) -> bool
 
 
 class PackedForward:
-    """A Linear's forward for ``rows`` rows at a time through its MKL-packed weight (installed per instance)."""
+    """A Linear's forward for ``rows`` rows at a time through its MKL-packed weight (installed per instance).
+
+    ``calls`` counts the products taken by each path ("packed", "plain"), so a caller can tell which ran.
+    """
 
     def __init__(self, linear: nn.Linear, rows: int) -> None:
         self.linear, self.rows = linear, rows
         self.packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
+        self.calls = Counter()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.linear.weight, self.linear.bias
         if x.numel() != self.rows * x.size(-1) or torch.is_grad_enabled():
+            self.calls["plain"] += 1
             return F.linear(x, weight, bias)
+        self.calls["packed"] += 1
         y = torch.ops.mkl._mkl_linear(x.reshape(self.rows, -1), self.packed, weight, bias, self.rows)
         return y.view(*x.shape[:-1], -1)
 

@@ -10,6 +10,7 @@ import os
 import tempfile
 
 _SCRATCH = tempfile.mkdtemp(prefix="headlab-tests-")
+os.environ["HEADLAB_CACHE"] = os.path.join(_SCRATCH, "headlab")  # prepared data never lands in the home folder
 os.environ["HF_HUB_OFFLINE"] = "1"  # the hub is unreachable: fail at once instead of retrying
 os.environ["HF_DATASETS_CACHE"] = os.path.join(_SCRATCH, "hf-datasets")
 os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(_SCRATCH, "tiktoken")  # empty: gpt2 & co. are offline
@@ -19,6 +20,10 @@ os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 
 
 import pytest  # noqa: E402
+
+from model.device import inductor_cache_per_cpu_capability  # noqa: E402
+
+inductor_cache_per_cpu_capability()  # for the tests that call torch.compile themselves
 
 
 @pytest.fixture(scope="session")

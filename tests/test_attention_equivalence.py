@@ -155,8 +155,10 @@ def test_causality_future_tokens_never_change_the_past(layout, kernel):
         changed = idx.clone()
         changed[:, t + 1 :] = (changed[:, t + 1 :] + 1 + torch.arange(15 - t)) % 97
         logits, _ = model(changed, changed)
-        torch.testing.assert_close(logits[:, : t + 1], full[:, : t + 1], rtol=0, atol=0)
-        assert not torch.allclose(logits[:, t + 1 :], full[:, t + 1 :])
+        # Up to round-off (two forward passes need not take the same kernel path); a leak is far larger.
+        torch.testing.assert_close(logits[:, : t + 1], full[:, : t + 1], rtol=1e-6, atol=1e-6,
+                                   msg=f"changing the tokens after position {t} changed the logits up to it")
+        assert not torch.allclose(logits[:, t + 1 :], full[:, t + 1 :], rtol=1e-3, atol=1e-3)
 
 
 def test_inference_returns_only_the_last_position():

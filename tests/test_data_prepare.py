@@ -11,7 +11,7 @@ import pytest
 import tiktoken
 
 import data.prepare as prepare_module
-from data.config import DataConfig
+from data.config import DataConfig, data_cache_dir
 from data.loader import PreparedData
 from data.prepare import is_val, prepare, token_dtype
 from data.tokenizers import EOT, Tokenizer, get_tokenizer
@@ -173,3 +173,31 @@ def test_cli_prepares_and_reports_counts(tmp_path):
     folder = Path(result.stdout.split("prepared: ")[1].splitlines()[0])
     meta = json.loads((folder / "meta.json").read_text())
     assert f"train: {meta['splits']['train']['tokens']:,} tokens" in result.stdout
+
+
+def test_the_data_cache_is_headlab_cache_then_xdg_cache_home_then_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("HEADLAB_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # not absolute: ignored, as the XDG spec says
+    assert data_cache_dir(DataConfig()) == tmp_path / "home" / ".cache" / "headlab" / "data"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert data_cache_dir(DataConfig()) == tmp_path / "xdg" / "headlab" / "data"
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "scratch"))
+    assert data_cache_dir(DataConfig()) == tmp_path / "scratch" / "data"
+    assert data_cache_dir(DataConfig(cache_dir=str(tmp_path / "mine"))) == tmp_path / "mine", "data.cache_dir wins"
+
+
+def test_the_cli_prepares_into_xdg_cache_home_and_leaves_home_alone(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    write_corpus(tmp_path / "corpus", n_docs=10)
+    env = {k: v for k, v in os.environ.items() if k != "HEADLAB_CACHE"}
+    env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    cmd = [sys.executable, "-m", "data", "data=files", f"data.path={tmp_path / 'corpus'}", "data.tokenizer=bytes"]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parents[1], env=env)
+    assert result.returncode == 0, result.stderr
+    folder = Path(result.stdout.split("prepared: ")[1].splitlines()[0])
+    assert folder.parent == tmp_path / "xdg" / "headlab" / "data" and (folder / "meta.json").exists()
+    assert not (tmp_path / "home" / ".cache").exists()

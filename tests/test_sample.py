@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from helpers import ROOT
+from same_choices import Step, Trace, assert_same_choices, record_choices
 
 import sample
 from model import generate
@@ -38,32 +39,43 @@ def test_cli_reads_the_prompt_from_stdin(trained_run):
     assert result.stdout.startswith("while True:") and len(result.stdout) > len("while True:")
 
 
-def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(trained_run, capsys):
-    outputs = {
-        (layout, kernel): sample.run(
-            config(source=str(trained_run), prompt="def ", temperature=0.0, attention=layout, kernel=kernel)
-        )[0]  # fmt: skip
-        for layout in ("wrapper", "separate_qkv", "fused_qkv")
-        for kernel in ("manual", "sdpa")
-    }
-    assert len(set(outputs.values())) == 1, outputs
-    assert next(iter(outputs.values())).startswith("def ")
+def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_other(trained_run, capsys,
+                                                                                   monkeypatch):  # fmt: skip
+    recorder = record_choices(monkeypatch)
+    texts = []
+    for layout in ("wrapper", "separate_qkv", "fused_qkv"):
+        for kernel in ("manual", "sdpa"):
+            recorder.start()
+            texts += sample.run(config(source=str(trained_run), prompt="def ", temperature=0.0, attention=layout,
+                                       kernel=kernel))  # fmt: skip
+    first, *others = recorder.traces
+    for other in others:  # the same greedy choices, up to round-off near-ties
+        assert_same_choices(other, first)
+    assert texts[0].startswith("def ") and len(texts[0]) > len("def ") + 10
 
 
-def test_compiled_sampling_of_a_batch_gives_the_eager_samples(trained_run, capsys):
-    eager = sample.run(config(source=str(trained_run), prompt="def ", num_samples=2, max_new_tokens=12, seed=2))
-    compiled = sample.run(config(source=str(trained_run), prompt="def ", num_samples=2, max_new_tokens=12, seed=2,
-                                 compile=True))  # fmt: skip
-    assert compiled == eager and len(compiled) == 2
+def test_compiled_sampling_of_a_batch_gives_the_eager_samples(trained_run, capsys, monkeypatch):
+    recorder = record_choices(monkeypatch)
+    settings = dict(source=str(trained_run), prompt="def ", num_samples=2, max_new_tokens=12, seed=2)
+    recorder.start()
+    eager = sample.run(config(**settings))
+    recorder.start()
+    compiled = sample.run(config(**settings, compile=True))
+    assert len(compiled) == len(eager) == 2
+    assert_same_choices(*recorder.traces[::-1])
 
 
-def test_same_seed_same_text_with_and_without_the_cache(trained_run, capsys):
-    a = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9))
-    b = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9, use_cache=False))
-    assert a == b
+def test_same_seed_same_text_with_and_without_the_cache(trained_run, capsys, monkeypatch):
+    recorder = record_choices(monkeypatch)
+    recorder.start()
+    cached = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9))
+    recorder.start()
+    uncached = sample.run(config(source=str(trained_run), seed=5, temperature=1.0, top_p=0.9, use_cache=False))
+    if not assert_same_choices(recorder.traces[1], recorder.traces[0]):
+        assert uncached == cached, "the same choices make the same text"
 
 
-def test_hub_path_matches_transformers_generate(tmp_path):
+def test_hub_path_matches_transformers_generate(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     hf_config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=300, n_positions=64,
@@ -74,11 +86,16 @@ def test_hub_path_matches_transformers_generate(tmp_path):
             p.add_(torch.randn_like(p) * 0.3)
     hf.save_pretrained(tmp_path / "gpt2-local")
     prompt = [5, 17, 42, 8]
-    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=25, do_sample=False,
-                           pad_token_id=299, eos_token_id=None)[0, len(prompt):].tolist()  # fmt: skip
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=25, do_sample=False, pad_token_id=299,
+                      eos_token_id=None, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    tokens = out.sequences[0, len(prompt):].tolist()
+    theirs = Trace((0, None, 1.0), [Step(logits.float(), None, [t]) for logits, t in zip(out.logits, tokens)])
+    recorder = record_choices(monkeypatch)
     for layout in ("wrapper", "fused_qkv"):
         ours = load_pretrained_gpt2(str(tmp_path / "gpt2-local"), attention=layout).eval()
-        assert list(generate(ours, prompt, 25, temperature=0)) == expected
+        recorder.start()
+        list(generate(ours, prompt, 25, temperature=0))
+        assert_same_choices(recorder.traces[-1], theirs)
 
 
 def test_hub_model_offline_is_a_clear_error():
