@@ -20,7 +20,14 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import check_at_least, check_attention_and_kernel, check_choice, user_errors
+from cli import (
+    check_at_least,
+    check_attention_and_kernel,
+    check_choice,
+    take_layout_options,
+    user_errors,
+    with_layout_options,
+)
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
@@ -89,6 +96,7 @@ def run(cfg: EvaluateConfig) -> dict:
         out = loaded.path.parent / f"eval-{loaded.path.stem}-{cfg.data.name}.json"
     else:
         out = Path(f"eval-{Path(cfg.source).name}-{cfg.data.name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)  # out=results/eval.json: the folder too
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"val/loss {metrics['val/loss']:.4f}  val/bpb {metrics['val/bpb']:.4f}  ({loaded.name}, {windows} windows of "
           f"{block} tokens of data={cfg.data.name}); written to {out}")  # fmt: skip
@@ -98,8 +106,9 @@ def run(cfg: EvaluateConfig) -> dict:
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     with user_errors(USAGE):
-        run(OmegaConf.to_object(cfg))
+        run(with_layout_options(OmegaConf.to_object(cfg)))
 
 
 if __name__ == "__main__":
+    take_layout_options()
     main()

@@ -30,7 +30,15 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
 from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
 from analysis.tables import write_table
-from cli import check_at_least, check_attention_and_kernel, check_choice, refuse_renamed_options, user_errors
+from cli import (
+    check_at_least,
+    check_attention_and_kernel,
+    check_choice,
+    refuse_renamed_options,
+    take_layout_options,
+    user_errors,
+    with_layout_options,
+)
 from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
@@ -156,9 +164,10 @@ def run(cfg: HeadsConfig) -> Path:
 @hydra.main(version_base="1.3", config_path="configs", config_name="heads")
 def main(cfg: DictConfig) -> None:
     with user_errors(USAGE):
-        run(OmegaConf.to_object(cfg))
+        run(with_layout_options(OmegaConf.to_object(cfg)))
 
 
 if __name__ == "__main__":
     refuse_renamed_options({"layout": "attention", "data_cache_dir": "data.cache_dir"})
+    take_layout_options()
     main()

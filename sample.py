@@ -21,7 +21,14 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import check_at_least, check_attention_and_kernel, refuse_renamed_options, user_errors
+from cli import (
+    check_at_least,
+    check_attention_and_kernel,
+    refuse_renamed_options,
+    take_layout_options,
+    user_errors,
+    with_layout_options,
+)
 from data.tokenizers import EOT
 from model import load_model
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
@@ -150,9 +157,10 @@ def run(cfg: SampleConfig) -> list[str]:
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")
 def main(cfg: DictConfig) -> None:
     with user_errors(USAGE):
-        run(OmegaConf.to_object(cfg))
+        run(with_layout_options(OmegaConf.to_object(cfg)))
 
 
 if __name__ == "__main__":
     refuse_renamed_options({"layout": "attention"})
+    take_layout_options()
     main()

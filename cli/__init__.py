@@ -23,6 +23,34 @@ def refuse_renamed_options(renamed: dict[str, str], argv: list[str] | None = Non
             sys.exit(f"error: {key}={value} was renamed: use {renamed[key]}={value}")
 
 
+_TAKEN: dict[str, str | None] = {}  # attention=/kernel= values taken off the command line before Hydra
+
+
+def take_layout_options(names: tuple[str, ...] = ("attention", "kernel"), argv: list[str] | None = None) -> None:
+    """Take ``attention=...`` and ``kernel=...`` off the command line; ``with_layout_options`` sets them later.
+
+    The scripts share ``configs/`` with train.py, whose ``attention`` and ``kernel`` are config groups: Hydra
+    would read ``attention=wrapper`` as a group choice and refuse it ("Could not override 'attention'"),
+    and it cannot be forced as a value. Here they are plain options of the script's own config.
+    """
+    args = sys.argv if argv is None else argv
+    kept = args[:1]
+    for arg in args[1:]:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in names:
+            _TAKEN[key.lstrip("+")] = None if value in ("null", "") else value
+        else:
+            kept.append(arg)
+    args[:] = kept
+
+
+def with_layout_options(cfg):
+    """The composed config, with the ``attention``/``kernel`` values taken off the command line."""
+    for key, value in _TAKEN.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
 # Where headlab's own code lives: errors raised there carry a message written for the user.
 _OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) for name in
                   ("model", "data", "training", "analysis", "cli", "train.py", "sample.py", "heads.py",
