@@ -12,8 +12,11 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-import numpy as np
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 from analysis.runs import Run
 from analysis.tables import save_figure
@@ -47,24 +50,32 @@ def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
 
 
 def val_loss_figure(runs: list[Run], against: str):
+    """One line per variant; a sweep in progress draws what its runs evaluated so far (at each step, the
+    seeds that reached it)."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     means = []
-    for (layout, kernel), group in by_variant(runs).items():
+    evaluated = by_variant([run for run in runs if run.evals])
+    for (layout, kernel), group in evaluated.items():
         curves = [_curve(run, against) for run in group]
-        steps = sorted(set.intersection(*(set(c) for c in curves)))  # evaluated by every seed
-        xs = np.array([statistics.fmean(c[s][0] for c in curves) for s in steps])
-        losses = np.array([[c[s][1] for c in curves] for s in steps])
+        steps = sorted(set().union(*curves))
+        xs = np.array([statistics.fmean(c[s][0] for c in curves if s in c) for s in steps])
+        points = [[c[s][1] for c in curves if s in c] for s in steps]
+        mean = np.array([statistics.fmean(p) for p in points])
         seeds = f", {len(group)} seeds" if len(group) > 1 else ""
-        means.append((xs, losses.mean(axis=1)))
-        ax.plot(xs, losses.mean(axis=1), KERNEL_STYLES.get(kernel, ":"), color=colour(layout), marker="o", ms=3,
+        means.append((xs, mean))
+        ax.plot(xs, mean, KERNEL_STYLES.get(kernel, ":"), color=colour(layout), marker="o", ms=3,
                 label=f"{layout} / {kernel}{seeds}")  # fmt: skip
         if len(group) > 1:
-            ax.fill_between(xs, losses.min(axis=1), losses.max(axis=1), color=colour(layout), alpha=0.15, lw=0)
+            ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour(layout), alpha=0.15,
+                            lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
     ax.set_ylabel("validation loss (nats/token)")
-    spread = " (line: mean over seeds, band: min-max)" if any(len(g) > 1 for g in by_variant(runs).values()) else ""
+    spread = " (line: mean over seeds, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
     ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}", fontsize=10)
     ax.grid(alpha=0.3)
+    if not evaluated:
+        ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
+        return fig
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout / kernel", title_fontsize=8)
     if against == "step" and len(means) > 1 and curves_coincide(means):
         # Otherwise the reader sees one line and wonders where the others went.
@@ -84,8 +95,15 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     """Median tokens/s per variant (over its seeds), with the seeds' min-max as error bars."""
     speeds: dict[tuple[str, str], list[float]] = defaultdict(list)
     for run, row in zip(runs, rows):
-        speeds[(run.layout, run.kernel)].append(row["tokens_per_sec"])
+        if row["tokens_per_sec"] == row["tokens_per_sec"]:  # not NaN: the run has steps
+            speeds[(run.layout, run.kernel)].append(row["tokens_per_sec"])
     variants = sorted(speeds)
+    if not variants:
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        ax.text(0.5, 0.5, "no run has taken a step yet", transform=ax.transAxes, ha="center", va="center")
+        path = out / "throughput.png"
+        save_figure(fig, path)
+        return path
     mids = [statistics.median(speeds[v]) for v in variants]
     errors = np.array([[m - min(speeds[v]) for v, m in zip(variants, mids)],
                        [max(speeds[v]) - m for v, m in zip(variants, mids)]])  # fmt: skip

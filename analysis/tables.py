@@ -12,11 +12,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
 
 def write_text(path: Path, text: str) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -60,6 +55,17 @@ def write_table(stem: Path, header: Sequence[str], rows: Sequence[Sequence], dig
     return table
 
 
+def pyplot():
+    """matplotlib's pyplot, drawing to files only (the Agg backend: no display needed); imported on first use,
+    so that commands which draw nothing do not pay for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     """Lay out, save (atomically) and close a matplotlib figure."""
     if fig.get_layout_engine() is None:
@@ -67,5 +73,5 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
     os.replace(tmp, path)
-    plt.close(fig)
+    pyplot().close(fig)
     return path

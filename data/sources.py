@@ -17,11 +17,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 from tqdm import tqdm
 
 from data.config import DataConfig, data_cache_dir
+
+if TYPE_CHECKING:
+    import datasets
 
 # Folders of the standard library that are not the library itself.
 _STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "__pycache__", "idlelib"}
@@ -91,6 +94,8 @@ def _load_files(files: list[str], cfg: DataConfig) -> datasets.Dataset:
     builder = builders.pop()
     check_files(files, builder, cfg.text_column)
     kwargs = {"sample_by": cfg.sample_by, "keep_linebreaks": True} if builder == "text" else {}
+    import datasets  # imported when data is prepared, not by every command that starts
+
     return datasets.load_dataset(builder, data_files=files, split="train", **kwargs)
 
 
@@ -180,6 +185,8 @@ def _check_parquet(path: str, column: str) -> None:
 
 def _load_hub(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:
     try:
+        import datasets
+
         return datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split, streaming=cfg.streaming)
     except (ConnectionError, OSError) as err:
         raise RuntimeError(
