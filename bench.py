@@ -15,12 +15,8 @@ and bench.png (time against sequence length) to --out, and prints the table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import os
 import statistics
-import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -29,24 +25,15 @@ import torch
 import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
-from analysis.tables import markdown_table, save_figure, write_csv, write_text
+from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
-from model.device import autocast, device_name, resolve_device, resolve_dtype
+from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
+from training.profiling import sdpa_backends, without_profiler_notices
 
 COMPILE_MODES = ("eager", "compiled")
 FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
           "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
           "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
-# The aten op each SDPA backend dispatches to: what the profiler shows actually ran.
-SDPA_BACKENDS = {
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
-    "aten::_scaled_dot_product_efficient_attention": "mem-efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_attention_math": "math",
-}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["block", "gpt"], default="block")
@@ -114,6 +101,8 @@ def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool
         def loss_of(out):
             return out[1]
 
+    if compiled:
+        inductor_cache_per_cpu_capability()
     run = torch.compile(module) if compiled else module
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
 
@@ -169,27 +158,7 @@ def sdpa_backend(fn) -> str:
     """Which SDPA implementation one call ran, from the profiler's op names ("-" when none ran)."""
     with without_profiler_notices(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
-    names = {event.key for event in prof.key_averages()}
-    return ", ".join(sorted({label for op, label in SDPA_BACKENDS.items() if op in names})) or "-"
-
-
-@contextlib.contextmanager
-def without_profiler_notices():
-    """Drop the "USDT: ... profiler_start/stop" lines that the profiler's C++ side (kineto) writes to
-    stderr at every start and stop, which would break into the progress bar; pass anything else on."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().decode(errors="replace").splitlines(True)
-                    if not line.startswith("USDT:")]  # fmt: skip
-            sys.stderr.write("".join(kept))
+    return sdpa_backends(prof.events())
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
@@ -270,7 +239,7 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
     from analysis.plots import KERNEL_STYLES, colour

@@ -26,7 +26,13 @@ from pathlib import Path
 import torch
 
 from model import GPT, Checkpoint, GPTConfig, generate
-from model.device import device_name
+from model.device import (
+    autocast,
+    device_name,
+    inductor_cache_per_cpu_capability,
+    resolve_device,
+    resolve_dtype,
+)
 from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
 
 ROOT = Path(__file__).resolve().parent
@@ -45,9 +51,16 @@ def hf_twin(model: GPT):
 
 
 def timed(fn) -> float:
+    sync()
     start = time.perf_counter()
     fn()
+    sync()  # CUDA runs asynchronously: the clock stops when the GPU is done
     return time.perf_counter() - start
+
+
+def sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def interleave(ours, theirs, rounds: int) -> tuple[list[float], list[float]]:
@@ -66,20 +79,30 @@ def report(what: str, a: list[float], b: list[float], unit_work: float, unit: st
 
 
 def train_step(args) -> None:
+    """A whole training step (forward, backward, clipping, AdamW) of the same model and weights, as training
+    runs it on the device: autocast in ``--dtype``, fused AdamW on CUDA, optionally both sides compiled."""
+    device = resolve_device(args.device, option="--device")
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as training does
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
                        n_embd=args.n_embd, attention=args.attention, kernel=args.kernel)  # fmt: skip
     ours = GPT(config)
-    hf = hf_twin(ours)
-    idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
+    hf = hf_twin(ours).to(device)
+    ours = ours.to(device)
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
 
     def make_step(model, loss_of):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                fused=device.type == "cuda")  # fmt: skip
+        run = torch.compile(model) if args.compile else model
 
         def step():
             for _ in range(args.steps):
-                loss = loss_of(model)
+                with autocast(device, dtype):
+                    loss = loss_of(run)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
@@ -87,13 +110,17 @@ def train_step(args) -> None:
 
         return step
 
+    if args.compile:
+        inductor_cache_per_cpu_capability()
     ours_step = make_step(ours, lambda m: m(x, y)[1])
     theirs_step = make_step(hf, lambda m: torch.nn.functional.cross_entropy(
-        m(input_ids=x).logits.reshape(-1, args.vocab), y.reshape(-1)))  # fmt: skip
-    ours_step(), theirs_step()  # warm-up
+        m(input_ids=x).logits.reshape(-1, args.vocab).float(), y.reshape(-1)))  # fmt: skip
+    ours_step(), theirs_step()  # warm-up (and compilation)
     a, b = interleave(ours_step, theirs_step, args.rounds)
+    tokens = args.steps * args.batch * args.seq
     report(f"training step ({args.attention}/{args.kernel}, batch {args.batch} x {args.seq}, {args.n_layer} layers x "
-           f"{args.n_embd}, vocab {args.vocab})", a, b, args.steps, "steps/s")  # fmt: skip
+           f"{args.n_embd}, vocab {args.vocab}, {device_name(device)}, {str(dtype).removeprefix('torch.')}"
+           f"{', compiled' if args.compile else ''})", a, b, tokens, "tokens/s")  # fmt: skip
 
 
 def generation(args) -> None:
@@ -101,9 +128,10 @@ def generation(args) -> None:
     config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)  # GPT-2 small
     ours = GPT(config).eval()
     hf = hf_twin(ours).eval()
-    dtype = getattr(torch, args.dtype)
-    ours, hf = ours.to(dtype), hf.to(dtype)  # weights cast once, as sample.py dtype=... does
-    prompt = torch.randint(0, 50257, (1, 16))
+    device = resolve_device(args.device, option="--device")
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    ours, hf = ours.to(device, dtype), hf.to(device, dtype)  # weights cast once, as sample.py dtype=... does
+    prompt = torch.randint(0, 50257, (1, 16)).to(device)
     n = args.new_tokens
     tokens: dict[str, list] = {}
 
@@ -119,9 +147,8 @@ def generation(args) -> None:
     ours_greedy(), hf_greedy()
     a, b = interleave(ours_greedy, hf_greedy, args.rounds)
     same = sum(p == q for p, q in zip(tokens["ours"], tokens["hf"]))
-    report(f"greedy generation, batch 1, {n} new tokens (GPT-2 small shape, {args.dtype} weights; {same}/{n} tokens "
-           f"equal)", a, b, n,
-           "tokens/s")  # fmt: skip
+    report(f"greedy generation, batch 1, {n} new tokens (GPT-2 small shape, {dtype} weights on {device}; "
+           f"{same}/{n} tokens equal)", a, b, n, "tokens/s")  # fmt: skip
     if args.batch > 1:
         from model.generation import generate_batch
 
@@ -204,13 +231,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--attention", default="fused_qkv")
     p.add_argument("--kernel", default="sdpa")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="generate: the weights' dtype")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="train-step: autocast dtype; generate: the weights' dtype (auto: bf16 on GPUs, fp32 on CPUs)")
+    p.add_argument("--compile", action="store_true", help="train-step: torch.compile both sides")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="prepare: tokenizer threads/processes")
     args = p.parse_args(argv)
     for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads"):
         if getattr(args, option) < 1:
             p.error(f"--{option.replace('_', '-')} {getattr(args, option)} must be at least 1")
-    print(f"machine: {device_name(torch.device('cpu'))}, torch {torch.__version__}")
+    device = resolve_device(args.device, option="--device")
+    print(f"machine: {device_name(device)}, torch {torch.__version__}")
     {"train-step": train_step, "generate": generation, "sample-process": sample_process,
      "prepare": prepare_speed}[args.what](args)  # fmt: skip
 

@@ -6,13 +6,14 @@ import math
 import statistics
 from collections import defaultdict
 
-from analysis.runs import Run, warmup_steps
+from analysis.runs import Run
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 FLAG_SIGMAS = 3.0
 
 COLUMNS = [
-    ("layout", "layout"), ("kernel", "kernel"), ("seed", "seed"), ("params", "params"),
+    ("layout", "layout"), ("kernel", "kernel"), ("seed", "seed"), ("state", "state"), ("params", "params"),
+    ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
     ("best_val_bpb", "val bpb"), ("tokens_per_sec", "tokens/s"), ("step_ms", "step ms"),
     ("peak_mem_mb", "peak mem MB"), ("mfu", "MFU"), ("compile_s", "compile s"),
@@ -25,7 +26,7 @@ def check_comparable(runs: list[Run], force: bool = False) -> None:
     """Refuse to compare runs trained on different data or token budgets, unless forced."""
     problems = []
     runs = [r for r in runs if r.failure is None]  # a failed run has no data or budget to compare
-    for what, key in (("data", lambda r: r.info["data_dir"]), ("token budgets", lambda r: r.token_budget)):
+    for what, key in (("data", lambda r: r.info.get("data_dir")), ("token budgets", lambda r: r.token_budget)):
         values = {key(r) for r in runs}
         if len(values) > 1:
             problems.append(f"{what} differ: " + ", ".join(f"{r.path.name}={key(r)}" for r in runs))
@@ -37,14 +38,21 @@ def check_comparable(runs: list[Run], force: bool = False) -> None:
 
 
 def default_target(runs: list[Run]) -> float | None:
-    """The loss every run reached: the highest of the runs' best validation losses."""
-    bests = [min(e["val/loss"] for e in r.evals) for r in runs if r.evals and r.failure is None]
+    """The loss every finished run reached: the highest of their best validation losses."""
+    bests = [min(e["val/loss"] for e in r.evals) for r in runs if r.evals and r.finished]
     return max(bests) if bests else None
+
+
+def state_of(run: Run) -> str:
+    """``finished``, or what the run is and how far it got: ``running 12/300``, ``stopped 40/300``, ``FAILED``."""
+    if run.state in ("finished", "failed"):
+        return run.state.upper() if run.state == "failed" else run.state
+    return f"{run.state} {run.last_step}/{run.info['trainer']['max_steps']}"
 
 
 def failed_row(run: Run) -> dict:
     row = {key: None for key, _ in COLUMNS}
-    row.update(layout=run.layout, kernel=run.kernel, seed=run.seed, final_train_loss_se=None,
+    row.update(layout=run.layout, kernel=run.kernel, seed=run.seed, state=state_of(run), final_train_loss_se=None,
                flag=f"FAILED: {run.failure}")  # fmt: skip
     return row
 
@@ -53,7 +61,7 @@ def summarize(run: Run, target: float | None) -> dict:
     if run.failure is not None:
         return failed_row(run)
     steps, evals = run.steps, run.evals
-    steady = steps[warmup_steps(len(steps)) :] or steps
+    steady = run.steady_steps()
     final = steps[-max(1, int(len(steps) * FINAL_FRACTION)) :]
     losses = [s["train/loss"] for s in final]
     best = min(evals, key=lambda e: e["val/loss"]) if evals else None
@@ -63,7 +71,10 @@ def summarize(run: Run, target: float | None) -> dict:
         "layout": run.layout,
         "kernel": run.kernel,
         "seed": run.seed,
-        "params": run.info["params"],
+        "state": state_of(run),
+        "params": run.info.get("params"),
+        "micro_batch": run.info["trainer"].get("micro_batch_size"),
+        "sdpa_backend": run.info.get("sdpa_backend"),
         "final_train_loss": statistics.fmean(losses) if losses else math.nan,
         # the standard error of that mean: how much batch-to-batch noise it carries
         "final_train_loss_se": statistics.stdev(losses) / math.sqrt(len(losses)) if len(losses) > 1 else 0.0,
@@ -119,13 +130,32 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
 
 
 def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:
+    """A row per run; loss flags compare the finished runs that evaluated, speed flags every pair of runs
+    that shared a machine (and GPU) at the same time."""
     rows = [summarize(run, target) for run in runs]
-    finished = [i for i, run in enumerate(runs) if run.failure is None]
-    if len(finished) > 1:
-        rule = flag_loss_differences([runs[i] for i in finished], [rows[i] for i in finished])
+    done = [i for i, run in enumerate(runs) if run.finished and run.evals and run.steps]
+    if len(done) > 1:
+        rule = flag_loss_differences([runs[i] for i in done], [rows[i] for i in done])
     else:
-        rule = "fewer than two finished runs: nothing to compare"
+        rule = f"{len(done)} finished run(s) with evaluations: too few to compare losses"
+    for i, others in overlapping_runs(runs).items():
+        names = ", ".join(f"{runs[j].variant} (seed {runs[j].seed})" for j in others)
+        note = f"ran alongside {names}: its speed is not comparable"
+        rows[i]["flag"] = f"{rows[i]['flag']}; {note}" if rows[i]["flag"] else note
     return rows, rule
+
+
+def overlapping_runs(runs: list[Run]) -> dict[int, list[int]]:
+    """For each run, the runs that ran at the same time on the same host and device (any two CPU runs of a
+    host share its cores; GPU runs share a GPU only when its UUID is the same)."""
+    spans = [run.active_spans() for run in runs]
+    found: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(runs)):
+        for j in range(len(runs)):
+            if i != j and any(h1 == h2 and d1 == d2 and s1 < e2 and s2 < e1
+                              for h1, d1, s1, e1 in spans[i] for h2, d2, s2, e2 in spans[j]):  # fmt: skip
+                found[i].append(j)
+    return dict(found)
 
 
 def format_value(key: str, value) -> str:
@@ -145,8 +175,24 @@ def format_value(key: str, value) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    align = [" --- " if key in ("layout", "kernel", "flag") else " ---: " for key, _ in COLUMNS]
+    text = ("layout", "kernel", "state", "sdpa_backend", "flag")
+    align = [" --- " if key in text else " ---: " for key, _ in COLUMNS]
     lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "|".join(align) + "|"]
     for row in rows:
         lines.append("| " + " | ".join(format_value(k, row[k]) for k, _ in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def profile_table(runs: list[Run]) -> str | None:
+    """Milliseconds per step by kind for the runs profiled with ``trainer.profile=true`` (None if none were)."""
+    profiled = [(run, run.profile) for run in runs if run.profile is not None]
+    if not profiled:
+        return None
+    kinds = [k for k in profiled[0][1]["ms_per_step"] if any(p["ms_per_step"].get(k, 0) > 0 for _, p in profiled)]
+    lines = ["| run | SDPA kernel | step ms | " + " | ".join(kinds) + " |",
+             "| --- | --- | ---: |" + " ---: |" * len(kinds)]  # fmt: skip
+    for run, p in profiled:
+        cells = [f"{p['ms_per_step'].get(k, 0):,.2f}" for k in kinds]
+        lines.append(f"| {run.variant} (seed {run.seed}) | {p['sdpa_backend']} | {p['wall_ms_per_step']:,.1f} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
     return "\n".join(lines)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -18,6 +21,7 @@ class Run:
     steps: list[dict]  # per-step records (train/loss, perf/...)
     evals: list[dict]  # evaluation records (val/loss, val/bpb)
     failure: str | None = None  # why the run could not finish (failure.json), e.g. out of memory
+    profile: dict | None = None  # profile/time_by_kind.json, written by trainer.profile=true
 
     @property
     def layout(self) -> str:
@@ -35,24 +39,59 @@ class Run:
     def seed(self) -> int:
         return self.info["trainer"]["seed"]
 
+    def steady_steps(self) -> list[dict]:
+        """The steps that speed figures use: after the warm-up, and not slowed by the profiler."""
+        steady = [s for s in self.steps[warmup_steps(len(self.steps)) :] if not s.get("perf/profiled")]
+        return steady or [s for s in self.steps if not s.get("perf/profiled")] or self.steps
+
     def steady_step_ms(self) -> float:
-        """The median step time after the warm-up steps."""
-        steady = self.steps[warmup_steps(len(self.steps)) :] or self.steps
+        """The median step time of the steady steps."""
+        steady = self.steady_steps()
         return statistics.median(s["perf/step_ms"] for s in steady) if steady else math.nan
 
     def training_seconds(self) -> dict[int, float]:
         """Cumulative training time at each step: the one definition every report and plot uses.
 
         Compilation is timed apart (``perf/compile_s``) and never in a step; the first
-        ``warmup_steps`` steps (allocator, caches, autotuning) count as a steady-state step
-        each, so a slow start changes no time-to-target beyond those steps' share.
+        ``warmup_steps`` steps (allocator, caches, autotuning) and the profiled steps count as a
+        steady-state step each, so a slow start changes no time-to-target beyond those steps' share.
         """
         n_warmup, typical = warmup_steps(len(self.steps)), self.steady_step_ms()
         elapsed, at = 0.0, {}
         for i, s in enumerate(self.steps):
-            elapsed += (typical if i < n_warmup else s["perf/step_ms"]) / 1e3
+            elapsed += (typical if i < n_warmup or s.get("perf/profiled") else s["perf/step_ms"]) / 1e3
             at[s["step"]] = elapsed
         return at
+
+    @property
+    def last_step(self) -> int:
+        return self.steps[-1]["step"] if self.steps else 0
+
+    @functools.cached_property
+    def state(self) -> str:
+        """finished | running | stopped (by a signal or trainer.stop_at_step) | killed (it says running, but no
+        process holds its directory) | failed. Runs written before run.json kept a status are judged by steps.
+        Read once: every figure of a report describes the run at the same moment."""
+        if self.failure is not None:
+            return "failed"
+        status = self.info.get("status")
+        if status is None:
+            return "finished" if self.last_step >= self.info["trainer"]["max_steps"] else "stopped"
+        if status == "running":
+            return "running" if directory_in_use(self.path) else "killed"
+        return {"interrupted": "stopped"}.get(status, status)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    def active_spans(self) -> list[tuple[str, str, float, float]]:
+        """(host, device, start, end) of each process that ran this run; an open span ends at its last record."""
+        spans = []
+        for seg in self.info.get("segments", []):
+            end = seg.get("end") or (self.path / "metrics.jsonl").stat().st_mtime
+            spans.append((seg["host"], seg["device"], seg["start"], end))
+        return spans
 
     @property
     def compile_seconds(self) -> float | None:
@@ -61,6 +100,22 @@ class Run:
     @property
     def token_budget(self) -> int:
         return self.info["trainer"]["max_steps"] * self.info["tokens_per_step"]
+
+
+def directory_in_use(path: Path) -> bool:
+    """Whether a process holds the run directory's lock (training.run_log.claim_run_dir) right now."""
+    owner = path / ".headlab-run"
+    try:
+        fd = os.open(owner, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 WARMUP_FRACTION = 0.1  # steps left out of steady-state speed: allocator, caches, autotuning
@@ -100,7 +155,9 @@ def load_run(path: Path) -> Run:
     if compile_s:
         info["compile_s"] = compile_s[-1]
     failure = json.loads((path / "failure.json").read_text())["reason"] if (path / "failure.json").exists() else None
-    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], failure)
+    profile_file = path / "profile" / "time_by_kind.json"
+    profile = json.loads(profile_file.read_text()) if profile_file.exists() else None
+    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], failure, profile)
 
 
 def natural_key(path: Path) -> list:

@@ -77,6 +77,14 @@ def device_name(device: torch.device) -> str:
     return f"{cpu}, {torch.get_num_threads()} threads"
 
 
+def device_id(device: torch.device) -> str:
+    """Which physical device: ``cpu``, or a GPU's UUID (the same whatever CUDA_VISIBLE_DEVICES numbers it)."""
+    if device.type != "cuda":
+        return "cpu"
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"cuda:{uuid}" if uuid is not None else f"cuda:{device.index}"
+
+
 def resolve_device(name: str, local_rank: int = 0, option: str = "trainer.device") -> torch.device:
     """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``; ``option`` is how the user spelled the setting, for errors."""
     if name == "auto":
@@ -90,10 +98,22 @@ def resolve_device(name: str, local_rank: int = 0, option: str = "trainer.device
             f"{option}={name} but no CUDA GPU is visible (torch.cuda.is_available() is False); "
             f"use {option}=cpu (or auto), or install a CUDA build of torch"
         )
-    device = torch.device(f"cuda:{local_rank}" if name == "cuda" else name)
+    # A rank uses GPU local_rank; where the scheduler shows each task only its own GPU(s), counting wraps.
+    device = torch.device(f"cuda:{local_rank % torch.cuda.device_count()}" if name == "cuda" else name)
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"{option}={name} but only {torch.cuda.device_count()} GPU(s) are visible")
     return device
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes a run may still allocate: the GPU's free memory, or the CPU's available RAM (Linux); None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def has_native_bf16(device: torch.device) -> bool:

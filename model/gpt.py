@@ -124,13 +124,18 @@ class GPT(nn.Module):
             x = block(x, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.length = seq_len
-        x = self.transformer.ln_f(x)
-        vocab = self.config.vocab_size
         if targets is None:
-            return self.last_logits(x[:, -1, :]).unsqueeze(1)[..., :vocab], None
-        logits = self.lm_head(x)[..., :vocab]
+            h = self.transformer.ln_f(x[:, -1, :])
+            return self.last_logits(h).unsqueeze(1)[..., : self.config.vocab_size], None
+        return self.logits_and_loss(x, targets)
+
+    def logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last block's output -> final norm -> logits over the real vocabulary, and the mean
+        cross-entropy. Training keeps only the loss, so these (B, T, V) logits die with the step."""
+        vocab = self.config.vocab_size
+        logits = self.lm_head(self.transformer.ln_f(x))[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
-        return logits, loss  # training keeps only the loss, so these (B, T, V) logits die with the step
+        return logits, loss
 
     def last_logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM-head logits of one position per sequence, (B, C) -> (B, padded vocab).

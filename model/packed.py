@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.compiling import is_compiled
+
 
 def mkl_packing_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
@@ -35,20 +37,13 @@ def free_memory_bytes() -> int:
         return 0
 
 
-def compiled(model: nn.Module) -> bool:
-    """torch.compile in any form: ``torch.compile(model)``, ``model.compile()``, or a compiled ``forward``."""
-    return hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None) is not None or (
-        "forward" in vars(model)
-    )
-
-
 def worth_packing(model: nn.Module, linears: list[nn.Linear], rows: int) -> bool:
     """True for float32 CPU inference of a batch (rows > 1) where MKL can pack and memory allows.
 
     Not under torch.compile: the compiler cannot trace MKL's packed product, and makes its own choices.
     """
     weights = [linear.weight for linear in linears]
-    if rows < 2 or not weights or not mkl_packing_available() or compiled(model):
+    if rows < 2 or not weights or not mkl_packing_available() or is_compiled(model):
         return False
     if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
         return False

@@ -67,3 +67,24 @@ def gpt2_tokenizer_offline(tmp_path, monkeypatch):
     from data.tokenizers import get_tokenizer
 
     return get_tokenizer("gpt2")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real single-node SLURM (slurmctld, slurmd, munged) for the session, in a folder of its own under /tmp
+    (munged needs every folder above its socket to be world-executable: pytest's tmp folders are not).
+    Skipped, with the reason, where it cannot start: not root, or the Debian packages missing."""
+    import shutil
+
+    from slurm_cluster import cannot_start_reason, kill_stale_clusters, slurm_cluster
+
+    reason = cannot_start_reason()
+    if reason:
+        pytest.skip(reason)
+    kill_stale_clusters()  # daemons of a test session that was itself killed
+    root = tempfile.mkdtemp(prefix="headlab-slurm-")
+    try:
+        with slurm_cluster(root, sacct_shim=True) as cluster:
+            yield cluster
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

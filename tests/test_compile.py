@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import tiny_gpt_config
+from torch._dynamo.utils import counters
 
 from model import ATTENTION_LAYOUTS, GPT
+from model.compiling import compile_for_training, eager, is_compiled
 
 
 def small_gpt(layout: str) -> GPT:
@@ -46,3 +48,36 @@ def test_the_manual_kernel_traces_without_warnings(recwarn):
     explanation = torch._dynamo.explain(model)(idx, idx)
     assert explanation.graph_break_count == 0
     assert not [str(w.message) for w in recwarn if "lru_cache" in str(w.message)]
+
+
+def test_regional_compilation_compiles_one_block_for_all_layers_and_trains_like_eager():
+    layout = "wrapper"  # the layout whose blocks hold the most modules (3 projections per head)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = tiny_gpt_config(vocab_size=64, block_size=16, n_embd=32, n_layer=3, attention=layout)
+    eager_model, model = GPT(config), GPT(config)
+    model.load_state_dict(eager_model.state_dict())
+    names = list(model.state_dict())
+    idx = torch.randint(0, 64, (2, 16))
+    counters.clear()
+    run = compile_for_training(model, "block")
+    loss = run(idx, idx)[1]
+    loss.backward()
+    # One graph for the repeated block (used by all 3 layers) and one for the norm, LM head and loss.
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    assert run is model and list(model.state_dict()) == names, "compiled in place: the same parameter names"
+    eager_loss = eager_model(idx, idx)[1]
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    with eager():  # sampling and evaluation: no new compilation
+        model.eval()(idx)
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_a_model_with_compiled_blocks_counts_as_compiled():
+    model = small_gpt("fused_qkv")
+    assert not is_compiled(model)
+    model.transformer.h[0].compile()
+    assert is_compiled(model), "packing for batched sampling must stay off"

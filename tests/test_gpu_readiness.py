@@ -19,7 +19,7 @@ from model.checkpoint import load_checkpoint
 from model.device import peak_tflops, resolve_dtype
 from training.config import grad_accum_steps
 from training.loop import RunFailed, train
-from training.plan import activation_bytes, check_fits_device, make_plan, param_count
+from training.plan import AUTO_HEADROOM, activation_bytes, auto_micro_batch, check_fits_device, make_plan, param_count
 
 LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), sorted(KERNELS)
 
@@ -81,23 +81,65 @@ def test_every_gpu_experiment_splits_its_batch_over_1_2_4_8_ranks(world_size):
     assert {"gpt2_small", "compare_attention_gpu"} <= set(experiments)
     for name in experiments:
         trainer = OmegaConf.to_object(compose_train(f"experiment={name}")).trainer
-        assert grad_accum_steps(trainer, world_size) >= 1
+        if trainer.micro_batch_size == "auto":  # the micro-batch is chosen on the device, from the rank's share
+            assert trainer.batch_size % world_size == 0
+            grad_accum_steps(trainer, world_size)  # raises if the batch does not split
+        else:
+            assert grad_accum_steps(trainer, world_size) >= 1
 
 
 def test_the_gpu_preset_prints_its_plan_on_a_cpu(capsys):
     summary = train(compose_train("experiment=compare_attention_gpu", "trainer.plan=true"))
     out = capsys.readouterr().out
-    assert "124,475,904 parameters" in out and "micro-batch 8 x 1024 tokens, 8 accumulation step(s)" in out
+    assert "124,475,904 parameters" in out and "micro-batch 64 x 1024 tokens, 1 accumulation step(s)" in out
+    assert "micro-batch auto: planned above for an 80 GiB GPU (an H100; none is here)" in out
+    assert "40 GiB free -> 32 (estimated 31.1 GiB); 24 GiB free -> 16" in out
     assert "estimated peak memory per GPU (bfloat16 autocast, eager)" in out and "(an estimate)" in out
-    assert summary["plan"].peak_bytes < 40e9, "every variant must fit a 40 GB card"
+    assert summary["plan"].peak_bytes < AUTO_HEADROOM * 80 * 2**30
+
+
+@pytest.mark.parametrize("free_gib,expected", [(80, 64), (40, 32), (24, 16), (12, 8), (4, 1)])
+def test_auto_micro_batch_is_the_largest_divisor_of_the_batch_the_plan_fits(free_gib, expected):
+    cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu"))
+    planned = GPTConfig(**{**vars(cfg.model), "vocab_size": 50257})
+    micro = auto_micro_batch(cfg, planned, 1, torch.bfloat16, free_gib * 2**30)
+    assert micro == expected and 64 % micro == 0
+    budget = AUTO_HEADROOM * free_gib * 2**30
+    assert make_plan(cfg, planned, 1, torch.bfloat16, micro_batch=micro).peak_bytes <= budget
+    if micro < 64:  # the next divisor up would not fit
+        bigger = next(m for m in range(micro + 1, 65) if 64 % m == 0)
+        assert make_plan(cfg, planned, 1, torch.bfloat16, micro_batch=bigger).peak_bytes > budget
+
+
+def test_auto_micro_batch_that_cannot_fit_one_sequence_is_a_clear_error():
+    cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu", "kernel=manual"))
+    planned = GPTConfig(**{**vars(cfg.model), "vocab_size": 50257})
+    with pytest.raises(ValueError, match=r"micro_batch_size=auto: not even one sequence fits; it needs an estimated "
+                                         r"3.6 GiB and 85% of the 1.0 GiB free is 0.8 GiB"):  # fmt: skip
+        auto_micro_batch(cfg, planned, 1, torch.bfloat16, 2**30)
+
+
+def test_auto_micro_batch_on_a_cpu_run_splits_nothing(tmp_path, data_cache):
+    summary = train(tiny(tmp_path, data_cache, "run", "trainer.micro_batch_size=auto", "trainer.max_steps=2"))
+    info = json.loads((Path(summary["run_dir"]) / "run.json").read_text())
+    assert info["trainer"]["micro_batch_size"] == 8, "the whole batch of 8 fits a CPU's memory: no accumulation"
+
+
+@pytest.mark.parametrize("value", ["atuo", 0, -2])
+def test_a_bad_micro_batch_is_refused_naming_auto(value):
+    with pytest.raises(ValueError, match=f"trainer.micro_batch_size={value!r} must be a positive number of sequences, "
+                                         "or auto"):  # fmt: skip
+        train(compose_train(*TINY, f"trainer.micro_batch_size={value}"))
 
 
 @pytest.mark.parametrize("layout,kernel", list(itertools.product(LAYOUTS, KERNEL_NAMES)))
-def test_the_plan_fits_a_40gb_card_for_every_variant_of_the_gpu_preset(layout, kernel):
+def test_every_variant_of_the_gpu_preset_finds_a_micro_batch_on_a_40gb_card(layout, kernel):
     cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu", f"attention={layout}",
                                             f"kernel={kernel}"))  # fmt: skip
-    plan = make_plan(cfg, GPTConfig(**{**vars(cfg.model), "vocab_size": 50257}), 1, torch.bfloat16)
-    assert plan.peak_bytes < 40e9
+    planned = GPTConfig(**{**vars(cfg.model), "vocab_size": 50257})
+    micro = auto_micro_batch(cfg, planned, 1, torch.bfloat16, 40 * 2**30)
+    plan = make_plan(cfg, planned, 1, torch.bfloat16, micro_batch=micro)
+    assert micro >= 8 and plan.peak_bytes < 40 * 2**30
     assert plan.params == param_count(plan.config)
 
 

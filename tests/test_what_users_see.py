@@ -89,7 +89,7 @@ def test_the_console_names_the_run_directory_and_every_evaluation(tmp_path, data
     assert "step 20: val/loss" in (tmp_path / "hydra" / "train.log").read_text(), "train.log holds the same"
 
 
-def test_ctrl_c_prints_the_resume_command(tmp_path, data_cache):
+def test_ctrl_c_prints_the_command_that_continues_the_run(tmp_path, data_cache):
     run = tmp_path / "run"
     args = [*TINY, "trainer.max_steps=100000", "trainer.eval_interval=100000", "logger=none",
             f"trainer.run_dir={run}", f"data.cache_dir={data_cache}",
@@ -102,8 +102,11 @@ def test_ctrl_c_prints_the_resume_command(tmp_path, data_cache):
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err[-2000:]
-    assert "interrupted at step" in out and f"trainer.resume={run}" in out
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopped by SIGINT at step" in out
+    command = err.split("Continue the run from its last.pt, in the same directory:\n")[1].strip()
+    assert command.startswith("python train.py ") and command.endswith("trainer.resume=auto")
+    assert f"trainer.run_dir={run}" in command and f"hydra.run.dir={tmp_path / 'hydra'}" in command
 
 
 def test_a_multirun_over_a_non_attention_option_names_its_runs_apart(tmp_path, data_cache):

@@ -12,10 +12,14 @@ cannot (ranges, choices, combinations) before any work starts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from data.config import DataConfig, check_data_config
+from model.compiling import COMPILE_SCOPES
 from model.config import GPTConfig
 from model.device import DTYPES
 
@@ -35,13 +39,14 @@ class OptimConfig:
 class TrainerConfig:
     max_steps: int = 1000  # optimizer steps; the learning-rate schedule spans them
     batch_size: int = 16  # sequences per optimizer step, over all ranks and micro-steps
-    micro_batch_size: int = 16  # sequences per forward pass on one rank
+    micro_batch_size: Any = 16  # sequences per forward pass on one rank, or "auto": the largest the plan fits
     eval_interval: int = 200  # steps between evaluations (and best/last checkpoints)
     eval_windows: int = 64  # fixed validation windows per evaluation
     checkpoint_interval: int = 200  # steps between 'last' checkpoints
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False
+    compile_scope: str = "block"  # block: each transformer block compiled once and reused | model: one graph
     seed: int = 1337
     resume: str | None = None  # a run directory or checkpoint file to continue from
     init_from: str | None = None  # start a NEW run from these weights: run dir, .pt, gpt2[-medium|...], HF folder
@@ -49,6 +54,7 @@ class TrainerConfig:
     sample_tokens: int = 200  # tokens of text printed at the end (0: none)
     run_dir: str | None = None  # where files go; train.py passes Hydra's output directory
     plan: bool = False  # print the plan (parameters, FLOPs, batch split, memory estimate) and exit
+    profile: bool = False  # profile 3 steps after the warm-up: <run dir>/profile/ (time by kind, a trace)
 
 
 @dataclass
@@ -72,6 +78,8 @@ class TrainConfig:
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+# configs/hydra/launcher/submitit_local.yaml: every job of a local parallel sweep sees every GPU.
+OmegaConf.register_new_resolver("headlab_gpu_count", lambda: torch.cuda.device_count(), replace=True)
 
 LOGGER_KINDS = ("wandb", "none")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -82,10 +90,13 @@ def validate(cfg: TrainConfig) -> None:
     t, o = cfg.trainer, cfg.optim
     GPTConfig.__post_init__(cfg.model)  # again: a config built in Python may have been changed since
     check_data_config(cfg.data)
-    for name in ("max_steps", "batch_size", "micro_batch_size", "eval_interval", "eval_windows",
-                 "checkpoint_interval"):  # fmt: skip
+    for name in ("max_steps", "batch_size", "eval_interval", "eval_windows", "checkpoint_interval"):
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name}={getattr(t, name)} must be at least 1")
+    micro = t.micro_batch_size
+    if micro != "auto" and (not isinstance(micro, int) or isinstance(micro, bool) or micro < 1):
+        raise ValueError(f"trainer.micro_batch_size={micro!r} must be a positive number of sequences, or auto "
+                         f"(the largest that the plan fits in the device's memory)")  # fmt: skip
     if t.seed < 0:
         raise ValueError(f"trainer.seed={t.seed} must be >= 0 (numpy seeds the data order with it)")
     if cfg.data.split_seed < 0:
@@ -97,6 +108,8 @@ def validate(cfg: TrainConfig) -> None:
         )
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ValueError(f"trainer.stop_at_step={t.stop_at_step} must be in 1..max_steps={t.max_steps}")
+    if t.compile_scope not in COMPILE_SCOPES:
+        raise ValueError(f"trainer.compile_scope={t.compile_scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
     if t.dtype not in DTYPES:
         raise ValueError(f"trainer.dtype={t.dtype!r}; choose one of: {', '.join(DTYPES)}")
     if o.lr <= 0 or not 0 <= o.min_lr <= o.lr:
@@ -110,7 +123,15 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def grad_accum_steps(trainer: TrainerConfig, world_size: int) -> int:
-    """Micro-steps per optimizer step; the batch must split evenly over ranks and micro-batches."""
+    """Micro-steps per optimizer step; the batch must split evenly over ranks and micro-batches.
+
+    With ``micro_batch_size=auto`` (chosen later, on the device) it checks the split over ranks and returns 0.
+    """
+    if trainer.micro_batch_size == "auto":
+        if trainer.batch_size % world_size:
+            raise ValueError(f"trainer.batch_size={trainer.batch_size} does not split over {world_size} ranks; "
+                             f"choose a multiple of {world_size}")  # fmt: skip
+        return 0
     per_step = trainer.micro_batch_size * world_size
     if trainer.batch_size % per_step != 0:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""torchrun / DDP set-up: NCCL on GPUs, gloo on CPUs; a no-op for a single process."""
+"""DDP set-up for torchrun or a multi-task SLURM job: NCCL on GPUs, gloo on CPUs; a no-op for one process."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from training import slurm
+
 
 @dataclass
 class Distributed:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    launcher: str = "single"  # single | torchrun | slurm: who started the ranks and says where they meet
 
     @property
     def enabled(self) -> bool:
@@ -35,6 +38,14 @@ class Distributed:
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t)
         return t.tolist()
+
+    def min(self, value: int, device: torch.device) -> int:
+        """The smallest value of an integer over ranks."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
 
     def any(self, flag: bool, device: torch.device) -> bool:
         """True on every rank when it is true on one (e.g. a stop signal)."""
@@ -71,17 +82,26 @@ class Distributed:
 
 
 def from_environment() -> Distributed:
-    """This process's place among torchrun's (RANK, LOCAL_RANK, WORLD_SIZE), before any process group exists."""
+    """This process's place among the ranks, before any process group exists: torchrun's variables
+    (RANK, LOCAL_RANK, WORLD_SIZE), else a multi-task SLURM job's (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return Distributed()
-    return Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size)
+    if world_size > 1:
+        return Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world_size, "torchrun")
+    in_slurm = slurm.slurm_world()
+    if in_slurm is not None:
+        return Distributed(*in_slurm, launcher="slurm")
+    return Distributed()
 
 
 def init_distributed(state: Distributed, device: torch.device) -> None:
-    """Join the process group torchrun describes: NCCL on GPUs, gloo on CPUs."""
+    """Join the process group: NCCL on GPUs, gloo on CPUs. SLURM's tasks meet on the job's first node."""
     if not state.enabled:
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if state.launcher == "slurm":
+        addr, port = slurm.rendezvous()
+        os.environ.setdefault("MASTER_ADDR", addr)
+        os.environ.setdefault("MASTER_PORT", str(port))
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", rank=state.rank,
+                            world_size=state.world_size)  # fmt: skip

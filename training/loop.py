@@ -22,19 +22,32 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from analysis.runs import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
 from data.tokenizers import GPT2_IDS, VOCAB_SIZES, get_tokenizer
 from model import GPT, load_model
 from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint, remove_stale_temporaries
-from model.device import autocast, device_name, peak_flops, resolve_device, resolve_dtype
+from model.compiling import compile_for_training, eager
+from model.device import (
+    autocast,
+    available_memory,
+    device_id,
+    device_name,
+    peak_flops,
+    resolve_device,
+    resolve_dtype,
+)
 from model.generation import generate
+from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps, validate
 from training.distributed import Distributed, from_environment, init_distributed
 from training.evaluate import Evaluator
+from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
-from training.plan import check_fits_device, make_plan, planned_dtype
+from training.plan import GIB, auto_choices_text, auto_micro_batch, check_fits_device, make_plan, planned_dtype
+from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
 from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals
 from training.step import TrainStep
@@ -42,27 +55,50 @@ from training.step import TrainStep
 log = logging.getLogger("headlab.train")
 # Fields of the model config that must agree with a checkpoint to resume from it.
 _SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "attention")
+# What run.json keeps of a run's summary when it ends (a finished run's is returned when it is skipped).
+FINAL_KEYS = ("step", "train_loss", "val_loss", "val_bpb", "best_val_loss", "stopped_by")
 
 
 def train(cfg: DictConfig | TrainConfig) -> dict:
-    """Train as ``cfg`` says; returns a summary (run_dir, step, last train/val loss, val bpb)."""
+    """Train as ``cfg`` says; returns a summary (run_dir, step, last train/val loss, val bpb; ``stopped_by``
+    a signal's name and ``requeued`` when a SLURM job is being requeued)."""
     config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
     validate(config)
     t = config.trainer
     # Everything that can be refused is checked before data preparation or model building.
+    slurm.use_the_cpus_given()
     dist = from_environment()
-    grad_accum = grad_accum_steps(t, dist.world_size)
+    grad_accum_steps(t, dist.world_size)  # refuses a batch that does not split, before any work
     planned = replace(config.model, vocab_size=config.model.vocab_size or VOCAB_SIZES[config.data.tokenizer])
     if t.plan:  # needs no GPU: plans a GPU run from a laptop
-        plan = make_plan(config, planned, dist.world_size, planned_dtype(t))
-        print(plan.text(), flush=True)  # the plan is the command's output, not a log line
+        plan, text = plan_of(config, planned, dist.world_size)
+        print(text, flush=True)  # the plan is the command's output, not a log line
         return {"plan": plan}
+    continuing = None
+    if t.resume == "auto" or slurm.is_requeued_run():  # continue the run in its own directory, if there is one
+        continuing = continuation.inspect(t.run_dir, OmegaConf.to_container(OmegaConf.structured(config)))
+        if continuing.action == "finished":
+            if dist.is_main:
+                log.info("already finished: %s (step %s); skipped", continuing.run_dir, continuing.summary.get("step"))
+            return {**continuing.summary, "run_dir": str(continuing.run_dir), "skipped": True}
     device = resolve_device(t.device, dist.local_rank)
+    if device.type == "cuda" and t.device in ("auto", "cuda") and not dist.enabled and shares_gpus_with_other_jobs():
+        device = torch.device("cuda", claim_free_slot([device_id(torch.device("cuda", i))
+                                                       for i in range(torch.cuda.device_count())]))  # fmt: skip
     dtype = resolve_dtype(t.dtype, device)
-    resume = load_checkpoint(t.resume) if t.resume else None
+    auto_micro = t.micro_batch_size == "auto"
+    if auto_micro:  # chosen per rank now (an error before any work), agreed on by the ranks below
+        config = with_micro_batch(config, auto_micro_batch(config, planned, dist.world_size, dtype,
+                                                           available_memory(device)))  # fmt: skip
+        t = config.trainer
+    if continuing is not None:
+        resume = continuing.checkpoint
+    else:
+        resume = load_checkpoint(t.resume) if t.resume else None
+        if resume is not None:
+            remove_stale_temporaries(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
     if resume is not None:
         check_resumable(config, resume)
-        remove_stale_temporaries(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
     check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
     init_weights = initial_weights(config, planned) if t.init_from else None
 
@@ -72,9 +108,22 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
     data.check_fits(model_config.block_size, model_config.vocab_size)
     init_distributed(dist, device)
-    finished = False
+    finished, claim = False, None
     try:
-        run_dir = Path(dist.broadcast(str(claim_run_dir(t.run_dir)) if dist.is_main else None))
+        if auto_micro:  # every rank must accumulate the same number of micro-steps: the smallest pick
+            config = with_micro_batch(config, dist.min(t.micro_batch_size, device))
+            t = config.trainer
+            if dist.is_main:
+                log.info("trainer.micro_batch_size=auto: %d sequences per forward pass (%d accumulation step(s))",
+                         t.micro_batch_size, grad_accum_steps(t, dist.world_size))
+        grad_accum = grad_accum_steps(t, dist.world_size)
+        in_place = continuing is not None and continuing.in_place
+        if dist.is_main:
+            claim = claim_run_dir(t.run_dir, continuing=in_place)
+            if in_place:  # drop what the stopped run logged after its checkpoint: it is computed again
+                continuation.prepare_in_place(claim.path, resume.step if resume is not None else -1)
+                log.info("continuing %s from %s", claim.path, f"step {resume.step}" if resume else "the start")
+        run_dir = Path(dist.broadcast(str(claim.path) if dist.is_main else None))
         container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
         container["model"]["vocab_size"] = model_config.vocab_size
         try:
@@ -92,6 +141,47 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         raise RunFailed(f"{run_name(config)}: {reason}; recorded in {run_dir / FAILURE}")
     finally:
         dist.close(finished)
+        if claim is not None:
+            claim.release()
+
+
+def with_micro_batch(cfg: TrainConfig, micro: int) -> TrainConfig:
+    return replace(cfg, trainer=replace(cfg.trainer, micro_batch_size=micro))
+
+
+def plan_of(cfg: TrainConfig, planned, world_size: int):
+    """The plan and its text. ``micro_batch_size=auto`` is planned for the GPU at hand, or for an 80 GiB
+    one (an H100) where there is none, with what it would pick on others."""
+    t, dtype = cfg.trainer, planned_dtype(cfg.trainer)
+    micro, note = None, ""
+    if t.micro_batch_size == "auto":
+        on_gpu = t.device != "cpu" and torch.cuda.is_available()
+        free = available_memory(resolve_device(t.device)) if on_gpu else 80 * GIB
+        micro = auto_micro_batch(cfg, planned, world_size, dtype, free)
+        where = f"this GPU's {free / GIB:.1f} GiB free" if on_gpu else "an 80 GiB GPU (an H100; none is here)"
+        note = f"\n  micro-batch auto: planned above for {where}\n" + auto_choices_text(cfg, planned, world_size, dtype)
+    plan = make_plan(cfg, planned, world_size, dtype, micro_batch=micro)
+    return plan, plan.text() + note
+
+
+def plan_variants(configs: dict[str, TrainConfig]) -> str:
+    """The plans of a sweep's variants: a table of each one's micro-batch, memory and time, then each
+    distinct plan once, headed by the variants it covers (seeds do not change a plan)."""
+    world = from_environment().world_size
+    plans: dict[str, list[str]] = {}
+    rows = []
+    for name, cfg in configs.items():
+        validate(cfg)
+        planned = replace(cfg.model, vocab_size=cfg.model.vocab_size or VOCAB_SIZES[cfg.data.tokenizer])
+        plan, text = plan_of(cfg, planned, world)
+        plans.setdefault(text, []).append(name)
+        rows.append(f"| {name} | {plan.micro_batch} x {plan.grad_accum} | {plan.peak_bytes / GIB:,.1f} | "
+                    f"{plan.h100_minutes():,.1f} |")  # fmt: skip
+    table = ["| run | micro-batch x accumulation | est. peak GiB | est. H100 min |", "| --- | ---: | ---: | ---: |",
+             *rows]  # fmt: skip
+    parts = [f"{len(configs)} runs; estimates, as each plan below says:", "\n".join(table)]
+    parts += [f"--- {'; '.join(names)} ---\n{text}" for text, names in plans.items()]
+    return "\n\n".join(parts)
 
 
 def progress_postfix(metrics: dict) -> dict:
@@ -187,10 +277,9 @@ class Trainer:
             self.start_step, self.best_val, wandb_id = resume.step, resume.best_val_loss, resume.wandb_run_id
         self.wandb_id = wandb_id  # kept across resumes, even by a resumed run that logs without wandb
 
-        forward = self.model
-        if t.compile:
-            torch._dynamo.reset()  # a multirun's previous job may have left compiled graphs
-            forward = torch.compile(self.model)
+        if t.profile and t.compile and device.type == "cpu":
+            name_cpu_kernels()
+        forward = compile_for_training(self.model, t.compile_scope) if t.compile else self.model
         if dist.enabled:
             forward = DistributedDataParallel(forward, device_ids=[device.index] if device.type == "cuda" else None)
         loader = BatchLoader(data.tokens["train"], model_config.block_size, t.micro_batch_size, t.seed,
@@ -208,7 +297,7 @@ class Trainer:
             "dtype": str(dtype).removeprefix("torch."), "data_dir": str(data.folder),
             "tokens_per_step": self.tokens_per_step,
         }  # fmt: skip
-        self.log = open_run_log(cfg, container, run_dir, facts, wandb_id) if dist.is_main else None
+        self.log = open_run_log(cfg, container, run_dir, facts, wandb_id, device_id(device)) if dist.is_main else None
         if self.log is not None and self.log.wandb_id:
             self.wandb_id = self.log.wandb_id
 
@@ -218,63 +307,88 @@ class Trainer:
         step = self.start_step
         summary: dict = {"run_dir": str(self.run_dir), "start_step": step}
         self.best_step, started = None, time.perf_counter()
+        to_run = stop_at - step
+        warmup = min(MAX_WARMUP_STEPS, max(1, int(to_run * WARMUP_FRACTION)))
+        profiler = StepProfiler(self.device, self.run_dir / "profile", first_step=step, start=step + warmup,
+                                steps=min(PROFILE_STEPS, to_run - warmup) if t.profile else 0)  # fmt: skip
+        step_ms: list[float] = []
         if self.dist.is_main:
             log.info("run directory: %s (%s, %s parameters, %s, %s)", self.run_dir, run_name(self.cfg),
                      f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
         bar = tqdm(total=stop_at, initial=step, desc="train", unit="step", disable=not self.dist.is_main,
                    dynamic_ncols=True)  # fmt: skip
-        try:
-            with StopSignals() as stop, logging_redirect_tqdm():  # log lines go above the bar
-                if t.compile:
-                    summary["compile_s"] = self.compile_warmup(step)
-                while step < stop_at:
-                    start = time.perf_counter()
-                    lr = lr_at(step, self.cfg.optim, t.max_steps)
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = lr
-                    loss, grad_norm = self.step(step)
-                    step += 1
-                    step_s = time.perf_counter() - start
-                    if not math.isfinite(loss):
-                        raise FloatingPointError(
-                            f"train/loss became {loss} at step {step}; stopped without saving it. The last "
-                            f"good checkpoint is {self.run_dir / LAST} (if one was written). Lower optim.lr, "
-                            f"keep optim.grad_clip > 0, or use trainer.dtype=float32"
-                        )
-                    metrics = self.step_metrics(step, loss, grad_norm, lr, step_s)
-                    summary["train_loss"] = loss
-                    self.speeds.append(metrics["perf/tokens_per_sec"])
-                    self.record(step, metrics)
-                    bar.update()
-                    bar.set_postfix(progress_postfix(metrics), refresh=False)
+        status = "failed"  # until the loop ends: an exception leaves it so in run.json
+        # Signals ask for a stop after the step; later ones are absorbed until the run has saved and closed.
+        with StopSignals() as stop:
+            try:
+                with logging_redirect_tqdm():  # log lines go above the bar
+                    if t.compile:
+                        summary["compile_s"] = self.compile_warmup(step)
+                    if self.dist.any(stop.requested, self.device):  # stopped while compiling: no step
+                        stop_at = step
+                    while step < stop_at:
+                        start = time.perf_counter()
+                        lr = lr_at(step, self.cfg.optim, t.max_steps)
+                        for group in self.optimizer.param_groups:
+                            group["lr"] = lr
+                        with profiler.around(step + 1, step_ms):
+                            loss, grad_norm = self.step(step)
+                            step_ms.append((time.perf_counter() - start) * 1e3)
+                        step += 1
+                        step_s = step_ms[-1] / 1e3
+                        if not math.isfinite(loss):
+                            raise FloatingPointError(
+                                f"train/loss became {loss} at step {step}; stopped without saving it. The last "
+                                f"good checkpoint is {self.run_dir / LAST} (if one was written). Lower optim.lr, "
+                                f"keep optim.grad_clip > 0, or use trainer.dtype=float32"
+                            )
+                        metrics = self.step_metrics(step, loss, grad_norm, lr, step_s)
+                        if profiler.profiled(step):
+                            metrics["perf/profiled"] = 1  # the profiler's overhead: no speed figure uses this step
+                        else:
+                            self.speeds.append(metrics["perf/tokens_per_sec"])
+                        summary["train_loss"] = loss
+                        if step == self.start_step + 1 and profiler.sdpa_backend and self.log is not None:
+                            self.log.update_info(sdpa_backend=profiler.sdpa_backend)
+                        self.record(step, metrics)
+                        bar.update()
+                        bar.set_postfix(progress_postfix(metrics), refresh=False)
 
-                    stopping = self.dist.any(stop.requested, self.device) or step == stop_at
-                    if step % t.eval_interval == 0 or step == t.max_steps:
-                        summary.update(self.evaluate_and_keep_best(step))
-                    if step % t.checkpoint_interval == 0 or stopping:
-                        self.save(LAST, step)
-                    if stopping:
-                        break
-                summary["interrupted"] = stop.requested
-            bar.close()
-            summary["step"] = step
-            if self.dist.is_main:
-                if t.sample_tokens > 0 and step == t.max_steps:
-                    self.log_sample(step, self.sample(t.sample_tokens))
-                self.report(summary, time.perf_counter() - started)
-        finally:
-            bar.close()
-            if self.log is not None:
-                self.log.close()
+                        stopping = self.dist.any(stop.requested, self.device) or step == stop_at
+                        if step % t.eval_interval == 0 or step == t.max_steps:
+                            summary.update(self.evaluate_and_keep_best(step))
+                        if step % t.checkpoint_interval == 0 or stopping:
+                            self.save(LAST, step)
+                        if stopping:
+                            break
+                bar.close()
+                profiler.finish()  # a run that ended inside the window still writes what it saw
+                if profiler.summary is not None and self.dist.is_main:
+                    log.info("where a step's time goes (%s):\n%s", profiler.out, summary_table(profiler.summary))
+                summary["step"] = step
+                summary["stopped_by"] = self.dist.broadcast(stop.signal if self.dist.is_main else None)
+                if summary["stopped_by"]:  # a SLURM job that is being requeued exits without a result
+                    summary["requeued"] = self.dist.broadcast(
+                        slurm.requeued_after(summary["stopped_by"], self.dist.rank) if self.dist.is_main else None)
+                if self.dist.is_main:
+                    if t.sample_tokens > 0 and step == t.max_steps:
+                        self.log_sample(step, self.sample(t.sample_tokens))
+                    self.report(summary, time.perf_counter() - started)
+                status = "finished" if step == t.max_steps else "interrupted"
+            finally:
+                bar.close()
+                if self.log is not None:
+                    self.log.close(status, {k: summary[k] for k in FINAL_KEYS if k in summary})
         return summary
 
     def report(self, summary: dict, seconds: float) -> None:
         """The closing lines: where the run is, how it did, and what to do next."""
         step = summary["step"]
-        if summary.get("interrupted"):
-            log.warning("interrupted at step %d: saved %s. Continue it with: python train.py trainer.resume=%s "
-                        "(and this run's other options, listed in %s)", step, self.run_dir / LAST, self.run_dir,
-                        self.run_dir / ".hydra" / "overrides.yaml")  # fmt: skip
+        if summary.get("stopped_by"):
+            then = ("SLURM requeues the job: its rerun continues from there" if summary.get("requeued")
+                    else "trainer.resume=auto in this run directory continues it")  # fmt: skip
+            log.warning("stopped by %s at step %d: saved %s; %s", summary["stopped_by"], step, self.run_dir / LAST,
+                        then)  # fmt: skip
         lines = [f"run directory: {self.run_dir}", f"steps: {summary['start_step']} -> {step} in {seconds:,.1f} s"]
         if self.speeds:
             lines.append(f"median throughput: {statistics.median(self.speeds):,.0f} tokens/s")
@@ -288,6 +402,9 @@ class Trainer:
     def compile_warmup(self, step: int) -> float:
         """Compile before the clock starts: one forward+backward, gradients discarded. Its time is
         logged as perf/compile_s and kept out of every speed and time-to-target figure."""
+        if self.dist.is_main:
+            log.info("compiling (trainer.compile_scope=%s): the first forward and backward pass, untimed",
+                     self.cfg.trainer.compile_scope)
         start = time.perf_counter()
         x, y = self.step.loader.batch(step, 0)
         with autocast(self.device, self.dtype):
@@ -297,6 +414,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
+        if self.dist.is_main:
+            log.info("compiled in %.1f s", seconds)
         self.record(step, {"perf/compile_s": seconds})
         self.memory.reset()  # the compile's workspace is not the run's steady state
         return seconds
@@ -318,7 +437,8 @@ class Trainer:
             self.log.log(step, metrics)
 
     def evaluate_and_keep_best(self, step: int) -> dict:
-        metrics = self.evaluate(self.model)
+        with eager():  # compiled blocks would compile again for inference: evaluation stays out of it
+            metrics = self.evaluate(self.model)
         self.record(step, {**metrics, "tokens": step * self.tokens_per_step})
         if metrics["val/loss"] < self.best_val:
             self.best_val, self.best_bpb, self.best_step = metrics["val/loss"], metrics["val/bpb"], step
@@ -354,7 +474,7 @@ class Trainer:
     def sample(self, n_tokens: int) -> str:
         self.model.eval()
         generator = torch.Generator().manual_seed(self.cfg.trainer.seed)
-        with autocast(self.device, self.dtype):
+        with eager(), autocast(self.device, self.dtype):
             ids = list(generate(self.model, [self.tokenizer.eot_id], n_tokens, temperature=1.0,
                                 top_k=50, generator=generator))  # fmt: skip
         return self.tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")

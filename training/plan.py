@@ -89,11 +89,15 @@ class Plan:
     def peak_bytes(self) -> int:
         return self.static_bytes + sum(self.activations.values()) + self.logits_transient_bytes
 
+    def h100_minutes(self) -> float:
+        """Estimated minutes per GPU on H100s at ``ASSUMED_MFU``."""
+        flops = self.flops_per_token * self.tokens_per_step * self.max_steps
+        return flops / (ASSUMED_MFU * H100_BF16_PEAK) / 60 / self.world_size
+
     def text(self) -> str:
         c = self.config
         tokens = self.tokens_per_step * self.max_steps
         flops = self.flops_per_token * tokens
-        h100_s = flops / (ASSUMED_MFU * H100_BF16_PEAK)
         lines = [
             f"plan: {c.name} ({c.attention} + {c.kernel}), {self.params:,} parameters, vocab {c.vocab_size:,}",
             f"  {c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, context {c.block_size}, "
@@ -103,7 +107,7 @@ class Plan:
             f"{self.micro_batch} x {c.block_size} tokens, {self.grad_accum} accumulation step(s) per rank",
             f"  run: {self.max_steps:,} steps = {tokens / 1e6:,.1f} M tokens = {flops:.3g} FLOPs",
             f"  estimated time on one H100 (bf16 peak 989 TFLOP/s at an assumed {ASSUMED_MFU:.0%} MFU): "
-            f"{h100_s / 60 / self.world_size:,.1f} min per GPU over {self.world_size} GPU(s) (an estimate)",
+            f"{self.h100_minutes():,.1f} min per GPU over {self.world_size} GPU(s) (an estimate)",
             f"  estimated peak memory per GPU ({str(self.dtype).removeprefix('torch.')} autocast, eager): "
             f"{self.peak_bytes / GIB:,.2f} GiB",
             f"    weights + gradients + AdamW{' + DDP buckets' if self.world_size > 1 else ''}: "
@@ -138,6 +142,43 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
         # the LM head's output, its cropped copy and its float32 cast live together for a moment
         logits_transient_bytes=micro * model_config.block_size * V * (2 * a + (4 if a < 4 else 0)),
     )
+
+
+AUTO_HEADROOM = 0.85  # share of free memory micro_batch_size=auto plans to fill: workspaces, fragmentation
+
+
+def auto_micro_batch(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype: torch.dtype,
+                     available_bytes: int | None) -> int:  # fmt: skip
+    """The largest micro-batch that divides a rank's share of the batch and whose estimated peak fits
+    ``AUTO_HEADROOM`` of ``available_bytes`` (unknown: the whole share); fewer accumulation steps run
+    faster (bigger matrix products, fewer launches)."""
+    per_rank = cfg.trainer.batch_size // world_size
+    if available_bytes is None:
+        return per_rank
+    budget = AUTO_HEADROOM * available_bytes
+    for micro in (m for m in range(per_rank, 0, -1) if per_rank % m == 0):
+        if make_plan(cfg, model_config, world_size, dtype, micro_batch=micro).peak_bytes <= budget:
+            return micro
+    smallest = make_plan(cfg, model_config, world_size, dtype, micro_batch=1).peak_bytes
+    raise ValueError(
+        f"trainer.micro_batch_size=auto: not even one sequence fits; it needs an estimated {smallest / GIB:.1f} "
+        f"GiB and {AUTO_HEADROOM:.0%} of the {available_bytes / GIB:.1f} GiB free is {budget / GIB:.1f} GiB. "
+        f"Use a smaller model or block_size, or the sdpa kernel"
+    )
+
+
+def auto_choices_text(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype: torch.dtype,
+                      sizes_gib: tuple[int, ...] = (80, 40, 24)) -> str:  # fmt: skip
+    """What ``micro_batch_size=auto`` would pick on GPUs with this much free memory (for a plan made elsewhere)."""
+    picks = []
+    for gib in sizes_gib:
+        try:
+            micro = auto_micro_batch(cfg, model_config, world_size, dtype, gib * GIB)
+            peak = make_plan(cfg, model_config, world_size, dtype, micro_batch=micro).peak_bytes
+            picks.append(f"{gib} GiB free -> {micro} (estimated {peak / GIB:.1f} GiB)")
+        except ValueError:
+            picks.append(f"{gib} GiB free -> none fits")
+    return "  on other GPUs it would pick: " + "; ".join(picks)
 
 
 def planned_dtype(trainer) -> torch.dtype:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import netrc
 import os
+import socket
+import time
 from pathlib import Path
 
 from model.checkpoint import LAST, remove_stale_temporaries
+from training import slurm
 from training.config import LoggerConfig, TrainConfig
 
 
@@ -33,6 +37,13 @@ def has_wandb_key() -> bool:
         return False
 
 
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def atomic_write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=2))
@@ -44,29 +55,54 @@ def run_name(cfg: TrainConfig) -> str:
     return cfg.logger.name or f"{cfg.model.attention}-{cfg.model.kernel}-{cfg.model.name}"
 
 
-OWNER = ".headlab-run"  # created exclusively: two runs can never share a directory
+OWNER = ".headlab-run"  # created exclusively by a new run; locked by the process writing the run
 
 
-def claim_run_dir(run_dir: str | None) -> Path:
-    """Create the run directory and claim it; refuse one that holds (or is being used by) another run."""
+class RunDirClaim:
+    """A run directory this process writes to, held by an exclusive lock on its owner file until
+    ``release`` (or the process's death: a killed run's lock goes with it)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def claim_run_dir(run_dir: str | None, continuing: bool = False) -> RunDirClaim:
+    """Create the run directory and claim it. A new run refuses a directory that holds another run;
+    a continuation (``trainer.resume=auto``) takes its own; neither writes where another process does."""
     if not run_dir:
         raise ValueError("trainer.run_dir is not set; set trainer.run_dir=<folder> (train.py sets Hydra's)")
     path = Path(run_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
-    taken = (path / "metrics.jsonl").exists() or (path / LAST).exists()
+    if not continuing:
+        taken = (path / "metrics.jsonl").exists() or (path / LAST).exists()
+        try:
+            if not taken:
+                os.close(os.open(path / OWNER, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            taken = True
+        if taken:
+            raise ValueError(
+                f"trainer.run_dir={path} already holds another run (started in the same second, or finished); "
+                f"writing there would mix two runs. To continue that run in place add trainer.resume=auto (with "
+                f"the run's own settings); trainer.resume={path} continues it in a new directory; otherwise "
+                f"choose another trainer.run_dir"
+            )
+    fd = os.open(path / OWNER, os.O_CREAT | os.O_WRONLY)
     try:
-        if not taken:
-            os.close(os.open(path / OWNER, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        taken = True
-    if taken:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
         raise ValueError(
-            f"trainer.run_dir={path} already holds another run (started in the same second, or finished); "
-            f"writing there would mix two runs. To continue that run use trainer.resume={path} (it writes to "
-            f"a new directory); otherwise choose another trainer.run_dir"
-        )
+            f"trainer.run_dir={path} is being written by another process right now (a run or its "
+            f"continuation); wait for it to end, or choose another directory"
+        ) from None
     remove_stale_temporaries(path)
-    return path
+    return RunDirClaim(path, fd)
 
 
 FAILURE = "failure.json"
@@ -91,6 +127,13 @@ class RunLog:
     def wandb_id(self) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else None
 
+    def update_info(self, **facts) -> None:
+        """Add facts learnt while running (e.g. the SDPA kernel the graph calls) to run.json and wandb's config."""
+        path = self.path.with_name("run.json")
+        atomic_write_json(path, {**json.loads(path.read_text()), **facts})
+        if self.wandb_run is not None:
+            self.wandb_run.config.update(facts, allow_val_change=True)
+
     def log(self, step: int, metrics: dict) -> None:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.wandb_run is not None:
@@ -111,7 +154,16 @@ class RunLog:
 
             self.wandb_run.log({"samples": wandb.Table(columns=["step", "text"], data=[[step, text]])}, step=step)
 
-    def close(self) -> None:
+    def close(self, status: str, summary: dict | None = None) -> None:
+        """Record how the run ended (``status``: finished, interrupted or failed) and when; then close."""
+        path = self.path.with_name("run.json")
+        info = json.loads(path.read_text())
+        info["status"] = status
+        if summary is not None:
+            info["summary"] = summary
+        if info.get("segments"):
+            info["segments"][-1]["end"] = time.time()
+        atomic_write_json(path, info)
         self.file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
@@ -126,9 +178,19 @@ def define_metrics(run) -> None:
     run.define_metric("val/bpb", step_metric="tokens", summary="min")
 
 
-def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None) -> RunLog:
-    """Write ``run.json`` (the resolved config and the facts reports need) and start wandb with the same."""
-    info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts}
+def segment(device_id: str) -> dict:
+    """Where and when this process runs the run: reports flag runs that shared a machine at the same time."""
+    return {"host": socket.gethostname(), "device": device_id, "pid": os.getpid(), "start": time.time(),
+            "end": None, **({"slurm": slurm.job_facts()} if slurm.in_slurm_job() else {})}  # fmt: skip
+
+
+def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None,
+                 device_id: str) -> RunLog:  # fmt: skip
+    """Write ``run.json`` (the resolved config, the facts reports need, status ``running`` and this process's
+    segment after those of the runs it continues in place) and start wandb with the same."""
+    before = read_json(run_dir / "run.json") or {}
+    info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts, "status": "running",
+            "segments": [*before.get("segments", []), segment(device_id)]}  # fmt: skip
     run = None
     if cfg.logger.kind == "wandb":
         import wandb  # imported here: runs with logger=none never pay for it

@@ -1,0 +1,202 @@
+"""Sweeps through Hydra's submitit launcher: on a real (single-node) SLURM, and in parallel on one machine.
+
+The SLURM tests start slurmctld, slurmd and munged for the session (the ``slurm`` fixture) and skip, with
+the reason, where they cannot (not root, or no ``apt-get install -y slurm-wlm munge``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, TINY, compose_train, read_metrics, train_losses
+
+import compare
+from training import slurm as slurm_support
+from training.distributed import from_environment
+from training.gpu_slots import _held, claim_free_slot
+from training.loop import train
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="Hydra's submitit launcher (the cluster extra)")
+
+# One CPU and a little memory per job, no GPU: what the test cluster has.
+ON_TEST_CLUSTER = ["hydra/launcher=submitit_slurm", "hydra.launcher.gpus_per_node=null",
+                   "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1", "logger=none"]  # fmt: skip
+
+
+def sweep(cwd: Path, env: dict, *args: str, timeout: int = 240) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), "-m", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: int = 240) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def spans_overlap(a: dict, b: dict) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+def test_a_slurm_sweep_runs_its_jobs_in_parallel_and_the_report_flags_that_they_shared_a_machine(
+        slurm, tmp_path, data_cache):  # fmt: skip
+    env = {**os.environ, **slurm.env}
+    code, out, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "attention=wrapper,fused_qkv",
+                                  f"data.cache_dir={data_cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}"))  # fmt: skip
+    assert code == 0, err[-3000:]
+    infos = [json.loads((tmp_path / "sweep" / name / "run.json").read_text())
+             for name in ("0_wrapper-sdpa", "1_fused_qkv-sdpa")]  # fmt: skip
+    assert [i["status"] for i in infos] == ["finished", "finished"]
+    (a,), (b,) = (i["segments"] for i in infos)
+    assert a["slurm"]["job_id"] != b["slurm"]["job_id"] and spans_overlap(a, b), "two SLURM jobs at the same time"
+    report = (compare.main([str(tmp_path / "sweep")]) / "report.md").read_text()
+    for variant, other in (("wrapper", "fused_qkv/sdpa"), ("fused_qkv", "wrapper/sdpa")):
+        row = next(line for line in report.splitlines() if line.startswith(f"| {variant} |"))
+        assert f"ran alongside {other} (seed 1337): its speed is not comparable" in row
+
+
+def test_a_slurm_job_of_two_tasks_is_one_ddp_run(slurm, tmp_path, data_cache):
+    common = [*TINY, "trainer.batch_size=16", "trainer.micro_batch_size=8", "trainer.max_steps=6",
+              "trainer.eval_interval=3", "trainer.eval_windows=3", f"data.cache_dir={data_cache}"]  # fmt: skip
+    env = {**os.environ, **slurm.env}
+    code, out, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *common, "hydra.launcher.tasks_per_node=2",
+                                  f"hydra.sweep.dir={tmp_path / 'sweep'}"))  # fmt: skip
+    assert code == 0, err[-3000:]
+    (run_dir,) = [p for p in (tmp_path / "sweep").iterdir() if (p / "run.json").exists()]
+    assert json.loads((run_dir / "run.json").read_text())["world_size"] == 2
+    train(compose_train(*common, "logger=none", f"trainer.run_dir={tmp_path / 'single'}"))  # accumulation 2
+    for key in ("train/loss", "val/loss"):
+        ddp = [m[key] for m in read_metrics(run_dir) if key in m]
+        single = [m[key] for m in read_metrics(tmp_path / "single") if key in m]
+        assert len(ddp) == len(single) > 0 and ddp == pytest.approx(single, abs=1e-5), key
+
+
+def last_step(run_dir: Path) -> int:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+    return max((json.loads(line)["step"] for line in lines if "train/loss" in line), default=0)
+
+
+def restarts_seen(run_dir: Path) -> int | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text())["segments"][-1]["slurm"]["restart"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def wait_for_steps(metrics: Path, at_least: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if last_step(metrics.parent) >= at_least:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{metrics} did not reach step {at_least}")
+
+
+def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_as_if_never_stopped(
+        slurm, tmp_path, data_cache):  # fmt: skip
+    common = [*TINY, "model.n_layer=2", "model.n_embd=64", "trainer.max_steps=150", "trainer.eval_interval=50",
+              "trainer.checkpoint_interval=1000", f"data.cache_dir={data_cache}"]  # fmt: skip
+    env = {**os.environ, **slurm.env}
+    proc = sweep(tmp_path, env, *ON_TEST_CLUSTER, *common, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    run_dir = tmp_path / "sweep" / "0_fused_qkv-sdpa"
+    wait_for_steps(run_dir / "metrics.jsonl", 15, proc)
+    job = slurm.run("squeue", "-h", "-o", "%i").stdout.split()[0]
+    slurm.run("scontrol", "requeue", job)  # preemption: SIGTERM, then SLURM requeues the job
+    while restarts_seen(run_dir) != 1:  # the rerun has claimed its run directory
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    # Signalled only once its training loop runs (a USR2 any earlier would end the process, its default).
+    wait_for_steps(run_dir / "metrics.jsonl", last_step(run_dir) + 10, proc)
+    slurm.run("scancel", "--signal=USR2", job)  # the launcher's warning before the time limit
+    code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and [s["slurm"]["restart"] for s in info["segments"]] == [0, 1, 2]
+    log = (run_dir / "train.log").read_text()
+    assert "stopped by SIGTERM" in log and "stopped by SIGUSR2" in log and log.count("continuing ") == 2
+    train(compose_train(*common, "logger=none", f"trainer.run_dir={tmp_path / 'whole'}"))
+    requeued, whole = train_losses(run_dir), train_losses(tmp_path / "whole")
+    assert sorted(requeued) == list(range(1, 151)), "every step once: the records after a checkpoint were dropped"
+    assert [requeued[s] for s in sorted(whole)] == pytest.approx([whole[s] for s in sorted(whole)], abs=1e-5)
+
+
+def test_a_user_error_in_a_slurm_job_ends_the_sweep_with_its_message_instead_of_a_wait(slurm, tmp_path):
+    env = {**os.environ, **slurm.env}
+    code, out, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "trainer.eval_windows=0",
+                                  f"hydra.sweep.dir={tmp_path / 'sweep'}"), timeout=120)  # fmt: skip
+    assert code != 0 and "trainer.eval_windows=0 must be at least 1" in err
+
+
+def test_a_local_parallel_sweep_runs_every_job_at_once(tmp_path, data_cache):
+    # submitit_local: each job its own process, started together (on a GPU machine, each takes a free GPU).
+    one_thread_each = {**os.environ, "OMP_NUM_THREADS": "1"}  # two jobs on two cores
+    proc = sweep(tmp_path, one_thread_each, "hydra/launcher=submitit_local", "logger=none", *TINY,
+                 "attention=wrapper,fused_qkv", f"data.cache_dir={data_cache}", f"hydra.sweep.dir={tmp_path / 'sw'}")
+    code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    (a,), (b,) = (json.loads((tmp_path / "sw" / name / "run.json").read_text())["segments"]
+                  for name in ("0_wrapper-sdpa", "1_fused_qkv-sdpa"))  # fmt: skip
+    assert spans_overlap(a, b) and a["pid"] != b["pid"]
+
+
+def test_a_gpu_is_claimed_by_one_job_at_a_time_and_freed_when_it_ends(tmp_path):
+    names = ["cuda:GPU-aaaa", "cuda:GPU-bbbb"]
+    held_before = len(_held)
+    assert claim_free_slot(names, locks=tmp_path) == 0
+    assert claim_free_slot(names, locks=tmp_path) == 1
+    threading.Timer(0.5, lambda: os.close(_held.pop(held_before))).start()  # the first job ends
+    start = time.monotonic()
+    assert claim_free_slot(names, poll_s=0.1, locks=tmp_path) == 0, "the freed GPU"
+    assert time.monotonic() - start >= 0.4, "it waited while both were taken"
+    while len(_held) > held_before:
+        os.close(_held.pop())
+
+
+def test_slurm_tasks_form_the_ddp_world_where_torchrun_set_none(monkeypatch):
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    state = from_environment()
+    assert (state.rank, state.local_rank, state.world_size, state.launcher) == (3, 1, 4, "slurm")
+    assert slurm_support.rendezvous() == ("gpu07", 20000 + 4242)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun inside a SLURM job: torchrun's ranks win
+    monkeypatch.setenv("RANK", "1")
+    assert from_environment().launcher == "torchrun"
+    assert slurm_support.expand_nodelist("a[1-2,09],b") == ["a1", "a2", "a09", "b"]
+
+
+def test_the_sacct_warnings_of_a_cluster_without_accounting_are_said_once(caplog):
+    logger = logging.getLogger("submitit")
+    slurm_support.quiet_sacct_polling()
+    with caplog.at_level(logging.WARNING, logger="submitit"):
+        for call in range(1, 5):
+            logger.warning(f"Call #{call} - Bypassing sacct error Command '['sacct']' returned non-zero exit status 1.")
+        logger.warning("another warning")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "SLURM accounting is off" in messages[0] and messages[1] == "another warning"
+
+
+def test_stop_signals_name_the_first_and_absorb_the_next():
+    from training.signals import StopSignals
+
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C while saving: no KeyboardInterrupt
+        time.sleep(0.1)
+    assert stop.requested and stop.signal == "SIGTERM"

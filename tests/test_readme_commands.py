@@ -1,0 +1,157 @@
+"""The README's commands work as written: every `python` line of its bash blocks that needs no network
+or GPU runs here (shortened by options appended after the README's own, placeholders replaced by real
+runs), and fails on any refusal. A command the table below does not know fails too: a new README line
+is either run here or says why it cannot be."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import R50K_URL, SHIPPED_GPT2_RANKS
+from helpers import ROOT, TINY, compose_train
+
+from training.loop import train
+
+NETWORK = "downloads from the network (Hugging Face hub or a URL)"
+GPU = "needs GPUs"
+SLURM = "needs a SLURM cluster: test_cluster_sweeps.py runs such sweeps against a real one"
+# Commands that cannot run here, and why (matched by their start).
+NOT_HERE = {
+    "python3 -m venv .venv": "the install itself: .ci/run runs it in a fresh virtualenv",
+    "python train.py model=mini data=tinyshakespeare": NETWORK,
+    "python train.py experiment=gpt2_small": f"{GPU} and {NETWORK} (FineWeb-Edu)",
+    "torchrun --standalone --nproc_per_node=8": GPU,
+    "torchrun --nnodes=2": f"{GPU} on two machines",
+    "python sample.py source=gpt2 ": NETWORK,
+    "python train.py experiment=finetune_shakespeare": f"{GPU} and {NETWORK}",
+    "python evaluate.py source=gpt2 ": NETWORK,
+    "python -m data data=tinyshakespeare": NETWORK,
+    "python heads.py source=gpt2 ": NETWORK,
+    "python train.py -m hydra/launcher=submitit_slurm": SLURM,
+    "HEADLAB_SLURM_PARTITION=gpu": SLURM,
+    "python train.py -m hydra/launcher=submitit_local experiment=compare_attention_gpu": GPU,
+    "python bench_reference.py prepare": "a benchmark of minutes (tokenizing the corpus twice per round); "
+                                         "test_data_prepare.py covers its code",
+}
+# The README's runs, small: the placeholder run's shape (2 layers of 4 heads: heads.py layer=1 head=3).
+SHAPE = ["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=32", "trainer.batch_size=8",
+         "trainer.micro_batch_size=8"]  # fmt: skip
+SHORT_TRAINING = [*SHAPE, "trainer.max_steps=2", "trainer.eval_interval=2", "trainer.eval_windows=2",
+                  "trainer.sample_tokens=0", "trainer.device=cpu"]  # fmt: skip
+
+
+def readme_commands() -> list[str]:
+    """Every command line of the README's bash blocks that runs python (continuation lines joined)."""
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()  # a trailing comment
+            if line and not line.startswith("#") and re.search(r"\b(python3?|torchrun)\b", line):
+                commands.append(line)
+    return commands
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory, data_cache):
+    """What the README's placeholders stand for: a trained run, a sweep, files to read."""
+    tmp = tmp_path_factory.mktemp("readme")
+    sweep = tmp / "sweep"
+    for layout in ("wrapper", "fused_qkv"):
+        train(compose_train(*SHAPE, *TINY[6:], "logger=none", f"attention={layout}", "trainer.max_steps=10",
+                            f"trainer.run_dir={sweep / layout}", f"data.cache_dir={data_cache}"))  # fmt: skip
+    (tmp / "prompt.txt").write_text("def ")
+    (tmp / "notes" / "a").mkdir(parents=True)
+    for i in range(40):  # enough documents for a validation split
+        (tmp / "notes" / "a" / f"{i}.md").write_text(f"# note {i}\n\nSome text of note {i}.\n" * 20)
+    return {"run": sweep / "fused_qkv", "sweep": sweep, "cwd": tmp, "cache": data_cache, "count": iter(range(10**6))}
+
+
+def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
+    """argv (placeholders replaced, the work shortened) and the text for standard input."""
+    stdin = None
+    if command.startswith("echo "):
+        echoed, command = command.split("|", 1)
+        stdin = shlex.split(echoed)[1] + "\n"
+        command = command.strip()
+    run, sweep = str(places["run"]), str(places["sweep"])
+    command = re.sub(r"runs/\.\.\./best\.pt", f"{run}/best.pt", command)
+    command = re.sub(r"runs/(\d{4}-\d\d-\d\d/[\w-]+|\.\.\.)", run, command)
+    command = re.sub(r"multirun/\d{4}-\d\d-\d\d/[\d-]+", sweep, command)
+    argv = shlex.split(command)
+    script, args = argv[1], argv[2:]
+    cache, out = f"data.cache_dir={places['cache']}", places["cwd"]
+    if script == "train.py":
+        multirun = "-m" in args
+        where = f"hydra.sweep.dir={out / 'sweeps' / str(next(places['count']))}" if multirun else \
+            f"hydra.run.dir={out / 'runs' / str(next(places['count']))}"  # fmt: skip
+        args += [*SHORT_TRAINING, cache, where] + ([] if any(a.startswith("logger") for a in args) else ["logger=none"])
+        if any(a.startswith("trainer.resume=") for a in args):
+            args.append("trainer.max_steps=12")  # past the placeholder run's 10 steps
+    elif script in ("sample.py",):
+        args += ["max_new_tokens=5", "device=cpu"]
+    elif script in ("heads.py", "evaluate.py"):
+        args += [cache, f"out={out / 'out' / str(next(places['count']))}"]
+    elif script == "export.py":
+        args = [a if not a.startswith("out=") else f"out={out / 'exported'}" for a in args]
+    elif argv[1:3] == ["-m", "data"]:
+        args = argv[3:] + [cache]
+        return [sys.executable, "-m", "data", *args], stdin
+    elif script == "bench.py":
+        args += ["--min-run-time", "0.05", "--seq-len", "16", "--batch", "2", "--out", str(out / "bench")]
+        if "gpt" in args:
+            args += ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--vocab-size", "300"]
+        if "compiled" in args:
+            args += ["--layouts", "fused_qkv", "--kernels", "sdpa"]
+    elif script == "bench_reference.py":
+        args += ["--rounds", "1", "--steps", "1", "--new-tokens", "2", "--batch", "2"]
+    elif script == "compare.py":
+        args += ["--out", str(out / "report" / str(next(places['count'])))]
+    return [sys.executable, str(ROOT / script), *args], stdin
+
+
+def test_every_readme_command_is_run_here_or_says_why_not():
+    commands = readme_commands()
+    assert len(commands) > 40
+    unknown = [c for c in commands if not any(c.startswith(k) for k in NOT_HERE) and not c.startswith(
+        ("python train.py", "python sample.py", "python export.py", "python evaluate.py", "python -m data",
+         "python compare.py", "python bench", "python heads.py", "echo "))]  # fmt: skip
+    assert not unknown, f"README commands this test does not know how to run or why not: {unknown}"
+
+
+def test_the_readme_commands_that_need_no_network_or_gpu_work(places, tmp_path):
+    to_run = [c for c in readme_commands() if not any(c.startswith(k) for k in NOT_HERE)]
+    # Two commands at a time, one thread each: two processes of two OpenMP threads on two cores would spin.
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
+    if os.path.exists(SHIPPED_GPT2_RANKS):  # bench_reference sample-process: GPT-2's tokenizer, offline
+        import hashlib
+        import shutil
+
+        cache = tmp_path / "tiktoken"
+        cache.mkdir()
+        shutil.copy(SHIPPED_GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
+        env["TIKTOKEN_CACHE_DIR"] = str(cache)
+
+    def run(command: str) -> tuple[str, subprocess.CompletedProcess]:
+        argv, stdin = prepared(command, places)
+        start = time.monotonic()
+        result = subprocess.run(argv, input=stdin, cwd=places["cwd"], env=env, capture_output=True, text=True,
+                                timeout=600)  # fmt: skip
+        result.seconds = time.monotonic() - start
+        return command, result
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run, to_run))
+    for command, r in sorted(results, key=lambda cr: -cr[1].seconds)[:12]:
+        print(f"{r.seconds:6.1f} s  {command}")
+    failed = [f"{command}\n  exit {r.returncode}: {(r.stderr or r.stdout).strip()[-800:]}"
+              for command, r in results if r.returncode != 0]  # fmt: skip
+    assert not failed, "README commands refused or failed:\n" + "\n".join(failed)
+    assert len(results) >= 25
