@@ -50,7 +50,8 @@ def test_a_slurm_sweep_runs_its_jobs_in_parallel_and_the_report_flags_that_they_
         slurm, tmp_path, data_cache):  # fmt: skip
     env = {**os.environ, **slurm.env}
     code, out, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "attention=wrapper,fused_qkv",
-                                  f"data.cache_dir={data_cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}"))  # fmt: skip
+                                  "trainer.max_steps=60", f"data.cache_dir={data_cache}",
+                                  f"hydra.sweep.dir={tmp_path / 'sweep'}"))  # fmt: skip
     assert code == 0, err[-3000:]
     infos = [json.loads((tmp_path / "sweep" / name / "run.json").read_text())
              for name in ("0_wrapper-sdpa", "1_fused_qkv-sdpa")]  # fmt: skip

@@ -88,7 +88,8 @@ def test_every_gpu_experiment_splits_its_batch_over_1_2_4_8_ranks(world_size):
             assert grad_accum_steps(trainer, world_size) >= 1
 
 
-def test_the_gpu_preset_prints_its_plan_on_a_cpu(capsys):
+def test_the_gpu_preset_prints_its_plan_on_a_cpu(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without a GPU, as a laptop
     summary = train(compose_train("experiment=compare_attention_gpu", "trainer.plan=true"))
     out = capsys.readouterr().out
     assert "124,475,904 parameters" in out and "micro-batch 64 x 1024 tokens, 1 accumulation step(s)" in out

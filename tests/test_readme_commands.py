@@ -39,6 +39,9 @@ NOT_HERE = {
     "python train.py -m hydra/launcher=submitit_local experiment=compare_attention_gpu": GPU,
     "python bench_reference.py prepare": "a benchmark of minutes (tokenizing the corpus twice per round); "
                                          "test_data_prepare.py covers its code",
+    "python bench_reference.py generate": "a benchmark of GPT-2 small (124M) generation: minutes on a CPU; "
+                                          "test_speed_paths.py and test_sample.py cover the code it times",
+    "python bench_reference.py sample-process": "whole sample.py processes of GPT-2 small: minutes on a CPU",
 }
 # The README's runs, small: the placeholder run's shape (2 layers of 4 heads: heads.py layer=1 head=3).
 SHAPE = ["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=32", "trainer.batch_size=8",

@@ -21,7 +21,7 @@ def config(**fields) -> sample.SampleConfig:
 
 def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt='import '",
-           "max_new_tokens=30", "num_samples=2", "seed=3"]  # fmt: skip
+           "max_new_tokens=30", "num_samples=2", "seed=3", "device=cpu"]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=trained_run)
     assert result.returncode == 0, result.stderr
     samples = result.stdout.split("--- sample ")[1:]
@@ -33,7 +33,8 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
 
 
 def test_cli_reads_the_prompt_from_stdin(trained_run):
-    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt=-", "max_new_tokens=10"]
+    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt=-", "max_new_tokens=10",
+           "device=cpu"]  # fmt: skip
     result = subprocess.run(cmd, input="while True:", capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("while True:") and len(result.stdout) > len("while True:")

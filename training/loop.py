@@ -62,6 +62,7 @@ FINAL_KEYS = ("step", "train_loss", "val_loss", "val_bpb", "best_val_loss", "sto
 def train(cfg: DictConfig | TrainConfig) -> dict:
     """Train as ``cfg`` says; returns a summary (run_dir, step, last train/val loss, val bpb; ``stopped_by``
     a signal's name and ``requeued`` when a SLURM job is being requeued)."""
+    started = time.time()  # this process's work on the run begins (run.json's segment)
     config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
     validate(config)
     t = config.trainer
@@ -128,7 +129,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         container["model"]["vocab_size"] = model_config.vocab_size
         try:
             summary = Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
-                              run_dir, resume, init_weights).run()  # fmt: skip
+                              run_dir, resume, init_weights, started).run()  # fmt: skip
             finished = True
             return summary
         except torch.OutOfMemoryError as err:
@@ -251,7 +252,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, container: dict, model_config, data: PreparedData, tokenizer,
                  dist: Distributed, device: torch.device, dtype: torch.dtype, grad_accum: int, run_dir: Path,
-                 resume: Checkpoint | None, init_weights: dict | None = None) -> None:  # fmt: skip
+                 resume: Checkpoint | None, init_weights: dict | None = None,
+                 started: float | None = None) -> None:  # fmt: skip
         t = cfg.trainer
         self.cfg, self.container, self.tokenizer, self.dist = cfg, container, tokenizer, dist
         self.device, self.dtype, self.run_dir = device, dtype, run_dir
@@ -297,7 +299,8 @@ class Trainer:
             "dtype": str(dtype).removeprefix("torch."), "data_dir": str(data.folder),
             "tokens_per_step": self.tokens_per_step,
         }  # fmt: skip
-        self.log = open_run_log(cfg, container, run_dir, facts, wandb_id, device_id(device)) if dist.is_main else None
+        self.log = (open_run_log(cfg, container, run_dir, facts, wandb_id, device_id(device), started or time.time())
+                    if dist.is_main else None)  # fmt: skip
         if self.log is not None and self.log.wandb_id:
             self.wandb_id = self.log.wandb_id
 

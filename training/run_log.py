@@ -178,19 +178,20 @@ def define_metrics(run) -> None:
     run.define_metric("val/bpb", step_metric="tokens", summary="min")
 
 
-def segment(device_id: str) -> dict:
-    """Where and when this process runs the run: reports flag runs that shared a machine at the same time."""
-    return {"host": socket.gethostname(), "device": device_id, "pid": os.getpid(), "start": time.time(),
+def segment(device_id: str, start: float) -> dict:
+    """Where and when this process ran the run, from the moment it began the run's work (data, model,
+    compilation: all of it competes for the machine): reports flag runs that shared a machine at the same time."""
+    return {"host": socket.gethostname(), "device": device_id, "pid": os.getpid(), "start": start,
             "end": None, **({"slurm": slurm.job_facts()} if slurm.in_slurm_job() else {})}  # fmt: skip
 
 
 def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None,
-                 device_id: str) -> RunLog:  # fmt: skip
+                 device_id: str, started: float) -> RunLog:  # fmt: skip
     """Write ``run.json`` (the resolved config, the facts reports need, status ``running`` and this process's
     segment after those of the runs it continues in place) and start wandb with the same."""
     before = read_json(run_dir / "run.json") or {}
     info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts, "status": "running",
-            "segments": [*before.get("segments", []), segment(device_id)]}  # fmt: skip
+            "segments": [*before.get("segments", []), segment(device_id, started)]}  # fmt: skip
     run = None
     if cfg.logger.kind == "wandb":
         import wandb  # imported here: runs with logger=none never pay for it

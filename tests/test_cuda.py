@@ -1,0 +1,80 @@
+"""What only a GPU can show: a compiled bf16 step, the plan's memory estimate against the real peak, a real
+out-of-memory error, the SDPA kernel the compiled graph calls, a profile of CUDA kernels. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TINY, compose_train, read_metrics
+from omegaconf import OmegaConf
+
+from model import GPTConfig
+from training.loop import RunFailed, train
+from training.plan import make_plan
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+ON_GPU = [o for o in TINY if not o.startswith("trainer.device")] + ["trainer.device=cuda", "logger=none"]
+FUSED_SDPA = ("flash", "mem-efficient", "cudnn")
+
+
+def test_a_compiled_bf16_run_learns_and_records_its_compile_time_and_sdpa_kernel(tmp_path, data_cache):
+    run = tmp_path / "run"
+    train(compose_train(*ON_GPU, "trainer.compile=true", "trainer.dtype=bfloat16", "trainer.max_steps=40",
+                        f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"))  # fmt: skip
+    metrics = read_metrics(run)
+    losses = [m["train/loss"] for m in metrics if "train/loss" in m]
+    assert sum(losses[-5:]) / 5 < losses[0] - 0.5, "training lowered the loss"
+    assert any("perf/compile_s" in m for m in metrics)
+    info = json.loads((run / "run.json").read_text())
+    assert info["dtype"] == "bfloat16" and info["sdpa_backend"] in FUSED_SDPA
+    assert all("perf/peak_mem_mb" in m for m in metrics if "train/loss" in m)
+
+
+def test_the_plans_memory_estimate_is_within_30_percent_of_the_measured_peak(tmp_path, data_cache):
+    # Large enough that activations, not fixed allocations (cuBLAS workspaces), make the peak: ~1 GB estimated.
+    shape = ["model.n_layer=4", "model.n_head=8", "model.n_embd=512", "model.block_size=512",
+             "trainer.batch_size=16", "trainer.micro_batch_size=16"]  # fmt: skip
+    cfg = compose_train(*ON_GPU, *shape, "trainer.dtype=bfloat16", "trainer.max_steps=3",
+                        f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={data_cache}")  # fmt: skip
+    train(cfg)
+    measured = max(m["perf/peak_mem_mb"] for m in read_metrics(tmp_path / "run") if "perf/peak_mem_mb" in m) * 2**20
+    config = OmegaConf.to_object(cfg)
+    plan = make_plan(config, GPTConfig(**{**vars(config.model), "vocab_size": 257}), 1, torch.bfloat16)
+    assert abs(plan.peak_bytes - measured) / measured < 0.30, (plan.peak_bytes, measured)
+
+
+def test_a_real_out_of_memory_error_is_recorded_and_its_memory_freed(tmp_path, data_cache):
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    big = ["model.n_layer=4", "model.n_head=4", "model.n_embd=256", "model.block_size=256",
+           "trainer.batch_size=64", "trainer.micro_batch_size=64", "kernel=manual"]  # fmt: skip
+    free, _ = torch.cuda.mem_get_info()
+    # Leave this process ~200 MB: the plan (which reads the whole GPU) lets the run start; the step cannot fit.
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (before + 200 * 2**20) / torch.cuda.get_device_properties(0)
+                                                   .total_memory))  # fmt: skip
+    try:
+        with pytest.raises(RunFailed, match=r"out of memory at trainer.micro_batch_size=64; try "
+                                            r"trainer.micro_batch_size=32"):  # fmt: skip
+            train(compose_train(*ON_GPU, *big, "trainer.max_steps=2", f"trainer.run_dir={tmp_path / 'run'}",
+                                f"data.cache_dir={data_cache}"))  # fmt: skip
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    reason = json.loads((tmp_path / "run" / "failure.json").read_text())["reason"]
+    assert reason.startswith("out of memory at trainer.micro_batch_size=64")
+    assert torch.cuda.memory_allocated() - before < 16 * 2**20, "the failed run's tensors were freed"
+    assert free > 0
+
+
+def test_a_cuda_profile_counts_matrix_products_and_the_fused_attention_kernel(tmp_path, data_cache):
+    run = tmp_path / "run"
+    train(compose_train(*ON_GPU, "trainer.dtype=bfloat16", "trainer.max_steps=12", "trainer.profile=true",
+                        f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"))  # fmt: skip
+    summary = json.loads(Path(run / "profile" / "time_by_kind.json").read_text())
+    ms = summary["ms_per_step"]
+    assert summary["sdpa_backend"] in FUSED_SDPA
+    assert ms["matrix products"] > 0 and ms["attention"] > 0 and ms["optimizer"] > 0
+    assert sum(ms.values()) >= summary["wall_ms_per_step"] * 0.99, "the kinds and the idle time fill the step"
