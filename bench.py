@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import statistics
 import textwrap
 import time
@@ -28,17 +29,23 @@ from tqdm import tqdm
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
+from model.kernels import SDPA_BACKENDS
 from training.profiling import sdpa_backends, without_profiler_notices
 
 COMPILE_MODES = ("eager", "compiled")
-FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
+# --kernels: a kernel, or sdpa held to one of its implementations (as the kernel= config options)
+KERNEL_CHOICES = [*sorted(KERNELS), *(f"sdpa_{b}" for b in SDPA_BACKENDS if b != "auto")]
+FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
           "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
           "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["block", "gpt"], default="block")
     p.add_argument("--layouts", nargs="+", default=sorted(ATTENTION_LAYOUTS))
-    p.add_argument("--kernels", nargs="+", default=sorted(KERNELS))
+    p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
+                   help=f"from {', '.join(KERNEL_CHOICES)} (flex: forward only on a CPU)")
+    p.add_argument("--kv-heads", nargs="+", type=int, help="key/value heads (default: --n-head, multi-head)")
+    p.add_argument("--window", nargs="+", default=["none"], help="sliding windows: positions, or none")
     p.add_argument("--compile", nargs="+", default=["eager"], dest="compile_modes", help="eager and/or compiled")
     p.add_argument("--seq-len", nargs="+", type=int, default=[256])
     p.add_argument("--batch", type=int, default=8)
@@ -57,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
     for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
-                                       ("--kernels", args.kernels, KERNELS, "kernel"),
+                                       ("--kernels", args.kernels, KERNEL_CHOICES, "kernel"),
                                        ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
         for name in names:
             if name not in valid:
@@ -76,14 +83,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(err))
     if args.n_embd % args.n_head:
         p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
+    args.kv_heads = args.kv_heads or [args.n_head]
+    for kv in args.kv_heads:
+        if kv < 1 or args.n_head % kv:
+            p.error(f"--kv-heads {kv} does not divide --n-head {args.n_head}")
+    windows = []
+    for w in args.window:
+        if w.lower() != "none" and not (w.isdigit() and int(w) > 0):
+            p.error(f"--window {w}: give a positive number of positions, or none")
+        windows.append(None if w.lower() == "none" else int(w))
+    args.window = windows
     return args
 
 
-def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool, seq_len: int, device):
+def split_kernel(name: str) -> tuple[str, str]:
+    """A --kernels name -> (kernel, SDPA backend): ``sdpa_flash`` -> (sdpa, flash)."""
+    return ("sdpa", name.removeprefix("sdpa_")) if name.startswith("sdpa_") else (name, "auto")
+
+
+def make_cell(args: argparse.Namespace, layout: str, kernel_name: str, compiled: bool, seq_len: int, device,
+              kv_heads: int | None = None, window: int | None = None):  # fmt: skip
     """(forward, step) closures for one cell: step is forward+backward (block) or a training step (gpt)."""
     torch.manual_seed(0)
+    kernel, backend = split_kernel(kernel_name)
+    attends = dict(n_kv_head=kv_heads, window=window, sdpa_backend=backend)
     if args.mode == "block":
-        module = build_attention(layout, args.n_embd, args.n_head, kernel).to(device)
+        module = build_attention(layout, args.n_embd, args.n_head, kernel, **attends).to(device)
         x = torch.randn(args.batch, seq_len, args.n_embd, device=device, requires_grad=True)
         optimizer = None
         inputs = (x,)
@@ -91,8 +116,8 @@ def make_cell(args: argparse.Namespace, layout: str, kernel: str, compiled: bool
         def loss_of(out):
             return out.float().square().mean()
     else:
-        config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer,
-                           n_head=args.n_head, n_embd=args.n_embd, attention=layout, kernel=kernel)  # fmt: skip
+        config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer, n_head=args.n_head,
+                           n_embd=args.n_embd, attention=layout, kernel=kernel, **attends)  # fmt: skip
         module = GPT(config).to(device)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=device.type == "cuda")
         idx = torch.randint(0, args.vocab_size, (args.batch, seq_len), device=device)
@@ -164,7 +189,8 @@ def sdpa_backend(fn) -> str:
 def measure(args: argparse.Namespace) -> list[dict]:
     """Time every cell; with repeats, the passes interleave so slow drifts of a shared machine hit every cell."""
     device = resolve_device(args.device)
-    cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels))
+    cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels, args.kv_heads,
+                                   args.window))  # fmt: skip
     times: dict[tuple, list[dict]] = {cell: [] for cell in cells}
     with tqdm(total=len(cells) * args.repeats, desc=f"benchmark ({args.mode})") as bar:
         for _ in range(args.repeats):
@@ -173,12 +199,13 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 bar.update()
     dtype = str(resolve_dtype(args.dtype, device, option="--dtype")).removeprefix("torch.")
     rows = []
-    for (seq_len, compile_mode, layout, kernel), runs in times.items():
+    for (seq_len, compile_mode, layout, kernel, kv_heads, window), runs in times.items():
         step = [r["step_ms"] for r in runs]
-        step_ms = statistics.median(step)
+        step_ms = statistics.median(step)  # NaN where the device cannot take the step (flex's backward on a CPU)
         peaks = [r["peak_mem_mb"] for r in runs if r["peak_mem_mb"] is not None]
         compile_s = statistics.median(r["compile_s"] for r in runs) if compile_mode == "compiled" else None
-        rows.append(dict(mode=args.mode, layout=layout, kernel=kernel, compile=compile_mode, seq_len=seq_len,
+        rows.append(dict(mode=args.mode, layout=layout, kernel=kernel, kv_heads=kv_heads, window=window,
+                         compile=compile_mode, seq_len=seq_len,
                          batch=args.batch, n_embd=args.n_embd, n_head=args.n_head, dtype=dtype,
                          forward_ms=statistics.median(r["forward_ms"] for r in runs), step_ms=step_ms,
                          step_ms_min=min(step), step_ms_max=max(step),
@@ -191,43 +218,62 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
     """Forward and step ms, peak MB (CUDA), the SDPA backend that ran, compile seconds and warnings of one cell."""
-    seq_len, compile_mode, layout, kernel = cell
+    seq_len, compile_mode, layout, kernel, kv_heads, window = cell
     torch._dynamo.reset()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
         torch.backends.cudnn.allow_tf32 = args.tf32
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device)
+    forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device, kv_heads, window)
     forward_ms, forward_first_s, forward_spread = median_ms(forward, args.min_run_time, device)
-    step_ms, step_first_s, step_spread = median_ms(step, args.min_run_time, device)
+    if kernel == "flex" and device.type == "cpu":  # no FlexAttention backward on a CPU: forward only
+        step_ms, step_first_s, step_spread, step = math.nan, 0.0, 0.0, forward
+    else:
+        step_ms, step_first_s, step_spread = median_ms(step, args.min_run_time, device)
     return {
         "forward_ms": forward_ms, "step_ms": step_ms,
         "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "sdpa_backend": sdpa_backend(step),
         # the first calls compile (forward, then the backward graph); later ones take forward_ms / step_ms
-        "compile_s": forward_first_s - forward_ms / 1e3 + step_first_s - step_ms / 1e3,
+        "compile_s": forward_first_s - forward_ms / 1e3 + (step_first_s - step_ms / 1e3 if step_ms == step_ms else 0),
         "forward_spread": forward_spread, "step_spread": step_spread,
     }  # fmt: skip
 
 
+def varied(rows: list[dict]) -> list[str]:
+    """The optional axes (key/value heads, window) that take more than one value in these rows."""
+    return [key for key in ("kv_heads", "window") if len({r[key] for r in rows}) > 1]
+
+
+def cell_label(r: dict, axes: list[str]) -> str:
+    extra = "".join(f", {'kv' if key == 'kv_heads' else 'window'} {r[key] or 'none'}" for key in axes)
+    return f"{r['layout']}/{r['kernel']}{extra}"
+
+
 def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
-    header = ["layout", "kernel", "compile", "seq_len", "forward ms", f"{step_name} ms"]
+    axes = varied(rows)
+    header = ["layout", "kernel", *(("kv heads" if a == "kv_heads" else "window") for a in axes), "compile",
+              "seq_len", "forward ms", f"{step_name} ms"]  # fmt: skip
     header += ["range over passes"] if repeats > 1 else []  # no range to show from one pass
     header += ["tokens/s", "peak MB", "SDPA backend", "compile s"]
     table = []
     for r in rows:
-        cells = [r["layout"], r["kernel"], r["compile"], str(r["seq_len"]), f"{r['forward_ms']:.3f}",
-                 f"{r['step_ms']:.3f}"]  # fmt: skip
+        step = "-" if r["step_ms"] != r["step_ms"] else f"{r['step_ms']:.3f}"  # NaN: not on this device
+        cells = [r["layout"], r["kernel"], *(str(r[a] or "none") for a in axes), r["compile"], str(r["seq_len"]),
+                 f"{r['forward_ms']:.3f}", step]  # fmt: skip
         cells += [f"{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}"] if repeats > 1 else []
-        cells += [f"{r['tokens_per_sec']:,.0f}", "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}",
+        speed = "-" if r["tokens_per_sec"] != r["tokens_per_sec"] else f"{r['tokens_per_sec']:,.0f}"
+        cells += [speed, "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}",
                   r["sdpa_backend"], "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"]  # fmt: skip
         table.append(cells)
-    right = [i >= 3 and name != "SDPA backend" for i, name in enumerate(header)]
+    right = [i >= 3 + len(axes) and name != "SDPA backend" for i, name in enumerate(header)]
     lines = [title, "", markdown_table(header, table, right)]
     notes = []
     for r in rows:
-        cell = f"{r['layout']}/{r['kernel']}/{r['compile']}/seq {r['seq_len']}"
+        cell = f"{cell_label(r, axes)}/{r['compile']}/seq {r['seq_len']}"
+        if r["step_ms"] != r["step_ms"]:
+            notes.append(f"- {cell}: forward only (FlexAttention has no backward on a CPU)")
         if r["warnings"]:
             notes.append(f"- {cell}: {r['warnings']}")
         if r["mode"] == "block" and r["forward_ms"] > r["step_ms"]:
@@ -245,14 +291,21 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     from analysis.plots import KERNEL_STYLES, colour
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (layout, kernel, compile_mode), group in itertools.groupby(
-        sorted(rows, key=lambda r: (r["layout"], r["kernel"], r["compile"], r["seq_len"])),
-        key=lambda r: (r["layout"], r["kernel"], r["compile"]),
+    axes = varied(rows)
+    # Forward+backward where the device can take it; forward only where it cannot (flex on a CPU).
+    timed = "forward_ms" if all(r["step_ms"] != r["step_ms"] for r in rows) else "step_ms"
+    palette = plt.get_cmap("tab10").colors
+    labels = sorted({cell_label(r, axes) for r in rows})
+    for (label, compile_mode), group in itertools.groupby(
+        sorted(rows, key=lambda r: (cell_label(r, axes), r["compile"], r["seq_len"])),
+        key=lambda r: (cell_label(r, axes), r["compile"]),
     ):
         group = list(group)
         marker = "o" if compile_mode == "eager" else "s"
-        ax.plot([r["seq_len"] for r in group], [r["step_ms"] for r in group], KERNEL_STYLES[kernel], marker=marker,
-                color=colour(layout), label=f"{layout}/{kernel}/{compile_mode}")  # fmt: skip
+        kernel = split_kernel(group[0]["kernel"])[0]
+        tint = colour(group[0]["layout"]) if not axes else palette[labels.index(label) % len(palette)]
+        ax.plot([r["seq_len"] for r in group], [r[timed] for r in group], KERNEL_STYLES.get(kernel, ":"),
+                marker=marker, color=tint, label=f"{label}/{compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 1-2-5 labels: no crowding
@@ -260,7 +313,7 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("sequence length")
-    ax.set_ylabel(f"{step_name} time (ms, median)")
+    ax.set_ylabel(f"{step_name if timed == 'step_ms' else 'forward'} time (ms, median)")
     ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout/kernel/compile", title_fontsize=7)

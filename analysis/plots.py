@@ -29,11 +29,22 @@ def colour(layout: str) -> str:
     return LAYOUT_COLOURS.get(layout, "tab:gray")
 
 
-def by_variant(runs: list[Run]) -> dict[tuple[str, str], list[Run]]:
-    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+def by_variant(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by variant (its seeds together), in name order."""
+    groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
-        groups[(run.layout, run.kernel)].append(run)
+        groups[run.variant].append(run)
     return dict(sorted(groups.items()))
+
+
+def colours(runs: list[Run]) -> dict[str, str]:
+    """A colour per variant: its layout's, unless variants of one layout differ in more than the kernel
+    (key/value heads, window, SDPA backend): then a colour each."""
+    variants = {run.variant: (run.layout, run.kernel) for run in runs}
+    if len(variants) == len(set(variants.values())):
+        return {variant: colour(layout) for variant, (layout, _) in variants.items()}
+    palette = plt.get_cmap("tab10").colors
+    return {variant: palette[i % len(palette)] for i, variant in enumerate(sorted(variants))}
 
 
 def _curve(run: Run, against: str) -> dict[int, tuple[float, float]]:
@@ -55,7 +66,9 @@ def val_loss_figure(runs: list[Run], against: str):
     fig, ax = plt.subplots(figsize=(8, 4.5))
     means = []
     evaluated = by_variant([run for run in runs if run.evals])
-    for (layout, kernel), group in evaluated.items():
+    colour_of = colours(runs)
+    for variant, group in evaluated.items():
+        kernel = group[0].kernel
         curves = [_curve(run, against) for run in group]
         steps = sorted(set().union(*curves))
         xs = np.array([statistics.fmean(c[s][0] for c in curves if s in c) for s in steps])
@@ -63,11 +76,11 @@ def val_loss_figure(runs: list[Run], against: str):
         mean = np.array([statistics.fmean(p) for p in points])
         seeds = f", {len(group)} seeds" if len(group) > 1 else ""
         means.append((xs, mean))
-        ax.plot(xs, mean, KERNEL_STYLES.get(kernel, ":"), color=colour(layout), marker="o", ms=3,
-                label=f"{layout} / {kernel}{seeds}")  # fmt: skip
+        ax.plot(xs, mean, KERNEL_STYLES.get(kernel, ":"), color=colour_of[variant], marker="o", ms=3,
+                label=f"{variant.replace('/', ' / ', 1)}{seeds}")  # fmt: skip
         if len(group) > 1:
-            ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour(layout), alpha=0.15,
-                            lw=0)  # fmt: skip
+            ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[variant],
+                            alpha=0.15, lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
     ax.set_ylabel("validation loss (nats/token)")
     spread = " (line: mean over seeds, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
@@ -93,10 +106,12 @@ def curves_coincide(curves: list[tuple[np.ndarray, np.ndarray]], tolerance: floa
 
 def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     """Median tokens/s per variant (over its seeds), with the seeds' min-max as error bars."""
-    speeds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    speeds: dict[str, list[float]] = defaultdict(list)
+    kernels = {run.variant: run.kernel for run in runs}
+    colour_of = colours(runs)
     for run, row in zip(runs, rows):
         if row["tokens_per_sec"] == row["tokens_per_sec"]:  # not NaN: the run has steps
-            speeds[(run.layout, run.kernel)].append(row["tokens_per_sec"])
+            speeds[run.variant].append(row["tokens_per_sec"])
     variants = sorted(speeds)
     if not variants:
         fig, ax = plt.subplots(figsize=(8, 4.2))
@@ -109,12 +124,12 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
                        [max(speeds[v]) - m for v, m in zip(variants, mids)]])  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 4.2))
     repeated = any(len(speeds[v]) > 1 for v in variants)
-    bars = ax.bar(range(len(variants)), mids, color=[colour(layout) for layout, _ in variants],
+    bars = ax.bar(range(len(variants)), mids, color=[colour_of[v] for v in variants],
                   yerr=errors if repeated else None, capsize=4)  # fmt: skip
-    for bar, (_, kernel) in zip(bars, variants):
-        bar.set_hatch("//" if kernel == "manual" else None)
+    for bar, variant in zip(bars, variants):
+        bar.set_hatch("//" if kernels[variant] == "manual" else None)
     ax.bar_label(bars, labels=[f"{m:,.0f}" for m in mids], fontsize=8, padding=2)
-    ax.set_xticks(range(len(variants)), [f"{layout}\n{kernel}" for layout, kernel in variants], fontsize=8)
+    ax.set_xticks(range(len(variants)), [v.replace("/", "\n", 1).replace(", ", "\n") for v in variants], fontsize=8)
     n_seeds = max(len(s) for s in speeds.values())
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")

@@ -9,10 +9,12 @@ from collections import defaultdict
 from analysis.runs import Run
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
+SHOWN_WHEN_SET = ("kv_heads", "window")  # columns a report shows only when some run sets them
 FLAG_SIGMAS = 3.0
 
 COLUMNS = [
-    ("layout", "layout"), ("kernel", "kernel"), ("seed", "seed"), ("state", "state"), ("params", "params"),
+    ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"), ("window", "window"), ("seed", "seed"),
+    ("state", "state"), ("params", "params"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
     ("best_val_bpb", "val bpb"), ("tokens_per_sec", "tokens/s"), ("step_ms", "step ms"),
@@ -50,9 +52,18 @@ def state_of(run: Run) -> str:
     return f"{run.state} {run.last_step}/{run.info['trainer']['max_steps']}"
 
 
+def identity(run: Run) -> dict:
+    """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads and window."""
+    m = run.info["model"]
+    backend = m.get("sdpa_backend", "auto")
+    kv = m.get("n_kv_head")
+    return {"layout": run.layout, "kernel": run.kernel + ("" if backend == "auto" else f"-{backend}"),
+            "kv_heads": kv if kv and kv != m.get("n_head") else None, "window": m.get("window")}  # fmt: skip
+
+
 def failed_row(run: Run) -> dict:
     row = {key: None for key, _ in COLUMNS}
-    row.update(layout=run.layout, kernel=run.kernel, seed=run.seed, state=state_of(run), final_train_loss_se=None,
+    row.update(identity(run), seed=run.seed, state=state_of(run), final_train_loss_se=None,
                flag=f"FAILED: {run.failure}")  # fmt: skip
     return row
 
@@ -68,8 +79,7 @@ def summarize(run: Run, target: float | None) -> dict:
     memory = [s.get("perf/peak_mem_mb", s.get("perf/max_rss_mb")) for s in steps]
     mfu = [s["perf/mfu"] for s in steady if "perf/mfu" in s]
     return {
-        "layout": run.layout,
-        "kernel": run.kernel,
+        **identity(run),
         "seed": run.seed,
         "state": state_of(run),
         "params": run.info.get("params"),
@@ -174,12 +184,18 @@ def format_value(key: str, value) -> str:
     return str(value)
 
 
+def shown_columns(rows: list[dict]) -> list[tuple[str, str]]:
+    """The table's columns: every one, but key/value heads and window only when some run sets them."""
+    return [(k, t) for k, t in COLUMNS if k not in SHOWN_WHEN_SET or any(row.get(k) for row in rows)]
+
+
 def markdown_table(rows: list[dict]) -> str:
     text = ("layout", "kernel", "state", "sdpa_backend", "flag")
-    align = [" --- " if key in text else " ---: " for key, _ in COLUMNS]
-    lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "|".join(align) + "|"]
+    columns = shown_columns(rows)
+    align = [" --- " if key in text else " ---: " for key, _ in columns]
+    lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(format_value(k, row[k]) for k, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(format_value(k, row[k]) for k, _ in columns) + " |")
     return "\n".join(lines)
 
 

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from model.config import attention_label
+
 
 @dataclass
 class Run:
@@ -33,7 +35,8 @@ class Run:
 
     @property
     def variant(self) -> str:
-        return f"{self.layout}/{self.kernel}"
+        """``layout/kernel``, plus the SDPA backend, key/value heads and window where a run sets them."""
+        return attention_label(self.info["model"])
 
     @property
     def seed(self) -> int:

@@ -1,35 +1,38 @@
 """Causal multi-head attention in three layouts that compute the same function.
 
-- ``wrapper``: n_head independent ``CausalAttentionHead`` modules, side by side.
-- ``separate_qkv``: three Linear(d, d) projections, reshaped into heads.
-- ``fused_qkv``: one Linear(d, 3d) projection, split into q, k, v.
+- ``wrapper``: n_head single-head modules side by side.
+- ``separate_qkv``: three Linear projections, reshaped into heads.
+- ``fused_qkv``: one Linear projection, split into q, k, v.
 
-All three concatenate the heads' outputs (head h in columns h*head_dim ...
-(h+1)*head_dim) and apply the same output projection ``c_proj``. Each layout
-also says how its q/k/v parameters map to and from one common form, full-width
-q, k and v matrices (``to_qkv`` / ``from_qkv``), so ``model.convert`` converts
-between any two layouts with one generic loop, and a new layout touches this
-file only.
+Queries have ``n_head`` heads; keys and values ``n_kv_head`` (grouped-query attention: each group of
+n_head / n_kv_head query heads shares one key/value head; 1 is multi-query; n_head, the default, is
+multi-head). All three layouts concatenate the query heads' outputs (head h in columns h*head_dim ...
+(h+1)*head_dim) and apply the same output projection ``c_proj``. Each layout also says how its q/k/v
+parameters map to and from one common form, the full-width q, k and v matrices (``to_qkv`` /
+``from_qkv``), so ``model.convert`` converts between any two layouts with one generic loop, and a new
+layout touches this file only.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from model.kernels import attention_probs, get_kernel
+from model.kernels import attention_probs, get_kernel, repeat_kv
 from model.registry import lookup
 
 
 class LayerCache:
-    """One layer's keys and values for the positions processed so far, in preallocated buffers.
+    """One layer's keys and values for the positions processed so far (a batch of sequences).
 
-    Slot 0 serves the multi-head layouts, one slot per head the wrapper. Buffers are
-    (batch, heads, capacity, head_dim), allocated at the first write; each call writes its
-    positions in place (no copy of the past per token) and returns views of all positions so far.
+    Buffers are (batch, kv_heads, capacity, head_dim), allocated at the first write and written in place
+    (no copy of the past per token): slot 0 serves the multi-head layouts, one slot per key/value group
+    the wrapper. The capacity is the context, or the window when shorter: then the buffer is a ring
+    (position p in slot p % capacity) and one new query sees all of it, exactly its window.
     """
 
     def __init__(self, owner) -> None:
@@ -37,25 +40,70 @@ class LayerCache:
         self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.owner.length
-        end = start + k.size(2)
+        """Store the new positions' k, v; return the keys and values the new queries attend over."""
+        start, new, capacity = self.owner.length, k.size(2), self.owner.capacity
         if slot not in self.slots:
-            shape = (k.size(0), k.size(1), self.owner.capacity, k.size(3))
+            shape = (k.size(0), k.size(1), capacity, k.size(3))
             self.slots[slot] = (k.new_empty(shape), v.new_empty(shape))
         k_all, v_all = self.slots[slot]
-        k_all[:, :, start:end] = k
-        v_all[:, :, start:end] = v
-        return k_all[:, :, :end], v_all[:, :, :end]
-# The common form of one attention block's projections: for "weight" and "bias",
-# the full-width (q, k, v) tensors, each (n_embd, n_embd) or (n_embd,).
+        if start + new <= capacity:  # in position order
+            k_all[:, :, start : start + new] = k
+            v_all[:, :, start : start + new] = v
+            return k_all[:, :, : start + new], v_all[:, :, : start + new]
+        # Past the capacity: a windowed cache, which only ever needs the last `capacity` positions.
+        if new == 1:
+            k_all[:, :, start % capacity] = k[:, :, 0]
+            v_all[:, :, start % capacity] = v[:, :, 0]
+            return k_all, v_all
+        if start > 0:
+            raise ValueError(f"a windowed KV cache takes one position at a time once it holds {capacity}; "
+                             f"refill it from the window's tokens")  # fmt: skip
+        kept = torch.arange(new - capacity, new, device=k.device)  # a first fill longer than the window
+        k_all[:, :, kept % capacity] = k[:, :, -capacity:]
+        v_all[:, :, kept % capacity] = v[:, :, -capacity:]
+        return k, v
+
+
+# The common form of one attention block's projections: for "weight" and "bias", the (q, k, v)
+# tensors: q (n_head * head_dim, n_embd) or (n_head * head_dim,), k and v with n_kv_head heads.
 QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 PROJECTIONS = ("query", "key", "value")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One attention block's shape and how it attends: what every layout is built from."""
+
+    n_embd: int
+    n_head: int
+    kernel: str = "sdpa"
+    dropout: float = 0.0
+    bias: bool = True
+    n_kv_head: int | None = None  # None: n_head (multi-head)
+    window: int | None = None  # None: every earlier position
+    sdpa_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_heads(self.n_embd, self.n_head)
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_kv_head={self.kv_heads} does not divide n_head={self.n_head}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    def build_kernel(self):
+        return get_kernel(self.kernel, self.window, self.sdpa_backend)
 
 
 def remember(
     cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add the new positions' k, v to the cache; return all keys and values so far."""
+    """Add the new positions' k, v to the cache; return the keys and values to attend over."""
     return (k, v) if cache is None else cache.update(slot, k, v)
 
 
@@ -65,39 +113,47 @@ def check_heads(n_embd: int, n_head: int) -> None:
 
 
 class CausalAttentionHead(nn.Module):
-    """ONE causal attention head, d_model -> head_dim: the wrapper's building block."""
+    """ONE causal attention head, d_model -> head_dim: the wrapper's building block.
 
-    def __init__(self, n_embd: int, head_dim: int, kernel: str, dropout: float, bias: bool) -> None:
+    The first head of each key/value group owns the group's key and value projections (its notes);
+    the other heads of the group own only a query and read the group's keys and values.
+    """
+
+    def __init__(self, n_embd: int, head_dim: int, kernel, dropout: float, bias: bool,
+                 owns_kv: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.query = nn.Linear(n_embd, head_dim, bias=bias)
-        self.key = nn.Linear(n_embd, head_dim, bias=bias)
-        self.value = nn.Linear(n_embd, head_dim, bias=bias)
-        self.kernel = get_kernel(kernel)
+        if owns_kv:
+            self.key = nn.Linear(n_embd, head_dim, bias=bias)
+            self.value = nn.Linear(n_embd, head_dim, bias=bias)
+        self.kernel = kernel
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, slot: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # A head axis of size 1 lets every kernel serve single heads too.
-        q, k, v = (proj(x).unsqueeze(1) for proj in (self.query, self.key, self.value))  # (B, 1, T, hd)
-        k, v = remember(cache, slot, k, v)
+        q = self.query(x).unsqueeze(1)  # (B, 1, T, hd)
         return self.kernel(q, k, v, self.dropout, self.training).squeeze(1)  # (B, T, hd)
+
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This head's group's keys and values, (B, 1, T, hd) each."""
+        return self.key(x).unsqueeze(1), self.value(x).unsqueeze(1)
 
 
 class MultiHeadAttention(nn.Module):
-    """What every layout shares: the heads' outputs, concatenated -> c_proj -> dropout.
+    """What every layout shares: the query heads' outputs, concatenated -> c_proj -> dropout.
 
-    A layout implements ``attend`` (the concatenated heads), ``queries_keys``
-    (for attention maps) and the state-dict mapping ``to_qkv`` / ``from_qkv``.
+    A layout implements ``attend`` (the concatenated heads), ``queries_keys`` (for attention maps)
+    and the state-dict mapping ``to_qkv`` / ``from_qkv``.
     """
 
     # Matches this layout's q/k/v parameter names, relative to the attention module.
     QKV_KEY: ClassVar[re.Pattern]
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+    def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
-        check_heads(n_embd, n_head)
-        self.n_head = n_head
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.resid_dropout = nn.Dropout(dropout)
+        self.n_head, self.n_kv_head, self.window, self.head_dim = spec.n_head, spec.kv_heads, spec.window, spec.head_dim
+        self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
+        self.resid_dropout = nn.Dropout(spec.dropout)
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         return self.resid_dropout(self.c_proj(self.attend(x, cache)))
@@ -107,20 +163,20 @@ class MultiHeadAttention(nn.Module):
         raise NotImplementedError
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each head's queries and keys, (B, H, T, head_dim): what its attention weights come from."""
+        """Each query head's queries and keys, (B, H, T, head_dim): what its attention weights come from."""
         raise NotImplementedError
 
     @torch.no_grad()
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, T) attention weights, computed from this layout's own projections.
+        """(B, H, T, T) attention weights of each query head, from this layout's own projections.
 
-        The manual kernel applies exactly these; sdpa fuses the same formula, so
-        they describe a model run with either kernel.
+        The manual kernel applies exactly these; sdpa and flex fuse the same formula, so they describe a
+        model run with any kernel.
         """
-        return attention_probs(*self.queries_keys(x))
+        return attention_probs(*self.queries_keys(x), self.window)
 
     @staticmethod
-    def to_qkv(params: dict[str, torch.Tensor]) -> QKV:
+    def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:
         """This layout's q/k/v parameters (names relative to the module) -> the common form."""
         raise NotImplementedError
 
@@ -130,27 +186,47 @@ class MultiHeadAttention(nn.Module):
         raise NotImplementedError
 
 
+def kv_heads_of(qkv: QKV, n_head: int) -> int:
+    """Key/value heads in the common form: the key's width over the head width the queries give."""
+    q, k, _ = next(iter(qkv.values()))
+    head_dim = q.size(0) // n_head
+    if q.size(0) % n_head or k.size(0) % head_dim or n_head % (k.size(0) // head_dim):
+        raise ValueError(f"q/k widths {q.size(0)}/{k.size(0)} do not make n_head={n_head} heads with whole "
+                         f"key/value groups")  # fmt: skip
+    return k.size(0) // head_dim
+
+
 class WrapperAttention(MultiHeadAttention):
-    """n_head single-head modules side by side: the committee, literally."""
+    """n_head single-head modules side by side: the committee, literally (with grouped-query heads, the
+    members of a group share the notes of its first member)."""
 
     QKV_KEY = re.compile(r"heads\.(?P<head>\d+)\.(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
 
-    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
-        super().__init__(n_embd, n_head, dropout, bias)
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        kernel, group = spec.build_kernel(), spec.n_head // spec.kv_heads
         self.heads = nn.ModuleList(
-            CausalAttentionHead(n_embd, n_embd // n_head, kernel, dropout, bias) for _ in range(n_head)
+            CausalAttentionHead(spec.n_embd, spec.head_dim, kernel, spec.dropout, spec.bias, owns_kv=h % group == 0)
+            for h in range(spec.n_head)
         )
 
     def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        return torch.cat([head(x, cache, slot) for slot, head in enumerate(self.heads)], dim=-1)
+        group = self.n_head // self.n_kv_head
+        outputs = []
+        for g in range(self.n_kv_head):
+            k, v = remember(cache, g, *self.heads[g * group].keys_values(x))  # the group's notes, once
+            outputs += [head(x, k, v) for head in self.heads[g * group : (g + 1) * group]]
+        return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.stack([head.query(x) for head in self.heads], dim=1),
-                torch.stack([head.key(x) for head in self.heads], dim=1))  # fmt: skip
+        group = self.n_head // self.n_kv_head
+        keys = torch.stack([self.heads[g * group].key(x) for g in range(self.n_kv_head)], dim=1)
+        return torch.stack([head.query(x) for head in self.heads], dim=1), repeat_kv(keys, self.n_head)
 
     @classmethod
-    def to_qkv(cls, params: dict[str, torch.Tensor]) -> QKV:
-        # Head h's rows are rows h*head_dim ... (h+1)*head_dim of the full-width matrix.
+    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
+        # Query head h's rows are rows h*head_dim ... (h+1)*head_dim of the full-width q; the key/value of
+        # group g (owned by its first head) are rows g*head_dim ... of the full-width k and v.
         per_head: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
         for name, tensor in params.items():
             m = cls.QKV_KEY.match(name)
@@ -162,73 +238,80 @@ class WrapperAttention(MultiHeadAttention):
                 heads = per_head.get((kind, proj))
                 if heads is None:
                     raise ValueError(f"the attention has no heads.*.{proj}.{kind}; the state dict is incomplete")
-                if sorted(heads) != list(range(len(heads))):
+                if proj == "query" and sorted(heads) != list(range(len(heads))):
                     raise ValueError(f"heads.*.{proj}.{kind}: head indices {sorted(heads)} are not 0..{len(heads) - 1}")
-                parts.append(torch.cat([heads[h] for h in range(len(heads))], dim=0))
+                parts.append(torch.cat([heads[h] for h in sorted(heads)], dim=0))
             qkv[kind] = tuple(parts)
         return qkv
 
     @staticmethod
     def heads_in(params: dict[str, torch.Tensor]) -> int:
-        return len({m["head"] for name in params if (m := WrapperAttention.QKV_KEY.match(name))})
+        """Query heads in a wrapper state dict."""
+        matches = (WrapperAttention.QKV_KEY.match(name) for name in params)
+        return len({m["head"] for m in matches if m and m["proj"] == "query"})
 
     @staticmethod
     def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
         if n_head is None:
             raise ValueError("converting to 'wrapper' needs n_head=<number of heads> to split the heads")
+        n_kv = kv_heads_of(qkv, n_head)
+        group = n_head // n_kv
         out = {}
-        for kind, tensors in qkv.items():
-            width = tensors[0].size(0)
-            if width % n_head != 0:
-                raise ValueError(f"attention width {width} is not divisible by n_head={n_head}")
-            for proj, full in zip(PROJECTIONS, tensors):
-                for h, part in enumerate(full.chunk(n_head, dim=0)):
-                    out[f"heads.{h}.{proj}.{kind}"] = part.clone()
+        for kind, (q, k, v) in qkv.items():
+            if q.size(0) % n_head != 0:
+                raise ValueError(f"attention width {q.size(0)} is not divisible by n_head={n_head}")
+            for h, part in enumerate(q.chunk(n_head, dim=0)):
+                out[f"heads.{h}.query.{kind}"] = part.clone()
+            for proj, full in (("key", k), ("value", v)):
+                for g, part in enumerate(full.chunk(n_kv, dim=0)):
+                    out[f"heads.{g * group}.{proj}.{kind}"] = part.clone()
         return out
 
 
 class SplitHeadsAttention(MultiHeadAttention):
     """Layouts that project full-width q, k, v, then split them into heads for one kernel call."""
 
-    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
-        super().__init__(n_embd, n_head, dropout, bias)
-        self.kernel = get_kernel(kernel)
-        self.dropout = dropout
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.kernel = spec.build_kernel()
+        self.dropout = spec.dropout
+        self.kv_width = spec.kv_heads * spec.head_dim
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Full-width q, k, v, each (B, T, C)."""
+        """q (B, T, C), k and v (B, T, kv_width)."""
         raise NotImplementedError
 
     def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = (self.split_heads(t) for t in self.project(x))  # (B, H, T, hd) each
-        k, v = remember(cache, 0, k, v)  # (B, H, past + T, hd)
+        q, k, v = self.project(x)
+        q = self.split_heads(q, self.n_head)  # (B, H, T, hd)
+        k, v = remember(cache, 0, self.split_heads(k, self.n_kv_head), self.split_heads(v, self.n_kv_head))
         y = self.kernel(q, k, v, self.dropout, self.training)  # (B, H, T, hd)
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
-    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, T, C = t.shape
-        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, T, C) -> (B, H, T, hd)
+    def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, T, heads*hd) -> (B, heads, T, hd)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, _ = self.project(x)
-        return self.split_heads(q), self.split_heads(k)
+        return self.split_heads(q, self.n_head), repeat_kv(self.split_heads(k, self.n_kv_head), self.n_head)
 
 
 class SeparateQKVAttention(SplitHeadsAttention):
     QKV_KEY = re.compile(r"(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
 
-    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
-        super().__init__(n_embd, n_head, kernel, dropout, bias)
-        self.query = nn.Linear(n_embd, n_embd, bias=bias)
-        self.key = nn.Linear(n_embd, n_embd, bias=bias)
-        self.value = nn.Linear(n_embd, n_embd, bias=bias)
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.query = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
+        self.key = nn.Linear(spec.n_embd, self.kv_width, bias=spec.bias)
+        self.value = nn.Linear(spec.n_embd, self.kv_width, bias=spec.bias)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.query(x), self.key(x), self.value(x)
 
     @staticmethod
-    def to_qkv(params: dict[str, torch.Tensor]) -> QKV:
+    def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
         kinds = sorted({name.split(".")[1] for name in params})
         for kind in kinds:
             missing = [p for p in PROJECTIONS if f"{p}.{kind}" not in params]
@@ -244,17 +327,28 @@ class SeparateQKVAttention(SplitHeadsAttention):
 class FusedQKVAttention(SplitHeadsAttention):
     QKV_KEY = re.compile(r"c_attn\.(?P<kind>weight|bias)$")
 
-    def __init__(self, n_embd: int, n_head: int, kernel: str, dropout: float, bias: bool) -> None:
-        super().__init__(n_embd, n_head, kernel, dropout, bias)
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.c_attn = nn.Linear(spec.n_embd, spec.n_embd + 2 * self.kv_width, bias=spec.bias)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.c_attn(x).split(x.size(-1), dim=-1)
+        return self.c_attn(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
 
     @staticmethod
-    def to_qkv(params: dict[str, torch.Tensor]) -> QKV:
-        # c_attn stacks [query; key; value] by rows.
-        return {name.split(".")[1]: tuple(t.chunk(3, dim=0)) for name, t in params.items()}
+    def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
+        # c_attn stacks [query; key; value] by rows: n_embd rows of queries, then two equal parts.
+        out = {}
+        for name, t in params.items():
+            rows = t.size(0)
+            width = t.size(1) if t.dim() == 2 else None
+            if width is None:  # a bias: its weight says how wide the queries are
+                weight = params.get(name.replace("bias", "weight"))
+                width = weight.size(1) if weight is not None else rows // 3
+            kv = (rows - width) // 2
+            if width + 2 * kv != rows:
+                raise ValueError(f"c_attn has {rows} rows for width {width}: not queries and two equal key/value parts")
+            out[name.split(".")[1]] = tuple(t.split([width, kv, kv], dim=0))
+        return out
 
     @staticmethod
     def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
@@ -270,8 +364,9 @@ ATTENTION_LAYOUTS: dict[str, type[MultiHeadAttention]] = {
 }
 
 
-def build_attention(
-    layout: str, n_embd: int, n_head: int, kernel: str, dropout: float = 0.0, bias: bool = True
-) -> MultiHeadAttention:
+def build_attention(layout: str, n_embd: int, n_head: int, kernel: str, dropout: float = 0.0, bias: bool = True,
+                    n_kv_head: int | None = None, window: int | None = None,
+                    sdpa_backend: str = "auto") -> MultiHeadAttention:  # fmt: skip
     """Build the attention block of a layout by name (an unknown name lists the valid ones)."""
-    return lookup(ATTENTION_LAYOUTS, "attention layout", layout)(n_embd, n_head, kernel, dropout, bias)
+    cls = lookup(ATTENTION_LAYOUTS, "attention layout", layout)
+    return cls(AttentionSpec(n_embd, n_head, kernel, dropout, bias, n_kv_head, window, sdpa_backend))

@@ -11,10 +11,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.attention import ATTENTION_LAYOUTS, check_heads
-from model.kernels import KERNELS
+from model.kernels import KERNELS, SDPA_BACKENDS
 from model.registry import lookup
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
+
+
+def attention_label(model: dict, sep: str = "/") -> str:
+    """How a model attends, in a few words: ``fused_qkv/sdpa``, plus what differs from multi-head attention
+    over the whole context with PyTorch's choice of SDPA kernel (``-flash``, ``, 1 kv head``, ``, window 256``).
+
+    ``model`` is a GPTConfig's fields (a dict: run.json holds them too); ``sep`` joins layout and kernel.
+    """
+    label = f"{model['attention']}{sep}{model['kernel']}"
+    if model.get("sdpa_backend", "auto") != "auto":
+        label += f"-{model['sdpa_backend']}"
+    kv = model.get("n_kv_head")
+    if kv and kv != model["n_head"]:
+        label += f", {kv} kv head{'s' if kv > 1 else ''}"
+    if model.get("window"):
+        label += f", window {model['window']}"
+    return label
 
 
 @dataclass
@@ -28,7 +45,10 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     attention: str = "fused_qkv"  # the QKV layout: wrapper | separate_qkv | fused_qkv
-    kernel: str = "sdpa"  # manual | sdpa
+    kernel: str = "sdpa"  # manual | sdpa | flex
+    n_kv_head: int | None = None  # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped-query
+    window: int | None = None  # sliding-window attention: each position sees this many (itself included); None: all
+    sdpa_backend: str = "auto"  # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -42,6 +62,30 @@ class GPTConfig:
             raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
         lookup(ATTENTION_LAYOUTS, "attention layout", self.attention)
         lookup(KERNELS, "attention kernel", self.kernel)
+        kv = self.n_kv_head
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
+            raise ValueError(f"model.n_kv_head={kv!r} does not divide model.n_head={self.n_head}; choose a divisor "
+                             f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
+        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
+                                        or self.window < 1):  # fmt: skip
+            raise ValueError(f"model.window={self.window!r} must be a positive number of positions, or null (all)")
+        lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
+        if self.sdpa_backend != "auto" and self.kernel != "sdpa":
+            raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel=sdpa's implementation, but "
+                             f"kernel={self.kernel}; use kernel=sdpa, or model.sdpa_backend=auto")  # fmt: skip
+        if self.kernel == "flex" and self.dropout > 0:
+            raise ValueError(f"kernel=flex has no attention dropout, but model.dropout={self.dropout}; set "
+                             f"model.dropout=0, or use kernel=manual or sdpa")  # fmt: skip
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head``, or ``n_head`` (multi-head) when unset."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def cache_capacity(self) -> int:
+        """Positions a KV cache keeps per layer: the context, or the window when shorter."""
+        return min(self.block_size, self.window or self.block_size)
 
     @property
     def head_dim(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from model.attention import ATTENTION_LAYOUTS, WrapperAttention
+from model.attention import ATTENTION_LAYOUTS, QKV, WrapperAttention, kv_heads_of
 from model.registry import lookup
 
 
@@ -41,12 +41,15 @@ def detect_attention_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
 
 
 def convert_attention_layout(
-    state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int | None = None
+    state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int | None = None,
+    as_multi_head: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Turn a state dict (GPT or single attention block) from layout ``src`` into ``dst``.
 
     ``n_head`` is needed only to split heads when converting *to* ``wrapper``
     from another layout (a wrapper state dict already says how many heads it has).
+    ``as_multi_head`` writes grouped-query keys and values as the multi-head equivalent: each
+    key/value head repeated for every query head of its group (the same function; e.g. for GPT-2).
     """
     src_cls = lookup(ATTENTION_LAYOUTS, "attention layout", src)
     dst_cls = lookup(ATTENTION_LAYOUTS, "attention layout", dst)
@@ -70,8 +73,23 @@ def convert_attention_layout(
             if n_head is not None and heads != n_head:
                 raise ValueError(f"the wrapper state dict has {heads} heads, but n_head={n_head} was given")
         try:
-            local = dst_cls.from_qkv(src_cls.to_qkv(params), heads)
+            qkv = src_cls.to_qkv(params, heads)
+            if as_multi_head:
+                qkv = repeated_kv(qkv, heads)
+            local = dst_cls.from_qkv(qkv, heads)
         except ValueError as err:
             raise ValueError(f"attention {prefix!r}: {err}") from None
         out.update({prefix + name: tensor for name, tensor in local.items()})
+    return out
+
+
+def repeated_kv(qkv: QKV, n_head: int | None) -> QKV:
+    """The common form with each key/value head repeated for the query heads of its group (multi-head)."""
+    if n_head is None:
+        raise ValueError("repeating key/value heads needs n_head=<number of query heads>")
+    group = n_head // kv_heads_of(qkv, n_head)
+    out = {}
+    for kind, (q, k, v) in qkv.items():
+        head_dim = q.size(0) // n_head
+        out[kind] = (q, *(t.unflatten(0, (-1, head_dim)).repeat_interleave(group, dim=0).flatten(0, 1) for t in (k, v)))
     return out

@@ -110,7 +110,7 @@ def generate_batch(
             if not use_cache:
                 logits, _ = model(tokens[:, start:length])
             elif cache is None:  # (re)fill the cache with the whole window
-                cache = KVCache(model.config.n_layer, capacity=block)
+                cache = KVCache(model.config.n_layer)  # the model sizes it: its context, or its window
                 logits, _ = model(tokens[:, start:length], cache=cache)
             else:
                 logits, _ = model(tokens[:, length - 1 : length], cache=cache)

@@ -32,8 +32,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = build_attention(
-            config.attention, config.n_embd, config.n_head, config.kernel, config.dropout, config.bias
-        )
+            config.attention, config.n_embd, config.n_head, config.kernel, config.dropout, config.bias,
+            n_kv_head=config.n_kv_head, window=config.window, sdpa_backend=config.sdpa_backend,
+        )  # fmt: skip
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -45,13 +46,18 @@ class Block(nn.Module):
 class KVCache:
     """Keys and values of every layer for the positions processed so far (a batch of sequences).
 
-    ``capacity`` positions are preallocated per layer (the model's ``block_size`` unless given).
+    ``capacity`` positions are preallocated per layer: unless given, the model's context, or its
+    attention window when shorter (``GPTConfig.cache_capacity``); with ``n_kv_head`` key/value heads.
     """
 
     def __init__(self, n_layer: int, capacity: int | None = None) -> None:
         self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.length = 0
         self.capacity = capacity
+
+    def nbytes(self) -> int:
+        """Bytes the cache's buffers hold."""
+        return sum(t.nbytes for layer in self.layers for pair in layer.slots.values() for t in pair)
 
 
 class GPT(nn.Module):
@@ -117,7 +123,7 @@ class GPT(nn.Module):
                 f"crop the input to its last {self.config.block_size} tokens"
             )
         if cache is not None and cache.capacity is None:
-            cache.capacity = self.config.block_size
+            cache.capacity = self.config.cache_capacity
         pos = torch.arange(past, seq_len, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
@@ -165,12 +171,13 @@ class GPT(nn.Module):
 
         6 per weight that multiplies the token (all but the position embedding;
         the tied token embedding counts as the LM head's matmul) plus the attention
-        score and value matmuls, 12 * n_layer * n_embd * seq_len.
+        score and value matmuls, 12 * n_layer * n_embd * (keys each query sees: seq_len, or the window).
+        Grouped-query heads shrink the key/value projections, not the attention matmuls.
         """
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
-        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * seq_len
+        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * min(seq_len, cfg.window or seq_len)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load a GPT state dict of any attention layout, converting it to this model's.

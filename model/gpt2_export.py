@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from model.convert import convert_attention_layout
 from model.gpt import GPT
 from model.gpt2_import import CONV1D
 
@@ -24,8 +25,15 @@ HF_ACTIVATION = "gelu_new"
 def hf_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights named and shaped as ``GPT2LMHeadModel``'s (the LM head is tied, so left out)."""
     config = model.config
-    fused = GPT(config.__class__(**{**vars(config), "attention": "fused_qkv", "kernel": "sdpa"}))
-    fused.load_weights(model.state_dict())  # any layout -> the fused c_attn GPT-2 uses
+    if config.window is not None:
+        raise ValueError(f"GPT-2 has no sliding-window attention: this model (model.window={config.window}) would "
+                         f"compute another function in GPT-2's format; export a model without a window")  # fmt: skip
+    # Any layout -> the fused c_attn GPT-2 uses; grouped-query keys and values repeated for every query
+    # head of their group: GPT-2's multi-head form of the same function.
+    fused = GPT(config.__class__(**{**vars(config), "attention": "fused_qkv", "kernel": "sdpa", "n_kv_head": None,
+                                    "sdpa_backend": "auto"}))  # fmt: skip
+    fused.load_weights(convert_attention_layout(model.state_dict(), config.attention, "fused_qkv", config.n_head,
+                                                as_multi_head=True))  # fmt: skip
     out: dict[str, torch.Tensor] = {}
     for key, tensor in fused.state_dict().items():
         if key == "lm_head.weight":

@@ -1,15 +1,19 @@
 """Attention kernels: how softmax(Q K^T / sqrt(d_k)) V is computed.
 
-Every kernel takes q shaped (batch, heads, q_len, head_dim) and k, v shaped
-(batch, heads, k_len, head_dim), q_len <= k_len: the queries are the last q_len
-positions (all of them in training, the new ones when keys are cached). It
-returns q's shape. Layouts (``model.attention``) decide how q, k, v are produced; the
-kernel only decides how they are combined, so every layout runs with every
-kernel.
+Every kernel takes q shaped (batch, heads, q_len, head_dim) and k, v shaped (batch, kv_heads, k_len,
+head_dim), q_len <= k_len: the queries are the last q_len positions (all of them in training, the new
+ones when keys are cached). ``kv_heads`` divides ``heads``: query head h uses key/value head
+h // (heads / kv_heads) (grouped-query attention; one key/value head is multi-query; as many as query
+heads, multi-head). It returns q's shape. Layouts (``model.attention``) decide how q, k, v are produced;
+the kernel only decides how they are combined, so every layout runs with every kernel.
+
+A kernel is built for a model (``get_kernel``): its sliding window, if any (each query sees itself and
+the window - 1 positions before it), and for ``sdpa`` the implementation PyTorch may use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -21,57 +25,166 @@ from model.registry import lookup
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
 
-
-def attention_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(d_k)) under the causal mask: the weights every kernel applies to V."""
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    scores = scores.masked_fill(_future_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
-    return F.softmax(scores, dim=-1)
+# model.sdpa_backend -> PyTorch's backend (torch.nn.attention.SDPBackend); auto lets PyTorch choose.
+SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION", "math": "MATH"}  # fmt: skip
 
 
-def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, training: bool) -> torch.Tensor:
-    """The textbook formula: matmul, causal mask, softmax, dropout, matmul."""
-    return F.dropout(attention_probs(q, k), p=dropout, training=training) @ v
+def visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """(q_len, k_len), True where query i (the last q_len of k_len positions) may look at key j: not a later
+    position, and within the window.
 
-
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, training: bool) -> torch.Tensor:
-    """PyTorch's fused kernel (flash / memory-efficient / math, chosen by torch)."""
-    p = dropout if training else 0.0
-    q_len, k_len = q.size(-2), k.size(-2)
-    if q_len == k_len:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-    if q_len == 1:  # one new query after cached keys: it may see all of them
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
-    # is_causal aligns the mask top-left; cached queries need it bottom-right.
-    mask = ~_future_mask(q_len, k_len, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-
-
-def _future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """True where query i (the last q_len of k_len positions) would look at a later key.
-
-    Cached in eager mode: a training run asks for the same mask in every layer of every step.
-    Under torch.compile the graph builds it (the compiler ignores an lru_cache, and warns that it does).
+    Cached in eager mode: a training run asks for the same mask in every layer of every step. Under
+    torch.compile the graph builds it (the compiler ignores an lru_cache, and warns that it does).
     """
     if torch.compiler.is_compiling():
-        return _build_future_mask(q_len, k_len, device)
-    return _cached_future_mask(q_len, k_len, device)
+        return _build_visible(q_len, k_len, window, device)
+    return _cached_visible(q_len, k_len, window, device)
 
 
-def _build_future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(1 + k_len - q_len)
+def _build_visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    offset = k_len - q_len  # query i is position offset + i
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(offset)
+    return keep if window is None else keep.triu(offset - window + 1)
 
 
-@functools.lru_cache(maxsize=16)
-def _cached_future_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+@functools.lru_cache(maxsize=32)
+def _cached_visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     # A mask first built while generating (inference mode) would be an inference tensor, which a later
     # training step could not save for backward: the cached one is always an ordinary tensor.
     with torch.inference_mode(False):
-        return _build_future_mask(q_len, k_len, device)
+        return _build_visible(q_len, k_len, window, device)
 
 
-KERNELS: dict[str, Kernel] = {"manual": manual_attention, "sdpa": sdpa_attention}
+def sees_every_key(q_len: int, k_len: int, window: int | None) -> bool:
+    """One new query after its cache sees every cached key: the cache never holds more than the window."""
+    return q_len == 1 and (window is None or k_len <= window)
 
 
-def get_kernel(name: str) -> Kernel:
-    return lookup(KERNELS, "attention kernel", name)
+def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, kv_heads, T, hd) -> (B, heads, T, hd): each key/value head serves its group of query heads."""
+    return t if t.size(1) == heads else t.repeat_interleave(heads // t.size(1), dim=1)
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d_k)) under the causal (and window) mask: the weights every kernel applies to V."""
+    k = repeat_kv(k, q.size(1))
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    scores = scores.masked_fill(~visible(q.size(-2), k.size(-2), window, q.device), float("-inf"))
+    return F.softmax(scores, dim=-1)
+
+
+def manual_attention(q, k, v, dropout: float, training: bool, window: int | None = None) -> torch.Tensor:
+    """The textbook formula: matmul, causal mask, softmax, dropout, matmul."""
+    probs = F.dropout(attention_probs(q, k, window), p=dropout, training=training)
+    return probs @ repeat_kv(v, q.size(1))
+
+
+def sdpa_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
+                   backend: str = "auto") -> torch.Tensor:  # fmt: skip
+    """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``)."""
+    p = dropout if training else 0.0
+    q_len, k_len = q.size(-2), k.size(-2)
+    gqa = k.size(1) != q.size(1)
+    with sdpa_backend(backend):
+        if window is None and q_len == k_len:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
+        if sees_every_key(q_len, k_len, window):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa)
+        # is_causal aligns the mask top-left; cached queries need it bottom-right, and a window bands it.
+        mask = visible(q_len, k_len, window, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
+
+
+def sdpa_backend(name: str):
+    """Within the block, SDPA uses only the named implementation (``auto``: PyTorch chooses)."""
+    if SDPA_BACKENDS.get(name) is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
+
+
+def flex_attention(q, k, v, dropout: float, training: bool, window: int | None = None) -> torch.Tensor:
+    """torch.nn.attention.flex_attention with a causal (and window) block mask, compiled as flex requires.
+
+    No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
+    A decoding step (one query that sees every cached key) has no mask for flex to exploit: it is the
+    same function as SDPA without a mask, and runs there instead of compiling flex for every cache length.
+    """
+    q_len, k_len = q.size(-2), k.size(-2)
+    if sees_every_key(q_len, k_len, window):
+        return sdpa_attention(q, k, v, 0.0, False, window)
+    block_mask = _block_mask(q_len, k_len, window, q.device)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.size(1) != q.size(1))
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return torch.compile(flex)  # a second shape compiles a dynamic graph that serves every later one
+
+
+@functools.lru_cache(maxsize=32)
+def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = k_len - q_len
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        causal = q_idx + offset >= kv_idx
+        return causal if window is None else causal & (q_idx + offset - kv_idx < window)
+
+    with torch.inference_mode(False):  # kept across training and generation, as the masks above
+        return create_block_mask(mask_mod, None, None, q_len, k_len, device=device)
+
+
+KERNELS: dict[str, Kernel] = {"manual": manual_attention, "sdpa": sdpa_attention, "flex": flex_attention}
+
+
+def get_kernel(name: str, window: int | None = None, sdpa_backend: str = "auto") -> Kernel:
+    """The kernel ``name`` for a model's window (and, for sdpa, its backend): ``(q, k, v, dropout, training)``."""
+    kernel = lookup(KERNELS, "attention kernel", name)
+    if name == "sdpa":
+        return functools.partial(kernel, window=window, backend=sdpa_backend)
+    return functools.partial(kernel, window=window)
+
+
+def check_kernel_runs(config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
+    """Refuse, before any work, a kernel the device cannot run: FlexAttention's training on a CPU (torch 2.13
+    has no flex backward there), or an SDPA backend that cannot take this model's attention (naming those
+    that can). ``config`` is a GPTConfig; ``dtype`` the compute dtype (autocast's)."""
+    if config.kernel == "flex" and training and device.type != "cuda":
+        raise ValueError(
+            "kernel=flex cannot train on a CPU: torch's FlexAttention has no backward there. Train with "
+            "kernel=sdpa or kernel=manual (the same function: the checkpoint then samples and evaluates with "
+            "kernel=flex on a CPU), or on a CUDA GPU"
+        )
+    if config.kernel != "sdpa" or config.sdpa_backend == "auto":
+        return
+    error = _sdpa_error(config, device, dtype, training, config.sdpa_backend)
+    if error is None:
+        return
+    can = [b for b in SDPA_BACKENDS if b != "auto" and _sdpa_error(config, device, dtype, training, b) is None]
+    shape = (f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads"
+             + (f", window {config.window}" if config.window else ""))  # fmt: skip
+    raise ValueError(
+        f"model.sdpa_backend={config.sdpa_backend} cannot run this model's attention on {device.type} "
+        f"({str(dtype).removeprefix('torch.')}, {shape}): {error}. Backends that can: {', '.join(can) or 'none'}; "
+        f"or model.sdpa_backend=auto (PyTorch chooses)"
+    )
+
+
+def _sdpa_error(config, device: torch.device, dtype: torch.dtype, training: bool, backend: str) -> str | None:
+    """Why SDPA's ``backend`` cannot run a small attention of this model's shape, or None if it can."""
+    t = min(config.block_size, 64)
+    shape = [(1, config.n_head, t, config.head_dim), *[(1, config.kv_heads, t, config.head_dim)] * 2]
+    q, k, v = (torch.randn(s, device=device, dtype=dtype, requires_grad=training) for s in shape)
+    try:
+        out = sdpa_attention(q, k, v, config.dropout, training, config.window, backend)
+        if training:
+            out.float().sum().backward()
+    except RuntimeError as err:
+        return str(err).strip().splitlines()[0].rstrip(".")
+    return None

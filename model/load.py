@@ -56,14 +56,17 @@ def load_model(
 def model_from_checkpoint(
     ckpt: Checkpoint, attention: str | None = None, kernel: str | None = None, dropout: float | None = None
 ) -> GPT:
-    """The GPT a checkpoint describes, optionally in another layout, kernel or dropout."""
+    """The GPT a checkpoint describes, optionally in another layout, kernel or dropout.
+
+    SDPA's backend is left to PyTorch (the checkpoint's choice was for the device it trained on; it
+    changes speed only), and kernel=flex, which has no attention dropout, gets none unless asked.
+    """
     config = ckpt.config
-    config = replace(
-        config,
-        attention=attention or config.attention,
-        kernel=kernel or config.kernel,
-        dropout=config.dropout if dropout is None else dropout,
-    )
+    kernel = kernel or config.kernel
+    if dropout is None:
+        dropout = 0.0 if kernel == "flex" else config.dropout
+    config = replace(config, attention=attention or config.attention, kernel=kernel, dropout=dropout,
+                     sdpa_backend="auto")  # fmt: skip
     model = GPT(config)
     try:
         model.load_weights(ckpt.model)  # converts between layouts when they differ

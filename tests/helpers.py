@@ -11,10 +11,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import training.config  # noqa: F401  (registers the config schema)
-from model import GPTConfig
+from model import KERNELS, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+
+# The kernels that train on a CPU: FlexAttention runs only its forward there (torch 2.13), compiled
+# (seconds per shape); test_attention_grid.py holds it to the others.
+CPU_KERNELS = sorted(k for k in KERNELS if k != "flex")
 
 # A model and schedule small enough to train for real in about a second on a CPU.
 TINY = [

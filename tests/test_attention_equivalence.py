@@ -6,19 +6,18 @@ import itertools
 
 import pytest
 import torch
-from helpers import tiny_gpt_config
+from helpers import CPU_KERNELS, tiny_gpt_config
 
 from model import (
     ATTENTION_LAYOUTS,
     GPT,
-    KERNELS,
     GPTConfig,
     build_attention,
     convert_attention_layout,
 )
 
 LAYOUTS = sorted(ATTENTION_LAYOUTS)
-KERNEL_NAMES = sorted(KERNELS)
+KERNEL_NAMES = CPU_KERNELS
 LAYOUT_PAIRS = list(itertools.permutations(LAYOUTS, 2))
 TOL = dict(rtol=0, atol=1e-5)
 N_EMBD, N_HEAD, SEQ = 48, 4, 12

@@ -48,7 +48,10 @@ def test_compiled_cells_run(tmp_path):
     "args,message",
     [
         (["--layouts", "fused"], "unknown layout 'fused'; choose from ['fused_qkv', 'separate_qkv', 'wrapper']"),
-        (["--kernels", "flash"], "unknown kernel 'flash'; choose from ['manual', 'sdpa']"),
+        (["--kernels", "flash"], "unknown kernel 'flash'; choose from ['flex', 'manual', 'sdpa', 'sdpa_cudnn', "
+                                 "'sdpa_efficient', 'sdpa_flash', 'sdpa_math']"),
+        (["--kv-heads", "3"], "--kv-heads 3 does not divide --n-head 8"),
+        (["--window", "wide"], "--window wide: give a positive number of positions, or none"),
         (["--compile", "jit"], "unknown compile mode 'jit'; choose from ['compiled', 'eager']"),
     ],
 )

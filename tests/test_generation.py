@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_gpt_config
+from helpers import CPU_KERNELS, tiny_gpt_config
 from same_choices import assert_same_choices, record_choices
 
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, KVCache, generate, sample_next
+from model import ATTENTION_LAYOUTS, GPT, KVCache, generate, sample_next
 
-LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), sorted(KERNELS)
+LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), CPU_KERNELS
 
 
 def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=1) -> GPT:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import CPU_KERNELS
 
-from model import ATTENTION_LAYOUTS, KERNELS, import_hf_gpt2
+from model import ATTENTION_LAYOUTS, import_hf_gpt2
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,7 +33,7 @@ def hf_model():
     return model
 
 
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
 @pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
 def test_imported_gpt2_matches_transformers_logits(hf_model, layout, kernel):
     ours = import_hf_gpt2(hf_model.state_dict(), n_head=4, attention=layout, kernel=kernel).eval()

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIGS, TINY, compose_train, read_metrics
+from helpers import CONFIGS, CPU_KERNELS, TINY, compose_train, read_metrics
 from omegaconf import OmegaConf
 
 import compare
 from analysis.runs import load_run
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, convert_attention_layout
+from model import ATTENTION_LAYOUTS, GPT, GPTConfig, convert_attention_layout
 from model.checkpoint import load_checkpoint
 from model.device import peak_tflops, resolve_dtype
 from training.config import grad_accum_steps
 from training.loop import RunFailed, train
 from training.plan import AUTO_HEADROOM, activation_bytes, auto_micro_batch, check_fits_device, make_plan, param_count
 
-LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), sorted(KERNELS)
+LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), CPU_KERNELS
 
 
 @pytest.mark.parametrize(
@@ -246,3 +246,13 @@ def test_a_slow_first_step_changes_time_to_target_by_no_more_than_that_step(tmp_
     typical = run.steady_step_ms() / 1e3
     for step, seconds in before.items():
         assert abs(after[step] - seconds) <= typical + 1e-9
+
+
+@pytest.mark.parametrize("n_kv,window,backend", [(1, None, "auto"), (2, 16, "auto"), (4, None, "math")])
+def test_activation_estimate_holds_for_grouped_heads_windows_and_sdpas_math_backend(n_kv, window, backend):
+    # SDPA's math implementation keeps the attention matrices, as the manual kernel does.
+    config = GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=4, n_embd=64, n_kv_head=n_kv, window=window,
+                       sdpa_backend=backend)  # fmt: skip
+    measured = saved_tensor_bytes(GPT(config), torch.randint(0, 257, (4, 64)))
+    estimated = sum(activation_bytes(config, 4, torch.float32).values())
+    assert abs(estimated - measured) / measured < 0.25, (estimated, measured)

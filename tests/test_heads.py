@@ -6,11 +6,12 @@ import csv
 
 import pytest
 import torch
+from helpers import CPU_KERNELS
 
 import heads
 from analysis.heads import ablation, attention_maps, head_statistics, heads_removed, mean_loss
 from data.config import DataConfig
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, convert_attention_layout
+from model import ATTENTION_LAYOUTS, GPT, GPTConfig, convert_attention_layout
 
 T, C, H = 8, 32, 2  # positions, width, heads (head_dim 16)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -44,7 +45,7 @@ def committee(layout: str, kernel: str) -> GPT:
     return built
 
 
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
 @pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
 def test_statistics_identify_the_previous_token_head(layout, kernel):
     model = committee(layout, kernel)

@@ -37,7 +37,7 @@ def test_unknown_layout_lists_the_valid_ones():
 
 
 def test_unknown_kernel_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown attention kernel 'flash'; choose one of: manual, sdpa"):
+    with pytest.raises(ValueError, match=r"unknown attention kernel 'flash'; choose one of: flex, manual, sdpa"):
         config(kernel="flash")
 
 

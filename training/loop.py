@@ -39,6 +39,7 @@ from model.device import (
     resolve_dtype,
 )
 from model.generation import generate
+from model.kernels import check_kernel_runs
 from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps, validate
 from training.distributed import Distributed, from_environment, init_distributed
@@ -87,6 +88,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         device = torch.device("cuda", claim_free_slot([device_id(torch.device("cuda", i))
                                                        for i in range(torch.cuda.device_count())]))  # fmt: skip
     dtype = resolve_dtype(t.dtype, device)
+    check_kernel_runs(planned, device, dtype, training=True)
     auto_micro = t.micro_batch_size == "auto"
     if auto_micro:  # chosen per rank now (an error before any work), agreed on by the ranks below
         config = with_micro_batch(config, auto_micro_batch(config, planned, dist.world_size, dtype,

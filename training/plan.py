@@ -26,9 +26,10 @@ H100_BF16_PEAK = 989e12
 def param_count(config: GPTConfig) -> int:
     """Parameters, each counted once (the LM head is tied to the token embedding); same for every layout."""
     C, L = config.n_embd, config.n_layer
+    kv = config.kv_heads * config.head_dim  # the width of the keys (and of the values)
     bias = config.bias
     norms = (2 * L + 1) * C * (2 if bias else 1)
-    attention = L * (4 * C * C + (4 * C if bias else 0))  # q, k, v and c_proj
+    attention = L * (2 * C * C + 2 * C * kv + ((2 * C + 2 * kv) if bias else 0))  # q, c_proj; k, v
     mlp = L * (8 * C * C + (5 * C if bias else 0))
     return config.padded_vocab_size * C + config.block_size * C + norms + attention + mlp
 
@@ -43,13 +44,17 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     a = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     B, T, C, H, L = micro_batch, config.block_size, config.n_embd, config.n_head, config.n_layer
     N = B * T * C  # one (batch, seq, width) tensor, in elements
-    scores = B * H * T * T  # one attention matrix per head, in elements
+    kv_share = config.kv_heads / H  # keys and values are this share of N
+    scores = B * H * T * T  # one attention matrix per head, in elements (a window masks them, not shrinks)
     drop = config.dropout > 0
-    casts = {"wrapper": 3 * H, "separate_qkv": 3, "fused_qkv": 1}[config.attention] if a < 4 else 1
+    wrapper_casts = H + 2 * config.kv_heads  # one per projection module
+    casts = {"wrapper": wrapper_casts, "separate_qkv": 3, "fused_qkv": 1}[config.attention] if a < 4 else 1
 
     qkv_input = casts * N * a
-    qkv = 3 * N * a
-    if config.kernel == "manual":
+    qkv = int((1 + 2 * kv_share) * N * a)
+    # The manual kernel and SDPA's math implementation keep the attention matrices; the fused kernels do not.
+    matrices = config.kernel == "manual" or (config.kernel == "sdpa" and config.sdpa_backend == "math")
+    if matrices:
         # softmax output (float32), its cast for the matmul with V under autocast, dropout's mask
         kernel = scores * 4 + (scores * a if a < 4 else 0) + (scores * (1 + a) if drop else 0)
         heads_out = N * a  # merged heads, the input of c_proj
@@ -59,7 +64,7 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     per_layer = {
         "layernorm inputs": 2 * N * 4,
         "attention projections": qkv_input + qkv + heads_out,
-        "attention matrices" if config.kernel == "manual" else "attention log-sum-exp": kernel,
+        "attention matrices" if matrices else "attention log-sum-exp": kernel,
         "MLP": N * a + 2 * 4 * N * a,  # c_fc input, GELU input, c_proj input
         "dropout masks": 2 * N if drop else 0,
     }
@@ -84,6 +89,12 @@ class Plan:
     static_bytes: int
     activations: dict[str, int]
     logits_transient_bytes: int
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        """What sampling's KV cache holds per position and sample: keys and values of every layer."""
+        c = self.config
+        return 2 * c.n_layer * c.kv_heads * c.head_dim * (torch.finfo(self.dtype).bits // 8)
 
     @property
     def peak_bytes(self) -> int:
@@ -115,6 +126,10 @@ class Plan:
         ]
         lines += [f"    {name}: {value / GIB:,.2f} GiB" for name, value in self.activations.items()]
         lines.append(f"    logits in flight: {self.logits_transient_bytes / GIB:,.2f} GiB")
+        heads = "multi-head" if c.kv_heads == c.n_head else f"{c.kv_heads} key/value heads for {c.n_head}"
+        window = f", window {c.window}: at most {c.cache_capacity} positions" if c.window else ""
+        lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
+                     f"sample ({heads}{window}, {str(self.dtype).removeprefix('torch.')})")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -124,7 +139,8 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
     micro = micro_batch or t.micro_batch_size
     params = param_count(model_config)
     matmul_params = params - model_config.block_size * model_config.n_embd
-    flops = 6 * matmul_params + 12 * model_config.n_layer * model_config.n_embd * model_config.block_size
+    seen = min(model_config.block_size, model_config.window or model_config.block_size)  # keys per query
+    flops = 6 * matmul_params + 12 * model_config.n_layer * model_config.n_embd * seen
     a = torch.finfo(dtype).bits // 8
     V = model_config.padded_vocab_size
     return Plan(

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from model.checkpoint import LAST, remove_stale_temporaries
+from model.config import attention_label
 from training import slurm
 from training.config import LoggerConfig, TrainConfig
 
@@ -51,8 +52,13 @@ def atomic_write_json(path: Path, obj: dict) -> None:
 
 
 def run_name(cfg: TrainConfig) -> str:
-    """``<attention>-<kernel>-<model>``, or the name train.py made (with a sweep's other overrides)."""
-    return cfg.logger.name or f"{cfg.model.attention}-{cfg.model.kernel}-{cfg.model.name}"
+    """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
+    from the defaults), or the name train.py made (with a sweep's other overrides)."""
+    if cfg.logger.name:
+        return cfg.logger.name
+    how = attention_label(vars(cfg.model), sep="-").replace(", ", "-").replace(" kv heads", "kv").replace(
+        " kv head", "kv").replace("window ", "window")  # fmt: skip
+    return f"{how}-{cfg.model.name}"
 
 
 OWNER = ".headlab-run"  # created exclusively by a new run; locked by the process writing the run
