@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from model import GPT, Checkpoint, GPTConfig, generate
+from model import GPT, Checkpoint, GPTConfig
+from model.decoding import choose_decoding
 from model.device import (
     autocast,
     device_name,
@@ -33,6 +34,7 @@ from model.device import (
     resolve_device,
     resolve_dtype,
 )
+from model.generation import generate_batch
 from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
 
 ROOT = Path(__file__).resolve().parent
@@ -123,7 +125,30 @@ def train_step(args) -> None:
            f"{', compiled' if args.compile else ''})", a, b, tokens, "tokens/s")  # fmt: skip
 
 
+class TokenTimes:
+    """A transformers streamer that notes when each step's tokens come out (its first call is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        sync()
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def split_times(start: float, times: list[float], tokens: int) -> tuple[float, float]:
+    """(seconds to the first new token, decode tokens/s after it) from the moments each step's tokens came out."""
+    return times[0] - start, (len(times) - 1) * tokens / max(times[-1] - times[0], 1e-9)
+
+
 def generation(args) -> None:
+    """Greedy batch-1 and sampled batch-N generation of GPT-2 small's shape, ours against transformers' generate
+    (same weights and prompt), each as time to the first token and the decode rate after it. On CUDA ours
+    replays each step as a CUDA graph (--compile: compiled with inductor); transformers uses its static
+    cache, compiled, with --compile."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)  # GPT-2 small
     ours = GPT(config).eval()
@@ -133,37 +158,49 @@ def generation(args) -> None:
     ours, hf = ours.to(device, dtype), hf.to(device, dtype)  # weights cast once, as sample.py dtype=... does
     prompt = torch.randint(0, 50257, (1, 16)).to(device)
     n = args.new_tokens
-    tokens: dict[str, list] = {}
+    decoding = choose_decoding("compiled" if args.compile else "auto", device)
+    hf_extra = {"cache_implementation": "static"} if args.compile else {}
+    if args.compile:
+        inductor_cache_per_cpu_capability()
 
-    def ours_greedy():
-        tokens["ours"] = list(generate(ours, prompt[0].tolist(), n, temperature=0))
+    def ours_run(batch: int, sampled: bool) -> dict:
+        generators = [torch.Generator(device=device).manual_seed(i) for i in range(batch)]
+        start, times, tokens = time.perf_counter(), [], []
+        for step in generate_batch(ours, prompt[0].tolist(), n, generators, 1.0 if sampled else 0.0, 200 if sampled
+                                   else None, decoding=decoding):  # fmt: skip
+            times.append(time.perf_counter())  # each step syncs: its tokens are on the host
+            tokens.append(step[0])
+        return {"split": split_times(start, times, batch), "tokens": tokens}
 
-    def hf_greedy():
+    def hf_run(batch: int, sampled: bool) -> dict:
+        streamer, start = TokenTimes(), time.perf_counter()
         with torch.no_grad():
-            out = hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
-                              pad_token_id=0)  # fmt: skip
-        tokens["hf"] = out[0, prompt.size(1):].tolist()
+            out = hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=sampled, top_k=200 if sampled
+                              else None, num_return_sequences=batch, pad_token_id=0, streamer=streamer,
+                              **hf_extra)  # fmt: skip
+        return {"split": split_times(start, streamer.times[1:], batch), "tokens": out[0, prompt.size(1):].tolist()}
 
-    ours_greedy(), hf_greedy()
-    a, b = interleave(ours_greedy, hf_greedy, args.rounds)
-    same = sum(p == q for p, q in zip(tokens["ours"], tokens["hf"]))
-    report(f"greedy generation, batch 1, {n} new tokens (GPT-2 small shape, {dtype} weights on {device}; "
-           f"{same}/{n} tokens equal)", a, b, n, "tokens/s")  # fmt: skip
-    if args.batch > 1:
-        from model.generation import generate_batch
-
-        def ours_batch():
-            generators = [torch.Generator().manual_seed(i) for i in range(args.batch)]
-            list(generate_batch(ours, prompt[0].tolist(), n, generators, temperature=1.0, top_k=200))
-
-        def hf_batch():
-            with torch.no_grad():
-                hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=True, top_k=200,
-                            num_return_sequences=args.batch, use_cache=True, pad_token_id=0)  # fmt: skip
-
-        ours_batch(), hf_batch()
-        a, b = interleave(ours_batch, hf_batch, args.rounds)
-        report(f"sampled generation, batch {args.batch}, {n} new tokens each", a, b, n * args.batch, "tokens/s")
+    for batch, sampled, what in ((1, False, "greedy"), (args.batch, True, "sampled")):
+        if batch == 1 and sampled:
+            continue
+        ours_run(batch, sampled), hf_run(batch, sampled)  # warm-up (and compilation)
+        mine, theirs = [], []
+        for _ in range(args.rounds):  # interleaved
+            mine.append(ours_run(batch, sampled))
+            theirs.append(hf_run(batch, sampled))
+        equal = sum(p == q for p, q in zip(mine[-1]["tokens"], theirs[-1]["tokens"]))
+        ratios = [t["split"][1] / m["split"][1] for m, t in zip(mine, theirs)]  # decode time, ours / theirs
+        rate = statistics.median(m["split"][1] for m in mine)
+        how = f"headlab: {decoding} decoding" + ("; transformers: static cache" if args.compile else "")
+        agreement = "" if sampled else f"; {equal}/{n} greedy tokens equal"
+        weights = str(dtype).removeprefix("torch.")
+        print(f"{what} generation, batch {batch}, {n} new tokens (GPT-2 small shape, {weights} weights on {device}, "
+              f"{how}{agreement}): headlab decodes "
+              f"{rate:,.1f} tokens/s after a first token in {statistics.median(m['split'][0] for m in mine):.3f} s; "
+              f"transformers {statistics.median(t['split'][1] for t in theirs):,.1f} tokens/s after "
+              f"{statistics.median(t['split'][0] for t in theirs):.3f} s; decode time ratio headlab/reference: "
+              f"median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over "
+              f"{args.rounds} rounds")  # fmt: skip
 
 
 def sample_process(args) -> None:
@@ -234,7 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="train-step: autocast dtype; generate: the weights' dtype (auto: bf16 on GPUs, fp32 on CPUs)")
-    p.add_argument("--compile", action="store_true", help="train-step: torch.compile both sides")
+    p.add_argument("--compile", action="store_true",
+                   help="train-step: torch.compile both sides; generate: our compiled decode step against "
+                        "transformers' static cache, compiled")  # fmt: skip
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="prepare: tokenizer threads/processes")
     args = p.parse_args(argv)
     for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads"):

@@ -42,9 +42,17 @@ class LayerCache:
     def update(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' k, v; return the keys and values the new queries attend over."""
         start, new, capacity = self.owner.length, k.size(2), self.owner.capacity
+        if self.owner.position is not None:  # a static decode step: one position, given as a tensor
+            k_all, v_all = self.slots[slot]
+            where = (self.owner.position % capacity).view(1)
+            k_all.index_copy_(2, where, k)
+            v_all.index_copy_(2, where, v)
+            return k_all, v_all  # every slot; the step's mask says which hold keys
         if slot not in self.slots:
+            # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
+            # 0 x NaN would be NaN.
             shape = (k.size(0), k.size(1), capacity, k.size(3))
-            self.slots[slot] = (k.new_empty(shape), v.new_empty(shape))
+            self.slots[slot] = (k.new_zeros(shape), v.new_zeros(shape))
         k_all, v_all = self.slots[slot]
         if start + new <= capacity:  # in position order
             k_all[:, :, start : start + new] = k
@@ -102,9 +110,13 @@ class AttentionSpec:
 
 def remember(
     cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add the new positions' k, v to the cache; return the keys and values to attend over."""
-    return (k, v) if cache is None else cache.update(slot, k, v)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Add the new positions' k, v to the cache; return the keys and values to attend over, and the mask of
+    those visible when a static decode step attends over the whole cache (else None: the shapes say)."""
+    if cache is None:
+        return k, v, None
+    k, v = cache.update(slot, k, v)
+    return k, v, cache.owner.mask
 
 
 def check_heads(n_embd: int, n_head: int) -> None:
@@ -129,10 +141,10 @@ class CausalAttentionHead(nn.Module):
         self.kernel = kernel
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
         # A head axis of size 1 lets every kernel serve single heads too.
         q = self.query(x).unsqueeze(1)  # (B, 1, T, hd)
-        return self.kernel(q, k, v, self.dropout, self.training).squeeze(1)  # (B, T, hd)
+        return self.kernel(q, k, v, self.dropout, self.training, mask=mask).squeeze(1)  # (B, T, hd)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This head's group's keys and values, (B, 1, T, hd) each."""
@@ -214,8 +226,8 @@ class WrapperAttention(MultiHeadAttention):
         group = self.n_head // self.n_kv_head
         outputs = []
         for g in range(self.n_kv_head):
-            k, v = remember(cache, g, *self.heads[g * group].keys_values(x))  # the group's notes, once
-            outputs += [head(x, k, v) for head in self.heads[g * group : (g + 1) * group]]
+            k, v, mask = remember(cache, g, *self.heads[g * group].keys_values(x))  # the group's notes, once
+            outputs += [head(x, k, v, mask) for head in self.heads[g * group : (g + 1) * group]]
         return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,8 +297,8 @@ class SplitHeadsAttention(MultiHeadAttention):
         B, T, C = x.shape
         q, k, v = self.project(x)
         q = self.split_heads(q, self.n_head)  # (B, H, T, hd)
-        k, v = remember(cache, 0, self.split_heads(k, self.n_kv_head), self.split_heads(v, self.n_kv_head))
-        y = self.kernel(q, k, v, self.dropout, self.training)  # (B, H, T, hd)
+        k, v, mask = remember(cache, 0, self.split_heads(k, self.n_kv_head), self.split_heads(v, self.n_kv_head))
+        y = self.kernel(q, k, v, self.dropout, self.training, mask=mask)  # (B, H, T, hd)
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:

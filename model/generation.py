@@ -21,6 +21,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
+from model.decoding import choose_decoding, make_step
 from model.gpt import GPT, KVCache
 from model.packed import packed_linears
 
@@ -45,11 +46,18 @@ def draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: flo
          generators: list[torch.Generator | None]) -> torch.Tensor:  # fmt: skip
     """One token id per row of (B, V) logits, on their device; temperature 0 is greedy.
 
-    Row ``i`` uses one uniform number from ``generators[i]`` (a CPU generator, so a seed gives
-    the same draws whatever the device) and takes the token where the cumulative probability passes it.
+    Row ``i`` uses one uniform number from ``generators[i]`` (a CPU generator gives the same draws for a
+    seed whatever the model's device; one on the model's GPU draws there, without a copy) and takes the
+    token where the cumulative probability passes it.
     """
-    u = None if temperature == 0 else torch.stack([torch.rand((), generator=g) for g in generators])
+    u = None if temperature == 0 else torch.stack([uniform(g, logits.device) for g in generators])
     return choose(logits, u, temperature, top_k, top_p)
+
+
+def uniform(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One uniform number from ``generator``, made on the generator's own device (a CPU or a GPU one)."""
+    where = generator.device if generator is not None else torch.device("cpu")
+    return torch.rand((), generator=generator, device=where).to(device)
 
 
 def choose(logits: torch.Tensor, u: torch.Tensor | None, temperature: float, top_k: int | None,
@@ -86,35 +94,40 @@ def generate_batch(
     top_p: float = 1.0,
     use_cache: bool = True,
     stop_id: int | None = None,
+    decoding: str = "auto",
 ) -> Iterator[list[int | None]]:
     """``len(generators)`` continuations of ``prompt`` at once; yields each step's new token per sample.
 
     A sample that produced ``stop_id`` yields None from then on; generation ends when every
-    sample has stopped or after ``max_new_tokens``.
+    sample has stopped or after ``max_new_tokens``. ``decoding`` is how a cached step runs
+    (``model.decoding``: auto is a CUDA graph on CUDA, eager on a CPU).
     """
     if not prompt:
         raise ValueError("the prompt is empty; start from at least one token (e.g. <|endoftext|>)")
     n, block = len(generators), model.config.block_size
     keep = max(1, block // 2)
     device = next(model.parameters()).device
+    decoding = choose_decoding(decoding, device) if use_cache else "eager"
     tokens = torch.empty(n, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, device=device)
     length, start = len(prompt), max(0, len(prompt) - block)
-    cache: KVCache | None = None
+    cache, step, refill = KVCache(model.config.n_layer), None, True  # the model sizes it: its context or window
     stopped = [False] * n
     # Decoding multiplies n rows by every weight: on a CPU, weights packed for n rows are read faster.
-    with packed_linears(model, n) if use_cache else nullcontext():
+    with packed_linears(model, n) if use_cache and decoding == "eager" else nullcontext():
         for _ in range(max_new_tokens):
             if length - start > block:  # the context is full: slide the window
-                start, cache = length - keep, None
+                start, refill = length - keep, True
             if not use_cache:
-                logits, _ = model(tokens[:, start:length])
-            elif cache is None:  # (re)fill the cache with the whole window
-                cache = KVCache(model.config.n_layer)  # the model sizes it: its context, or its window
-                logits, _ = model(tokens[:, start:length], cache=cache)
+                logits = model(tokens[:, start:length])[0][:, -1]
+            elif refill:  # (re)fill the cache with the whole window, in place: a captured step keeps its buffers
+                cache.reset()
+                logits = model(tokens[:, start:length], cache=cache)[0][:, -1]
+                refill = False
             else:
-                logits, _ = model(tokens[:, length - 1 : length], cache=cache)
-            tokens[:, length] = draw(logits[:, -1], temperature, top_k, top_p, generators)
+                step = step or make_step(decoding, model, cache, n, device)
+                logits = step(tokens[:, length - 1 : length], length - 1 - start)
+            tokens[:, length] = draw(logits, temperature, top_k, top_p, generators)
             new = tokens[:, length].tolist()  # the one host sync of a step, for every sample
             length += 1
             yield [None if stopped[i] else token for i, token in enumerate(new)]
@@ -133,8 +146,9 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     stop_id: int | None = None,
+    decoding: str = "auto",
 ) -> Iterator[int]:
     """Yield new token ids one at a time after ``prompt`` (non-empty), stopping at ``stop_id``."""
     for (token,) in generate_batch(model, prompt, max_new_tokens, [generator], temperature, top_k, top_p,
-                                   use_cache, stop_id):  # fmt: skip
+                                   use_cache, stop_id, decoding):  # fmt: skip
         yield token

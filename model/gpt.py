@@ -54,6 +54,14 @@ class KVCache:
         self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.length = 0
         self.capacity = capacity
+        # During a static decode step (model.decoding): the new position as a 0-d tensor, and the
+        # (1, 1, 1, capacity) mask of the slots its query sees. Static shapes: a CUDA graph can replay it.
+        self.position: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        """Empty the cache, keeping its buffers (a captured decode step refers to them): refilled in place."""
+        self.length = 0
 
     def nbytes(self) -> int:
         """Bytes the cache's buffers hold."""
@@ -115,20 +123,24 @@ class GPT(nn.Module):
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
-        past = cache.length if cache is not None else 0
-        seq_len = past + idx.size(1)
-        if seq_len > self.config.block_size:
-            raise ValueError(
-                f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
-                f"crop the input to its last {self.config.block_size} tokens"
-            )
-        if cache is not None and cache.capacity is None:
-            cache.capacity = self.config.cache_capacity
-        pos = torch.arange(past, seq_len, device=idx.device)
+        static = cache is not None and cache.position is not None  # a decode step with its position as a tensor
+        if static:
+            pos = cache.position.view(1)  # no Python number of it: one captured step serves every position
+        else:
+            past = cache.length if cache is not None else 0
+            seq_len = past + idx.size(1)
+            if seq_len > self.config.block_size:
+                raise ValueError(
+                    f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
+                    f"crop the input to its last {self.config.block_size} tokens"
+                )
+            if cache is not None and cache.capacity is None:
+                cache.capacity = self.config.cache_capacity
+            pos = torch.arange(past, seq_len, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache.layers[i] if cache is not None else None)
-        if cache is not None:
+        if cache is not None and not static:
             cache.length = seq_len
         if targets is None:
             h = self.transformer.ln_f(x[:, -1, :])

@@ -8,7 +8,9 @@ heads, multi-head). It returns q's shape. Layouts (``model.attention``) decide h
 the kernel only decides how they are combined, so every layout runs with every kernel.
 
 A kernel is built for a model (``get_kernel``): its sliding window, if any (each query sees itself and
-the window - 1 positions before it), and for ``sdpa`` the implementation PyTorch may use.
+the window - 1 positions before it), and for ``sdpa`` the implementation PyTorch may use. An explicit
+``mask`` (True where a key may be seen, broadcast over (batch, heads, q_len, k_len)) replaces the one the
+shapes imply: a decode step over a whole preallocated cache (``model.decoding``) knows which slots hold keys.
 """
 
 from __future__ import annotations
@@ -74,19 +76,27 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None)
     return F.softmax(scores, dim=-1)
 
 
-def manual_attention(q, k, v, dropout: float, training: bool, window: int | None = None) -> torch.Tensor:
+def manual_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The textbook formula: matmul, causal mask, softmax, dropout, matmul."""
-    probs = F.dropout(attention_probs(q, k, window), p=dropout, training=training)
+    if mask is None:
+        probs = attention_probs(q, k, window)
+    else:
+        scores = (q @ repeat_kv(k, q.size(1)).transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+        probs = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    probs = F.dropout(probs, p=dropout, training=training)
     return probs @ repeat_kv(v, q.size(1))
 
 
 def sdpa_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                   backend: str = "auto") -> torch.Tensor:  # fmt: skip
+                   backend: str = "auto", mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``)."""
     p = dropout if training else 0.0
     q_len, k_len = q.size(-2), k.size(-2)
     gqa = k.size(1) != q.size(1)
     with sdpa_backend(backend):
+        if mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
         if window is None and q_len == k_len:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
         if sees_every_key(q_len, k_len, window):
@@ -105,7 +115,8 @@ def sdpa_backend(name: str):
     return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
-def flex_attention(q, k, v, dropout: float, training: bool, window: int | None = None) -> torch.Tensor:
+def flex_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """torch.nn.attention.flex_attention with a causal (and window) block mask, compiled as flex requires.
 
     No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
@@ -113,8 +124,8 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     same function as SDPA without a mask, and runs there instead of compiling flex for every cache length.
     """
     q_len, k_len = q.size(-2), k.size(-2)
-    if sees_every_key(q_len, k_len, window):
-        return sdpa_attention(q, k, v, 0.0, False, window)
+    if mask is not None or sees_every_key(q_len, k_len, window):
+        return sdpa_attention(q, k, v, 0.0, False, window, mask=mask)
     block_mask = _block_mask(q_len, k_len, window, q.device)
     return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.size(1) != q.size(1))
 

@@ -78,3 +78,42 @@ def test_a_cuda_profile_counts_matrix_products_and_the_fused_attention_kernel(tm
     assert summary["sdpa_backend"] in FUSED_SDPA
     assert ms["matrix products"] > 0 and ms["attention"] > 0 and ms["optimizer"] > 0
     assert sum(ms.values()) >= summary["wall_ms_per_step"] * 0.99, "the kinds and the idle time fill the step"
+
+
+def test_cuda_graph_decoding_makes_the_eager_choices_with_generators_on_the_gpu(monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from same_choices import assert_same_choices, record_choices
+
+    from model import GPT
+    from model.generation import generate_batch
+
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=300, block_size=64, n_layer=2, n_head=4, n_embd=64, n_kv_head=2)).cuda().eval()
+    recorder = record_choices(monkeypatch)
+    for decoding in ("eager", "graph"):  # 100 tokens: the context slides, the cache refills in place
+        recorder.start()
+        generators = [torch.Generator(device="cuda").manual_seed(i) for i in range(4)]
+        list(generate_batch(model, [1, 2, 3], 100, generators, 1.0, decoding=decoding))
+    assert_same_choices(recorder.traces[1], recorder.traces[0])
+
+
+def test_cuda_graph_decoding_under_autocast_as_the_trainer_samples(monkeypatch):
+    """float32 weights under bf16 autocast (the trainer's end-of-run sample): the graph casts weights itself."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from same_choices import assert_same_choices, record_choices
+
+    from model import GPT
+    from model.generation import generate_batch
+
+    torch.manual_seed(2)
+    model = GPT(GPTConfig(vocab_size=300, block_size=64, n_layer=2, n_head=4, n_embd=64)).cuda().eval()
+    recorder = record_choices(monkeypatch)
+    for decoding in ("eager", "graph"):
+        recorder.start()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            list(generate_batch(model, [1, 2, 3], 80, [torch.Generator().manual_seed(7)], 1.0, decoding=decoding))
+    assert_same_choices(recorder.traces[1], recorder.traces[0], atol=5e-2)  # bf16 round-off

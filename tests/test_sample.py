@@ -29,7 +29,8 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     for text in samples:
         body = text.split("---\n", 1)[1]
         assert body.startswith("import ") and len(body) > len("import ") + 5
-    assert result.stderr.count("tokens/s (with KV cache, cpu, float32, 2 samples at once)") == 1
+    assert result.stderr.count("tokens/s (with KV cache, cpu, float32, 2 samples at once, eager decoding)") == 1
+    assert "first token after " in result.stderr, "the time to the first token apart from the decode rate"
 
 
 def test_cli_reads_the_prompt_from_stdin(trained_run):

@@ -89,7 +89,7 @@ def test_packing_stays_off_under_torch_compile_which_cannot_trace_it(how):
     elif how == "Module.compile":
         model.compile()
     else:
-        model.forward = torch.compile(model.forward, dynamic=True)  # what sample.py compile=true does
+        model.forward = torch.compile(model.forward, dynamic=True)  # a user's own compiled forward
     with packed_linears(model, rows=4) as on:
         assert not on
 
