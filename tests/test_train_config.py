@@ -31,7 +31,9 @@ def test_every_group_option_composes_and_validates(group, option):
     if group == "attention":
         assert config.model.attention == option
     elif group == "kernel":
-        assert config.model.kernel == option
+        # kernel=sdpa_<backend> is SDPA restricted to one of its implementations.
+        kernel, _, backend = option.partition("_")
+        assert (config.model.kernel, config.model.sdpa_backend) == (kernel, backend or "auto")
     elif group not in ("experiment", "optim", "trainer"):
         assert getattr(config, group).name if group != "logger" else config.logger.kind
 
@@ -66,7 +68,10 @@ def test_unknown_key_is_refused_by_the_schema():
             "model.n_embd=130",
             "n_embd=130 is not divisible by n_head=4; choose n_embd as a multiple of n_head",
         ),
-        ("model.kernel=flash", "unknown attention kernel 'flash'; choose one of: manual, sdpa"),
+        (
+                "model.kernel=flash",
+                "unknown attention kernel 'flash'; choose one of: flex, manual, sdpa",
+            ),
         ("trainer.dtype=fp16", "trainer.dtype='fp16'; choose one of: auto, float32, bfloat16"),
         ("optim.min_lr=1.0", "need 0 <= min_lr <= lr"),
         ("trainer.stop_at_step=5000", "trainer.stop_at_step=5000 must be in 1..max_steps=1000"),
@@ -125,7 +130,14 @@ def test_cli_reports_a_bad_override_and_exits_nonzero(tmp_path):
 def test_cli_help_lists_the_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ("attention: fused_qkv, separate_qkv, wrapper", "kernel: manual, sdpa",
-                 "model: gpt2_medium, gpt2_small, mini, nano", "logger: none, wandb",
-                 "experiment: compare_attention, compare_attention_gpu, finetune_shakespeare, gpt2_small"):  # fmt: skip
+    expected = [
+        "attention: fused_qkv, separate_qkv, wrapper",
+        "kernel: flex, manual, sdpa, sdpa_cudnn, sdpa_efficient, sdpa_flash, sdpa_math",
+        "model: gpt2_medium, gpt2_small, mini, nano",
+        "logger: none, wandb",
+        "experiment: compare_attention, compare_attention_gpu, compare_kernels, compare_kernels_gpu, "
+        "compare_kv_heads, compare_kv_heads_gpu, compare_windows, compare_windows_gpu, "
+        "finetune_shakespeare, gpt2_small",
+    ]
+    for line in expected:
         assert line in result.stdout
