@@ -30,6 +30,7 @@ from analysis.tables import markdown_table, pyplot, save_figure, write_csv, writ
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.kernels import SDPA_BACKENDS
+from training.optim import fused_adamw
 from training.profiling import sdpa_backends, without_profiler_notices
 
 COMPILE_MODES = ("eager", "compiled")
@@ -119,7 +120,7 @@ def make_cell(args: argparse.Namespace, layout: str, kernel_name: str, compiled:
         config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer, n_head=args.n_head,
                            n_embd=args.n_embd, attention=layout, kernel=kernel, **attends)  # fmt: skip
         module = GPT(config).to(device)
-        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=device.type == "cuda")
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=fused_adamw(device))
         idx = torch.randint(0, args.vocab_size, (args.batch, seq_len), device=device)
         inputs = (idx, idx)
 

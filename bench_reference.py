@@ -36,6 +36,7 @@ from model.device import (
 )
 from model.generation import generate_batch
 from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
+from training.optim import fused_adamw
 
 ROOT = Path(__file__).resolve().parent
 
@@ -82,7 +83,7 @@ def report(what: str, a: list[float], b: list[float], unit_work: float, unit: st
 
 def train_step(args) -> None:
     """A whole training step (forward, backward, clipping, AdamW) of the same model and weights, as training
-    runs it on the device: autocast in ``--dtype``, fused AdamW on CUDA, optionally both sides compiled."""
+    runs it on the device: autocast in ``--dtype``, fused AdamW, optionally both sides compiled."""
     device = resolve_device(args.device, option="--device")
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     if device.type == "cuda":
@@ -98,7 +99,7 @@ def train_step(args) -> None:
 
     def make_step(model, loss_of):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                                fused=device.type == "cuda")  # fmt: skip
+                                fused=fused_adamw(device))  # fmt: skip
         run = torch.compile(model) if args.compile else model
 
         def step():
