@@ -9,7 +9,9 @@ from collections import defaultdict
 from analysis.runs import Run
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
-SHOWN_WHEN_SET = ("kv_heads", "window")  # columns a report shows only when some run sets them
+# Columns a report shows only when some run departs from plain multi-head attention over the whole context.
+SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get("n_head")),
+              "window": lambda row: bool(row.get("window"))}  # fmt: skip
 FLAG_SIGMAS = 3.0
 
 COLUMNS = [
@@ -56,9 +58,9 @@ def identity(run: Run) -> dict:
     """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads and window."""
     m = run.info["model"]
     backend = m.get("sdpa_backend", "auto")
-    kv = m.get("n_kv_head")
     return {"layout": run.layout, "kernel": run.kernel + ("" if backend == "auto" else f"-{backend}"),
-            "kv_heads": kv if kv and kv != m.get("n_head") else None, "window": m.get("window")}  # fmt: skip
+            "n_head": m.get("n_head"), "kv_heads": m.get("n_kv_head") or m.get("n_head"),
+            "window": m.get("window")}  # fmt: skip
 
 
 def failed_row(run: Run) -> dict:
@@ -185,8 +187,9 @@ def format_value(key: str, value) -> str:
 
 
 def shown_columns(rows: list[dict]) -> list[tuple[str, str]]:
-    """The table's columns: every one, but key/value heads and window only when some run sets them."""
-    return [(k, t) for k, t in COLUMNS if k not in SHOWN_WHEN_SET or any(row.get(k) for row in rows)]
+    """The table's columns: every one, but key/value heads and window only when some run departs from the
+    default (then every row shows its value: 4 key/value heads of 4 too)."""
+    return [(k, t) for k, t in COLUMNS if k not in SHOWN_WHEN or any(SHOWN_WHEN[k](row) for row in rows)]
 
 
 def markdown_table(rows: list[dict]) -> str:

@@ -81,3 +81,15 @@ def test_runs_of_different_token_budgets_are_refused_unless_forced(sweep, tmp_pa
         compare.main(args)
     out = compare.main([*args, "--force"])
     assert (out / "report.csv").exists()
+
+
+def test_the_kv_heads_and_window_columns_appear_when_a_run_departs_from_plain_attention():
+    from analysis.report import shown_columns
+
+    def columns(*rows):
+        return [key for key, _ in shown_columns(list(rows))]
+
+    plain = {"n_head": 4, "kv_heads": 4, "window": None}  # every row carries its count: 4 of 4 shows "4"
+    assert "kv_heads" not in columns(plain, plain) and "window" not in columns(plain, plain)
+    assert "kv_heads" in columns(plain, {**plain, "kv_heads": 1})
+    assert "window" in columns(plain, {**plain, "window": 32})
