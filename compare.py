@@ -86,7 +86,7 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
         f"{info['model']['name']} ({info.get('params', 0):,} parameters), data {info['data']['name']}, "
         f"{runs[0].token_budget:,} tokens per run.\n"
         f"Target loss for 'time to target': {target if target is None else f'{target:.4f}'}.\n"
-        f"Flagged: {rule}.\n{incomplete}"
+        f"A run is flagged (last column) for {rule}.\n{incomplete}"
     )
     figures = "\n".join(f"![{p.stem}]({p.name})" for p in plots)
     excluded = ("Speed and time columns exclude compilation (its own 'compile s' column) and count each "
