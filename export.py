@@ -67,7 +67,10 @@ def run(cfg: ExportConfig) -> Path:
         info["tokenize"] = f"tiktoken.get_encoding({tokenizer.name!r}); its ids are not GPT-2's, so no GPT-2 files"
     (out / "headlab.json").write_text(json.dumps(info, indent=2) + "\n")
     written.append(out / "headlab.json")
-    print(f"exported {loaded.name} ({loaded.model.num_params():,} parameters, tokenizer {tokenizer.name}) "
+    shared = trained.kv_heads != trained.n_head  # GPT-2 has one key/value head per query head
+    size = f"{loaded.model.num_params():,} parameters" + (
+        f"; {trained.kv_heads} key/value heads written as {trained.n_head}, the same function" if shared else "")
+    print(f"exported {loaded.name} ({size}, tokenizer {tokenizer.name}) "
           f"to {out}/: {', '.join(p.name for p in written)}", file=sys.stderr)  # fmt: skip
     print(f"tokenize: {info['tokenize']}", file=sys.stderr)
     return out

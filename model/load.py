@@ -7,6 +7,7 @@ checkpoint file, a pretrained GPT-2 name on the Hugging Face hub (``gpt2``,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,11 +47,18 @@ def load_model(
 
     if is_pretrained_source(source):
         model = load_pretrained_gpt2(source, attention or "fused_qkv", kernel or "sdpa")
-        return LoadedModel(model, get_tokenizer("gpt2"), source)
+        return LoadedModel(model, get_tokenizer(exported_tokenizer(source) or "gpt2"), source)
     path = checkpoint_path(source, checkpoint)
     ckpt = load_checkpoint(path)
     return LoadedModel(model_from_checkpoint(ckpt, attention, kernel, dropout), get_tokenizer(ckpt.tokenizer),
                        source, path, ckpt.step, ckpt)  # fmt: skip
+
+
+def exported_tokenizer(source: str) -> str | None:
+    """The tokenizer a folder written by export.py names in its headlab.json (a hub name or a plain
+    transformers folder has none: GPT-2's)."""
+    info = Path(source).expanduser() / "headlab.json"
+    return json.loads(info.read_text())["tokenizer"] if info.is_file() else None
 
 
 def model_from_checkpoint(

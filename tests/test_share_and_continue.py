@@ -55,6 +55,8 @@ def test_export_of_each_layout_loads_in_transformers_with_the_same_logits(traine
     assert info["tokenizer"] == "bytes" and "UTF-8 bytes" in info["tokenize"]
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 257, "the padding is cropped"
     assert_same_logits(load_model(str(source)).model, out)
+    back = load_model(str(out))  # the exported folder is a source too, with the tokenizer it names
+    assert back.tokenizer.name == "bytes" and back.model.config.vocab_size == 257
 
 
 def test_a_model_without_biases_exports_with_zero_biases_exactly(tmp_path, data_cache):
