@@ -320,6 +320,10 @@ class Trainer:
         if self.dist.is_main:
             log.info("run directory: %s (%s, %s parameters, %s, %s)", self.run_dir, run_name(self.cfg),
                      f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
+            window, context = self.cfg.model.window, self.cfg.model.block_size
+            if window and window >= context:  # allowed (a sweep shortened to a small context), but said
+                log.warning("model.window=%d covers the whole context (block_size=%d): the same function as "
+                            "model.window=null", window, context)  # fmt: skip
         bar = tqdm(total=stop_at, initial=step, desc="train", unit="step", disable=not self.dist.is_main,
                    dynamic_ncols=True)  # fmt: skip
         status = "failed"  # until the loop ends: an exception leaves it so in run.json
