@@ -27,9 +27,10 @@ import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
+from cli import OneLineErrorParser
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
-from model.kernels import SDPA_BACKENDS
+from model.kernels import SDPA_BACKENDS, check_kernel_runs
 from training.optim import fused_adamw
 from training.profiling import sdpa_backends, without_profiler_notices
 
@@ -40,7 +41,7 @@ FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len"
           "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
           "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["block", "gpt"], default="block")
     p.add_argument("--layouts", nargs="+", default=sorted(ATTENTION_LAYOUTS))
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                        ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
         for name in names:
             if name not in valid:
-                p.error(f"{option}: unknown {what} {name!r}; choose from {sorted(valid)}")
+                p.error(f"{option}: unknown {what} {name!r}; choose from {', '.join(sorted(valid))}")
     for option, values in (("--seq-len", args.seq_len), ("--batch", [args.batch]), ("--n-embd", [args.n_embd]),
                            ("--n-head", [args.n_head]), ("--n-layer", [args.n_layer]),
                            ("--vocab-size", [args.vocab_size]), ("--repeats", [args.repeats])):  # fmt: skip
@@ -86,15 +87,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
     args.kv_heads = args.kv_heads or [args.n_head]
     for kv in args.kv_heads:
-        if kv < 1 or args.n_head % kv:
-            p.error(f"--kv-heads {kv} does not divide --n-head {args.n_head}")
+        if kv < 1:
+            p.error(f"--kv-heads {kv} must be at least 1")
+        if args.n_head % kv:
+            p.error(f"--kv-heads {kv} does not divide --n-head {args.n_head}; choose a divisor (or set --n-head)")
     windows = []
     for w in args.window:
         if w.lower() != "none" and not (w.isdigit() and int(w) > 0):
             p.error(f"--window {w}: give a positive number of positions, or none")
         windows.append(None if w.lower() == "none" else int(w))
     args.window = windows
+    try:  # an SDPA backend the device cannot run is refused here, not after the first cells
+        check_backends(args)
+    except ValueError as err:
+        p.error(str(err))
     return args
+
+
+def check_backends(args: argparse.Namespace) -> None:
+    """Refuse a --kernels sdpa_<backend> that cannot run some cell's attention on the device, naming those that can."""
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    for name, kv, window, seq_len in itertools.product(args.kernels, args.kv_heads, args.window, args.seq_len):
+        kernel, backend = split_kernel(name)
+        if kernel == "sdpa" and backend != "auto":
+            config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_head=args.n_head, n_embd=args.n_embd,
+                               kernel=kernel, sdpa_backend=backend, n_kv_head=kv, window=window)  # fmt: skip
+            check_kernel_runs(config, device, dtype, training=True)
 
 
 def split_kernel(name: str) -> tuple[str, str]:
@@ -204,7 +223,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
         step = [r["step_ms"] for r in runs]
         step_ms = statistics.median(step)  # NaN where the device cannot take the step (flex's backward on a CPU)
         peaks = [r["peak_mem_mb"] for r in runs if r["peak_mem_mb"] is not None]
-        compile_s = statistics.median(r["compile_s"] for r in runs) if compile_mode == "compiled" else None
+        compiles = compile_mode == "compiled" or kernel == "flex"  # flex compiles its kernel on the first call
+        compile_s = statistics.median(r["compile_s"] for r in runs) if compiles else None
         rows.append(dict(mode=args.mode, layout=layout, kernel=kernel, kv_heads=kv_heads, window=window,
                          compile=compile_mode, seq_len=seq_len,
                          batch=args.batch, n_embd=args.n_embd, n_head=args.n_head, dtype=dtype,
@@ -298,8 +318,8 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     timed = "forward_ms" if all(r["step_ms"] != r["step_ms"] for r in rows) else "step_ms"
     untimed = sorted({cell_label(r, axes) for r in rows if r[timed] != r[timed]})
     rows = [r for r in rows if r[timed] == r[timed]]
-    palette = plt.get_cmap("tab10").colors
     labels = sorted({cell_label(r, axes) for r in rows})
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors  # a colour per series
     for (label, compile_mode), group in itertools.groupby(
         sorted(rows, key=lambda r: (cell_label(r, axes), r["compile"], r["seq_len"])),
         key=lambda r: (cell_label(r, axes), r["compile"]),
@@ -324,11 +344,12 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
     ax.set_ylabel(f"{step_name if timed == 'step_ms' else 'forward'} time (ms, median)")
     ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout/kernel/compile", title_fontsize=7)
+    legend_title = "layout/kernel" + "".join(f", {'kv heads' if a == 'kv_heads' else a}" for a in axes) + "/compile"
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=7)
     if untimed:  # a point the device could not time is said, not drawn at a made-up place
-        fig.text(0.01, 0.01, textwrap.fill(f"not shown, forward only on this device (see bench.md): "
-                                           f"{'; '.join(untimed)}", 110), fontsize=7, va="bottom")  # fmt: skip
-        fig.set_layout_engine("tight", rect=(0, 0.05, 1, 1))  # room for the note under the axes
+        note = textwrap.fill(f"not shown, forward only on this device (see bench.md): {'; '.join(untimed)}", 110)
+        fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
+        fig.set_layout_engine("tight", rect=(0, 0.035 * (note.count("\n") + 2), 1, 1))  # room for the note
     save_figure(fig, path)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from cli import OneLineErrorParser
 from model import GPT, Checkpoint, GPTConfig
 from model.decoding import choose_decoding
 from model.device import (
@@ -256,7 +257,7 @@ def prepare_speed(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")

@@ -21,11 +21,11 @@ from analysis.plots import plot_throughput, plot_val_loss
 from analysis.report import COLUMNS, build_rows, check_comparable, default_target, markdown_table, profile_table
 from analysis.runs import find_runs
 from analysis.tables import write_csv, write_text
-from cli import user_errors
+from cli import OneLineErrorParser, user_errors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="run directories or multirun directories")
     p.add_argument("--out", help="output folder (default: <first path>/report)")
     p.add_argument("--target-loss", type=float, help="for 'time to target' (default: the loss every run reached)")

@@ -19,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cli import user_errors
+from cli import OneLineErrorParser, user_errors
 from training.run_log import define_metrics
 
 
@@ -71,7 +71,7 @@ def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dirs", nargs="+", type=Path, help="a run directory, then its resumed continuations in order")
     p.add_argument("--mode", choices=["offline", "online"], default="offline", help="online uploads at once")
     p.add_argument("--new-id", action="store_true", help="a new wandb run instead of the original run's id")

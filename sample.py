@@ -11,6 +11,7 @@ Tokens stream to stdout as they are generated; notices and speed go to stderr.
 from __future__ import annotations
 
 import codecs
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from cli import (
     with_layout_options,
 )
 from data.tokenizers import EOT
-from model import load_model
+from model import GPTConfig, load_model
+from model.config import attention_label
 from model.decoding import choose_decoding
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.generation import generate_batch
@@ -130,11 +132,12 @@ def run(cfg: SampleConfig) -> list[str]:
         print(f"--- sample 1/{cfg.num_samples} ---", flush=True)
     print(prefix, end="", flush=True)  # the first sample streams; the others are printed when all are done
     decoding = choose_decoding("compiled" if cfg.compile else "auto", device)
-    start, first = time.perf_counter(), None
+    # When each step's tokens are on the host (every step syncs with the device), and how many came.
+    marks: list[tuple[float, int]] = [(time.perf_counter(), 0)]
     for step in generate_batch(model, ids, cfg.max_new_tokens, generators, cfg.temperature, top_k, cfg.top_p,
                                use_cache=cfg.use_cache, stop_id=tokenizer.eot_id, decoding=decoding):  # fmt: skip
-        if first is None:  # every sample's first token is on the host (each step syncs with the device)
-            first, first_tokens = time.perf_counter(), sum(token is not None for token in step)
+        if len(marks) < 3:  # the first token (the prompt's pass), then the first decode step (its set-up)
+            marks.append((time.perf_counter(), sum(token is not None for token in step)))
         for i, token in enumerate(step):
             if token is None:
                 continue
@@ -145,26 +148,40 @@ def run(cfg: SampleConfig) -> list[str]:
             texts[i] += piece
             if i == 0:
                 print(piece, end="", flush=True)
-    end = time.perf_counter()
+    end = (time.perf_counter(), sum(counts) - sum(n for _, n in marks))
+    while len(marks) < 3:  # a generation of one step (or none): no decode step to time
+        marks.append((end[0], 0))
+    marks.append(end)
     texts = [text + decoder.decode(b"", final=True) for text, decoder in zip(texts, decoders)]
     print(flush=True)
     for i, text in enumerate(texts[1:], 2):
         print(f"--- sample {i}/{cfg.num_samples} ---\n{text}", flush=True)
-    if first is not None:
-        report_speed(cfg, len(ids), sum(counts) - first_tokens, first - start, end - first, device, dtype, decoding)
+    if marks[1][1]:  # a first token came
+        report_speed(cfg, model.config, len(ids), marks, device, dtype, decoding)
     return texts
 
 
-def report_speed(cfg: SampleConfig, prompt_tokens: int, decoded: int, to_first: float, decoding_s: float,
+def report_speed(cfg: SampleConfig, model: GPTConfig, prompt_tokens: int, marks: list[tuple[float, int]],
                  device: torch.device, dtype: torch.dtype, decoding: str) -> None:  # fmt: skip
-    """Time to the first token (the prompt's pass, plus any first-call set-up, graph capture or compilation)
-    apart from the rate of the tokens after it: the decode rate a benchmark of the same call measures."""
-    how = (f"{'with' if cfg.use_cache else 'without'} KV cache, {device}, {str(dtype).removeprefix('torch.')}, "
-           f"{cfg.num_samples} sample{'s' if cfg.num_samples > 1 else ''} at once"
-           + (f", {decoding} decoding" if cfg.use_cache else ""))  # fmt: skip
-    rate = f"then {decoded} tokens in {decoding_s:.2f} s: {decoded / max(decoding_s, 1e-9):.1f} tokens/s" \
-        if decoded else "no more tokens"  # fmt: skip
-    notice(f"first token after {to_first:.2f} s ({prompt_tokens}-token prompt); {rate} ({how})")
+    """Time to the first token (the prompt's pass) apart from the rate of the tokens after it: the decode rate
+    a benchmark of the same call measures. ``marks``: (time, tokens) at the start, after the first step,
+    after the second and at the end. A first decode step that compiles or captures a graph (or, without the
+    cache, compiles flex for a new length) is said on its own, not averaged into the rate."""
+    (start, _), (first, _), (second, second_tokens), (end, rest_tokens) = marks
+    steps_after = max(1, math.ceil(rest_tokens / cfg.num_samples))
+    setup = second - first
+    parts = [f"first token after {first - start:.2f} s ({prompt_tokens}-token prompt)"]
+    if rest_tokens and setup > max(0.25, 10 * (end - second) / steps_after):
+        parts.append(f"the next after {setup:.2f} s (setting up the decode step: compilation or graph capture)")
+        decoded, seconds = rest_tokens, end - second
+    else:
+        decoded, seconds = second_tokens + rest_tokens, end - first
+    if decoded:
+        parts.append(f"then {decoded} tokens in {seconds:.2f} s: {decoded / max(seconds, 1e-9):.1f} tokens/s")
+    how = (f"{attention_label(vars(model))}, {'with' if cfg.use_cache else 'without'} KV cache, {device}, "
+           f"{str(dtype).removeprefix('torch.')}, {cfg.num_samples} sample{'s' if cfg.num_samples > 1 else ''} "
+           f"at once" + (f", {decoding} decoding" if cfg.use_cache else ""))  # fmt: skip
+    notice(f"{'; '.join(parts)} ({how})")
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")

@@ -89,7 +89,8 @@ def val_loss_figure(runs: list[Run], against: str):
     if not evaluated:
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
         return fig
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="layout / kernel", title_fontsize=8)
+    title = "layout / kernel" + (", what else differs" if any(", " in v for v in evaluated) else "")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=title, title_fontsize=8)
     if against == "step" and len(means) > 1 and curves_coincide(means):
         # Otherwise the reader sees one line and wonders where the others went.
         ax.text(1.02, 0.02, f"all {len(means)} curves coincide:\nsame initial weights,\nthe same function",
@@ -134,8 +135,8 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
     seeds = f"; bars: median of {n_seeds} seeds, whiskers: min-max" if n_seeds > 1 else ""
-    ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}; hatched: manual kernel",
-                 fontsize=9)  # fmt: skip
+    hatched = "; hatched: manual kernel" if "manual" in kernels.values() else ""
+    ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}{hatched}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     path = out / "throughput.png"
     save_figure(fig, path)

@@ -122,13 +122,13 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
         metric = "best_val_loss"
         spreads = [statistics.stdev(rows[i][metric] for i in ix) for ix in replicated]
         noise = math.sqrt(statistics.fmean(s * s for s in spreads))
-        how = f"seed-to-seed spread of the best val loss ({len(replicated)} variant(s) with several runs)"
+        how = f"the seed-to-seed spread of the best val loss, from {len(replicated)} variant(s) with several runs"
     else:  # one run per variant: the noise of each final train loss from its own steps
         metric = "final_train_loss"
         noise = math.sqrt(2) * statistics.median(r["final_train_loss_se"] for r in rows)
         how = (
-            "batch noise of the final train loss (no variant has several seeds; "
-            "add seeds with `-m ... trainer.seed=1,2,3` to measure run-to-run noise)"
+            "the batch noise of the final train loss; no variant has several seeds: "
+            "add seeds with `-m ... trainer.seed=1,2,3` to measure run-to-run noise"
         )
     means = {v: statistics.fmean(rows[i][metric] for i in ix) for v, ix in by_variant.items()}
     center = statistics.median(means.values())
@@ -138,7 +138,7 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
         if abs(diff) > limit:
             for i in ix:
                 rows[i]["flag"] = f"{metric} {diff:+.4f} vs median"
-    return f"{metric} differing from the median of the variants by more than {FLAG_SIGMAS:g} x {noise:.4f} ({how})"
+    return f"{metric} differing from the median of the variants by more than {FLAG_SIGMAS:g} x {noise:.4f}, {how}"
 
 
 def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -104,5 +105,15 @@ def check_attention_and_kernel(attention: str | None, kernel: str | None) -> Non
 
     if attention is not None:
         check_choice("attention", attention, ATTENTION_LAYOUTS)
+    if kernel is not None and kernel.startswith("sdpa_") and kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel} is a training option (SDPA held to one implementation); here use "
+                         f"kernel=sdpa (PyTorch chooses), or leave kernel unset: the checkpoint's own")  # fmt: skip
     if kernel is not None:
         check_choice("kernel", kernel, KERNELS)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with an error as one line naming the option and the fix, not the whole usage block first."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")

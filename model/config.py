@@ -64,7 +64,8 @@ class GPTConfig:
         lookup(KERNELS, "attention kernel", self.kernel)
         kv = self.n_kv_head
         if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
-            raise ValueError(f"model.n_kv_head={kv!r} does not divide model.n_head={self.n_head}; choose a divisor "
+            problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
+            raise ValueError(f"model.n_kv_head={kv!r} {problem} model.n_head={self.n_head}; choose a divisor "
                              f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
         if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
                                         or self.window < 1):  # fmt: skip

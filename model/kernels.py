@@ -180,10 +180,11 @@ def check_kernel_runs(config, device: torch.device, dtype: torch.dtype, training
     can = [b for b in SDPA_BACKENDS if b != "auto" and _sdpa_error(config, device, dtype, training, b) is None]
     shape = (f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads"
              + (f", window {config.window}" if config.window else ""))  # fmt: skip
+    error = error.split(" This is likely due to")[0]  # torch's guess (both kinds turned off) is not the cause here
     raise ValueError(
-        f"model.sdpa_backend={config.sdpa_backend} cannot run this model's attention on {device.type} "
-        f"({str(dtype).removeprefix('torch.')}, {shape}): {error}. Backends that can: {', '.join(can) or 'none'}; "
-        f"or model.sdpa_backend=auto (PyTorch chooses)"
+        f"kernel=sdpa_{config.sdpa_backend} (model.sdpa_backend={config.sdpa_backend}) cannot run this model's "
+        f"attention on {device.type} ({str(dtype).removeprefix('torch.')}, {shape}): {error} Backends that can: "
+        f"{', '.join(can) or 'none'}; or kernel=sdpa (PyTorch chooses)"
     )
 
 

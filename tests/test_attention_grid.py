@@ -227,9 +227,10 @@ def test_grouped_query_windowed_training_gives_every_layout_the_same_losses(tmp_
         ("kernel=manual model.sdpa_backend=math", r"model.sdpa_backend=math chooses kernel=sdpa's implementation"),
         ("kernel=flex model.dropout=0.1", r"kernel=flex has no attention dropout, but model.dropout=0.1"),
         ("kernel=flex", r"kernel=flex cannot train on a CPU: torch's FlexAttention has no backward there"),
-        ("model.sdpa_backend=efficient", r"model.sdpa_backend=efficient cannot run this model's attention on cpu "
-                                         r"\(float32, 2 heads of 16, 2 key/value heads\): .*Backends that can: flash, "
-                                         r"math; or model.sdpa_backend=auto"),
+        ("model.sdpa_backend=efficient", r"kernel=sdpa_efficient \(model.sdpa_backend=efficient\) cannot run this "
+                                         r"model's attention on cpu \(float32, 2 heads of 16, 2 key/value heads\): "
+                                         r".*Backends that can: flash, math; or kernel=sdpa \(PyTorch chooses\)"),
+        ("model.n_kv_head=0", r"model.n_kv_head=0 is not a positive divisor of model.n_head=2"),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused_before_any_work(override, message, tmp_path):

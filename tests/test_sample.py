@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from helpers import ROOT
 from same_choices import Step, Trace, assert_same_choices, record_choices
 
 import sample
-from model import generate
+from model import GPTConfig, generate
 from model.pretrained import load_pretrained_gpt2
 
 
@@ -29,8 +30,21 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     for text in samples:
         body = text.split("---\n", 1)[1]
         assert body.startswith("import ") and len(body) > len("import ") + 5
-    assert result.stderr.count("tokens/s (with KV cache, cpu, float32, 2 samples at once, eager decoding)") == 1
+    assert len(re.findall(r"tokens/s \(\w+/\w+, with KV cache, cpu, float32, 2 samples at once, eager decoding\)",
+                          result.stderr)) == 1, "the rate, and what ran: layout/kernel, cache, device, dtype, batch"
     assert "first token after " in result.stderr, "the time to the first token apart from the decode rate"
+
+
+@pytest.mark.parametrize("second,said_apart", [(0.02, False), (12.0, True)])
+def test_a_first_decode_step_that_sets_up_is_said_apart_from_the_rate(second, said_apart, capsys):
+    """(time, tokens) marks: start, first token at 0.1 s, the first decode step, then 18 more tokens in 0.2 s."""
+    cfg = sample.SampleConfig(source="x", num_samples=1)
+    marks = [(0.0, 0), (0.1, 1), (0.1 + second, 1), (0.3 + second, 18)]
+    sample.report_speed(cfg, GPTConfig(n_layer=1, n_head=2, n_embd=8), 4, marks, torch.device("cpu"),
+                        torch.float32, "compiled")  # fmt: skip
+    line = capsys.readouterr().err
+    assert ("the next after 12.00 s (setting up the decode step" in line) == said_apart
+    assert ("then 18 tokens in 0.20 s: 90.0 tokens/s" if said_apart else "then 19 tokens in 0.22 s") in line
 
 
 def test_cli_reads_the_prompt_from_stdin(trained_run):
