@@ -35,6 +35,21 @@ def tiny_gpt_config(**overrides) -> GPTConfig:
     return GPTConfig(**{**fields, **overrides})
 
 
+def sharp_gpt(seed: int = 1, **overrides):
+    """A tiny GPT in eval mode whose matrices are scaled 8x: sharper logits than the 0.02 init, so the
+    choices tests compare across code paths are not near-ties."""
+    import torch
+
+    from model import GPT
+
+    torch.manual_seed(seed)
+    model = GPT(tiny_gpt_config(**overrides)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0 if p.dim() > 1 else 1.0)
+    return model
+
+
 def save_tiny_hf_gpt2(folder: Path, n_layer: int = 2, n_positions: int = 64, seed: int = 0):
     """A small transformers GPT2LMHeadModel (GPT-2's vocabulary) written with save_pretrained."""
     import torch

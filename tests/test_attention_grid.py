@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import CPU_KERNELS, TINY, compose_train, read_metrics, tiny_gpt_config
+from helpers import CPU_KERNELS, TINY, compose_train, read_metrics, sharp_gpt, tiny_gpt_config
 
 from model import ATTENTION_LAYOUTS, GPT, KVCache, build_attention, convert_attention_layout, generate
 from model.kernels import visible
@@ -103,13 +103,8 @@ def test_grouped_query_weights_convert_exactly_and_compute_the_same_function(src
 
 
 def tiny(layout="fused_qkv", kernel="sdpa", n_kv=None, window=None, block_size=16, seed=1) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(tiny_gpt_config(block_size=block_size, n_layer=2, n_head=4, n_embd=32, attention=layout,
-                                kernel=kernel, n_kv_head=n_kv, window=window)).eval()  # fmt: skip
-    with torch.no_grad():  # sharper logits than the 0.02 init, so choices are not near-ties
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    return model
+    return sharp_gpt(seed, block_size=block_size, n_layer=2, n_head=4, n_embd=32, attention=layout, kernel=kernel,
+                     n_kv_head=n_kv, window=window)  # fmt: skip
 
 
 @pytest.mark.parametrize("window", [None, 5], ids=["full", "window 5"])

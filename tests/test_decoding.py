@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_gpt_config
+from helpers import sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
 from model import GPT, KVCache
@@ -13,13 +13,8 @@ from model.generation import generate, generate_batch
 
 
 def sharp_model(n_kv=None, window=None, attention="fused_qkv", kernel="sdpa") -> GPT:
-    torch.manual_seed(1)
-    model = GPT(tiny_gpt_config(block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=n_kv, window=window,
-                                attention=attention, kernel=kernel)).eval()  # fmt: skip
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    return model
+    return sharp_gpt(block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=n_kv, window=window,
+                     attention=attention, kernel=kernel)  # fmt: skip
 
 
 CELLS = [("fused_qkv", "sdpa", None, None), ("wrapper", "manual", 2, 6), ("separate_qkv", "flex", 1, 6)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CPU_KERNELS, tiny_gpt_config
+from helpers import CPU_KERNELS, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
 from model import ATTENTION_LAYOUTS, GPT, KVCache, generate, sample_next
@@ -13,12 +13,7 @@ LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), CPU_KERNELS
 
 
 def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=1) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(tiny_gpt_config(block_size=block_size, n_layer=2, attention=layout, kernel=kernel)).eval()
-    with torch.no_grad():  # sharper logits than the 0.02 init, so greedy choices are not near-ties
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    return model
+    return sharp_gpt(seed, block_size=block_size, n_layer=2, attention=layout, kernel=kernel)
 
 
 @pytest.mark.parametrize("kernel", KERNEL_NAMES)

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from helpers import tiny_gpt_config
+from helpers import sharp_gpt, tiny_gpt_config
 from same_choices import assert_same_choices, record_choices
 
 import sample
@@ -20,12 +20,7 @@ from model.packed import is_packed, mkl_packing_available, packed_linears
 
 
 def tiny_model(seed: int = 1) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(tiny_gpt_config(block_size=16, n_layer=2)).eval()
-    with torch.no_grad():  # sharper logits than the 0.02 init, so choices are not near-ties
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    return model
+    return sharp_gpt(seed, block_size=16, n_layer=2)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, None, 1.0), (1.0, None, 1.0), (0.8, 10, 0.9)])
