@@ -68,23 +68,20 @@ def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if t.size(1) == heads else t.repeat_interleave(heads // t.size(1), dim=1)
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(d_k)) under the causal (and window) mask: the weights every kernel applies to V."""
+def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """softmax(Q K^T / sqrt(d_k)) under the causal (and window) mask, or the explicit ``mask``: the weights
+    every kernel applies to V."""
     k = repeat_kv(k, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-    scores = scores.masked_fill(~visible(q.size(-2), k.size(-2), window, q.device), float("-inf"))
-    return F.softmax(scores, dim=-1)
+    keep = visible(q.size(-2), k.size(-2), window, q.device) if mask is None else mask
+    return F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
 
 
 def manual_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
                      mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The textbook formula: matmul, causal mask, softmax, dropout, matmul."""
-    if mask is None:
-        probs = attention_probs(q, k, window)
-    else:
-        scores = (q @ repeat_kv(k, q.size(1)).transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-        probs = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    probs = F.dropout(probs, p=dropout, training=training)
+    probs = F.dropout(attention_probs(q, k, window, mask), p=dropout, training=training)
     return probs @ repeat_kv(v, q.size(1))
 
 
@@ -180,10 +177,9 @@ def check_kernel_runs(config, device: torch.device, dtype: torch.dtype, training
     can = [b for b in SDPA_BACKENDS if b != "auto" and _sdpa_error(config, device, dtype, training, b) is None]
     shape = (f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads"
              + (f", window {config.window}" if config.window else ""))  # fmt: skip
-    error = error.split(" This is likely due to")[0]  # torch's guess (both kinds turned off) is not the cause here
     raise ValueError(
         f"kernel=sdpa_{config.sdpa_backend} (model.sdpa_backend={config.sdpa_backend}) cannot run this model's "
-        f"attention on {device.type} ({str(dtype).removeprefix('torch.')}, {shape}): {error} Backends that can: "
+        f"attention on {device.type} ({str(dtype).removeprefix('torch.')}, {shape}): {error}. Backends that can: "
         f"{', '.join(can) or 'none'}; or kernel=sdpa (PyTorch chooses)"
     )
 
@@ -198,5 +194,6 @@ def _sdpa_error(config, device: torch.device, dtype: torch.dtype, training: bool
         if training:
             out.float().sum().backward()
     except RuntimeError as err:
-        return str(err).strip().splitlines()[0].rstrip(".")
+        # torch's first line, without its guess (both kinds of kernel turned off), which is not the cause here
+        return str(err).strip().splitlines()[0].split(" This is likely due to")[0].rstrip(".")
     return None
