@@ -7,12 +7,14 @@ The windows are training's: ``windows`` windows of ``block_size`` tokens spread
 evenly over the validation split (for a run, its ``trainer.eval_windows`` and
 micro-batch), so a finished run's last ``val/loss`` is reproduced. The text comes
 from ``data=`` (default pystdlib), tokenized with the model's own tokenizer.
-Prints ``val/loss`` and ``val/bpb`` and writes them as JSON to ``out``.
+Prints ``val/loss`` and ``val/bpb`` and writes them as JSON to ``out`` (default: beside the weights).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from cli import (
     check_at_least,
     check_attention_and_kernel,
     check_choice,
+    check_overrides,
     take_layout_options,
     user_errors,
     with_layout_options,
@@ -49,7 +52,7 @@ class EvaluateConfig:
     kernel: str | None = None
     device: str = "auto"
     dtype: str = "auto"
-    out: str | None = None  # None: eval-<checkpoint>-<data>.json in the run directory, or eval-<name>-<data>.json
+    out: str | None = None  # None: beside the weights (run dir, .pt's folder, HF folder), else ./eval-out/
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -67,6 +70,28 @@ def check(cfg: EvaluateConfig) -> None:
     resolve_dtype(cfg.dtype, resolve_device(cfg.device, option="device"), option="dtype")
     if cfg.out is not None and Path(cfg.out).is_dir():
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
+
+
+FALLBACK_DIR = Path("eval-out")  # for a hub name, or weights in a folder this user cannot write to
+
+
+def default_out(cfg: EvaluateConfig, checkpoint: Path | None) -> Path:
+    """Beside the weights: ``eval-<checkpoint>-<data>.json`` in a run directory or beside a .pt file,
+    ``eval-<data>.json`` in a Hugging Face folder; ``./eval-out/eval-<name>-<data>.json`` for a hub name or
+    where that folder is not writable (a shared model folder)."""
+    source = Path(cfg.source).expanduser()
+    if checkpoint is not None:
+        folder, name = checkpoint.parent, f"eval-{checkpoint.stem}-{cfg.data.name}.json"
+    elif source.is_dir():
+        folder, name = source, f"eval-{cfg.data.name}.json"
+    else:
+        folder, name = None, f"eval-{source.name}-{cfg.data.name}.json"
+    if folder is not None and os.access(folder, os.W_OK):
+        return folder / name
+    if folder is not None:
+        print(f"[evaluate] {folder} is not writable: the result goes to {FALLBACK_DIR}/ (out= chooses)",
+              file=sys.stderr)  # fmt: skip
+    return FALLBACK_DIR / name
 
 
 def run(cfg: EvaluateConfig) -> dict:
@@ -90,12 +115,7 @@ def run(cfg: EvaluateConfig) -> dict:
     result = {**metrics, "source": cfg.source, "checkpoint": str(loaded.path) if loaded.path else None,
               "step": loaded.step, "data": cfg.data.name, "data_dir": str(data.folder), "windows": windows,
               "block_size": block, "tokenizer": loaded.tokenizer.name}  # fmt: skip
-    if cfg.out:
-        out = Path(cfg.out)
-    elif loaded.path is not None:
-        out = loaded.path.parent / f"eval-{loaded.path.stem}-{cfg.data.name}.json"
-    else:
-        out = Path(f"eval-{Path(cfg.source).name}-{cfg.data.name}.json")
+    out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.parent.mkdir(parents=True, exist_ok=True)  # out=results/eval.json: the folder too
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"val/loss {metrics['val/loss']:.4f}  val/bpb {metrics['val/bpb']:.4f}  ({loaded.name}, {windows} windows of "
@@ -111,4 +131,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     take_layout_options()
+    check_overrides("evaluate", "python evaluate.py")
     main()

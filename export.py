@@ -13,6 +13,7 @@ the ``gpt2``/``r50k_base`` tokenizers, GPT-2's tokenizer files (``vocab.json``,
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from cli import check_choice, user_errors
+from cli import check_choice, check_overrides, user_errors
 from data.hf_tokenizer import write_hf_gpt2_tokenizer
 from data.tokenizers import GPT2_IDS
 from model import load_model
@@ -55,6 +56,7 @@ def run(cfg: ExportConfig) -> Path:
     out = Path(cfg.out).expanduser()
     tokenizer = loaded.tokenizer
     written = export_hf_gpt2(loaded.model, out, tokenizer.eot_id)
+    readable_as_the_umask_allows(out / "model.safetensors")
     trained = loaded.model.config
     info = {"tokenizer": tokenizer.name, "eot_id": tokenizer.eot_id, "source": str(loaded.path), "step": loaded.step,
             "trained_attention": trained.attention, "trained_kernel": trained.kernel}  # fmt: skip
@@ -76,6 +78,14 @@ def run(cfg: ExportConfig) -> Path:
     return out
 
 
+def readable_as_the_umask_allows(path: Path) -> None:
+    """safetensors writes through a private temporary file (mode 0600); the folder's other files get the usual
+    0666 less the umask (0644), and a folder shared with others or uploaded must be readable the same way."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="export")
 def main(cfg: DictConfig) -> None:
     with user_errors(USAGE):
@@ -83,4 +93,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("export", "python export.py")
     main()

@@ -1,7 +1,7 @@
 """Inside the committee: what each attention head of a checkpoint does, and which heads matter.
 
     python heads.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa
-    python heads.py source=runs/... prompt="'for i in range(10):'" layer=1 head=3 prune=true
+    python heads.py source=runs/... prompt="for i in range(10):" layer=1 head=3 prune=true
     python heads.py source=gpt2 data=tinyshakespeare       # pretrained GPT-2, through the same loader
 
 The validation text comes from the ``data`` option (as in train.py; default
@@ -34,8 +34,10 @@ from cli import (
     check_at_least,
     check_attention_and_kernel,
     check_choice,
+    check_overrides,
     refuse_renamed_options,
     take_layout_options,
+    take_text_options,
     user_errors,
     with_layout_options,
 )
@@ -170,4 +172,6 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     refuse_renamed_options({"layout": "attention", "data_cache_dir": "data.cache_dir"})
     take_layout_options()
+    take_text_options(("prompt",))  # any text, code too: Hydra's grammar would refuse parentheses and commas
+    check_overrides("heads", "python heads.py")
     main()

@@ -3,6 +3,7 @@
     python sample.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa prompt="def "
     python sample.py source=runs/.../best.pt attention=wrapper kernel=manual   # any layout
     python sample.py source=gpt2 prompt="The meaning of life is" temperature=0  # greedy GPT-2
+    python sample.py source=runs/... prompt="def foo(x, y):"                  # any text, as typed
     echo "import os" | python sample.py source=runs/... prompt=-              # prompt from stdin
 
 Tokens stream to stdout as they are generated; notices and speed go to stderr.
@@ -25,8 +26,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from cli import (
     check_at_least,
     check_attention_and_kernel,
+    check_overrides,
     refuse_renamed_options,
     take_layout_options,
+    take_text_options,
     user_errors,
     with_layout_options,
 )
@@ -41,7 +44,7 @@ from model.generation import generate_batch
 @dataclass
 class SampleConfig:
     source: str = MISSING  # a run directory, a checkpoint file, gpt2[-medium|-large|-xl], or an HF folder
-    prompt: str = ""  # the text to continue; "-" reads standard input; empty starts from <|endoftext|>
+    prompt: str = ""  # the text to continue, as typed (code too); "-" reads standard input; empty: <|endoftext|>
     prompt_file: str | None = None  # read the prompt from this file instead
     num_samples: int = 1
     max_new_tokens: int = 256
@@ -77,6 +80,7 @@ def check(cfg: SampleConfig) -> None:
     if cfg.top_k is not None:
         check_at_least("top_k", cfg.top_k, 1, " (or null for no limit)")
     check_attention_and_kernel(cfg.attention, cfg.kernel)
+    cfg.prompt = cfg.prompt or ""  # prompt=null: unset
     if cfg.prompt_file is not None and cfg.prompt != "":
         raise ValueError(f"prompt={cfg.prompt!r} and prompt_file={cfg.prompt_file!r} are both set; give one")
 
@@ -128,6 +132,9 @@ def run(cfg: SampleConfig) -> list[str]:
     prefix = "" if ids == [tokenizer.eot_id] else tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
     texts = [prefix] * cfg.num_samples
     counts = [0] * cfg.num_samples
+    if model.config.kernel == "flex":  # the prompt's pass waits for the compiler, silently otherwise
+        notice(f"kernel=flex: compiling FlexAttention for this length (first call only; seconds, ~10 s on a "
+               f"CPU){'' if cfg.use_cache else ', and once more for the next length'}")
     if cfg.num_samples > 1:
         print(f"--- sample 1/{cfg.num_samples} ---", flush=True)
     print(prefix, end="", flush=True)  # the first sample streams; the others are printed when all are done
@@ -193,4 +200,6 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     refuse_renamed_options({"layout": "attention"})
     take_layout_options()
+    take_text_options()  # a prompt is any text: Hydra's grammar would refuse code (parentheses, commas)
+    check_overrides("sample", "python sample.py")
     main()

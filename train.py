@@ -159,8 +159,11 @@ def _check_launcher_installed() -> None:
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_(slurm|local)' is validated against")
 
 if __name__ == "__main__":
+    from cli import check_overrides
+
     refuse_renamed_options(RENAMED)
     _check_launcher_installed()
+    check_overrides("train", "python train.py")
     _quiet_non_main_ranks()
     slurm.quiet_sacct_polling()
     main()

@@ -12,7 +12,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from cli import user_errors
+from cli import check_overrides, user_errors
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
@@ -40,4 +40,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_overrides("prepare", "python -m data")
     main()
