@@ -72,6 +72,15 @@ def check(cfg: EvaluateConfig) -> None:
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
 
 
+def evaluation_batch(trained: dict, defaults: TrainerConfig) -> int:
+    """The run's micro-batch, as its evaluations used; where that was null (a rank's whole share) or auto
+    (chosen on the device), its batch_size: the windows are the same, only how many go at once differs."""
+    micro = trained.get("micro_batch_size", defaults.micro_batch_size)
+    if isinstance(micro, int) and not isinstance(micro, bool):
+        return micro
+    return trained.get("batch_size", defaults.batch_size)
+
+
 FALLBACK_DIR = Path("eval-out")  # for a hub name, or weights in a folder this user cannot write to
 
 
@@ -85,13 +94,16 @@ def default_out(cfg: EvaluateConfig, checkpoint: Path | None) -> Path:
     elif source.is_dir():
         folder, name = source, f"eval-{cfg.data.name}.json"
     else:
-        folder, name = None, f"eval-{source.name}-{cfg.data.name}.json"
+        folder = None
     if folder is not None and os.access(folder, os.W_OK):
         return folder / name
+    label = source.stem if source.suffix == ".pt" else source.name
+    if checkpoint is not None and source.is_dir():  # a run directory: which of its checkpoints
+        label += f"-{checkpoint.stem}"
     if folder is not None:
         print(f"[evaluate] {folder} is not writable: the result goes to {FALLBACK_DIR}/ (out= chooses)",
               file=sys.stderr)  # fmt: skip
-    return FALLBACK_DIR / name
+    return FALLBACK_DIR / f"eval-{label}-{cfg.data.name}.json"
 
 
 def run(cfg: EvaluateConfig) -> dict:
@@ -100,7 +112,7 @@ def run(cfg: EvaluateConfig) -> dict:
     loaded = load_model(cfg.source, cfg.attention, cfg.kernel, checkpoint=cfg.checkpoint)
     trained = (loaded.checkpoint.train_config or {}).get("trainer", {}) if loaded.checkpoint else {}
     windows = cfg.windows or trained.get("eval_windows", defaults.eval_windows)
-    batch = cfg.batch_size or trained.get("micro_batch_size", defaults.micro_batch_size)
+    batch = cfg.batch_size or evaluation_batch(trained, defaults)
     for name, value in (("windows", windows), ("batch_size", batch)):
         if value < 1:
             raise ValueError(f"{name}={value} must be at least 1")

@@ -30,8 +30,8 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     for text in samples:
         body = text.split("---\n", 1)[1]
         assert body.startswith("import ") and len(body) > len("import ") + 5
-    assert len(re.findall(r"tokens/s \(\w+/\w+, with KV cache, cpu, float32, 2 samples at once, eager decoding\)",
-                          result.stderr)) == 1, "the rate, and what ran: layout/kernel, cache, device, dtype, batch"
+    assert len(re.findall(r"tokens/s \(\w+-\w+, with KV cache, cpu, float32, 2 samples at once, eager decoding\)",
+                          result.stderr)) == 1, "the rate, and what ran: layout-kernel, cache, device, dtype, batch"
     assert "first token after " in result.stderr, "the time to the first token apart from the decode rate"
 
 
@@ -159,3 +159,21 @@ def test_prompt_from_a_file(trained_run, tmp_path, capsys):
     (tmp_path / "prompt.txt").write_text("class ")
     text = sample.run(config(source=str(trained_run), prompt_file=str(tmp_path / "prompt.txt"), max_new_tokens=5))
     assert text[0].startswith("class ")
+
+
+def test_flex_sampling_says_once_that_it_compiles_before_its_first_token(trained_run):
+    """FlexAttention compiles on the prompt's pass (seconds on a CPU): said once, before the wait; not for sdpa."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("torch compiles FlexAttention for a CPU only with AVX2 or AVX-512")
+    lines = {}
+    for kernel in ("flex", "sdpa"):
+        cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", f"kernel={kernel}", "prompt=x",
+               "max_new_tokens=3", "device=cpu"]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        lines[kernel] = result.stderr.splitlines()
+    notice = "[sample] kernel=flex: compiling FlexAttention"
+    said = [i for i, line in enumerate(lines["flex"]) if line.startswith(notice)]
+    first_token = next(i for i, line in enumerate(lines["flex"]) if "first token after" in line)
+    assert len(said) == 1 and said[0] < first_token, lines["flex"]
+    assert not any("compiling FlexAttention" in line for line in lines["sdpa"])
