@@ -148,17 +148,19 @@ def _check_against_config(config_name: str, command: str, own: list) -> None:
 
     try:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            choices = compose(config_name, return_hydra_config=True).hydra.runtime.choices
+            cfg = compose(config_name, return_hydra_config=True)
+            choices = cfg.hydra.runtime.choices
             groups = {g: GlobalHydra.instance().config_loader().get_group_options(g)
                       for g in choices if not g.startswith("hydra/")}  # fmt: skip
             chosen = [o for o in own if o.key_or_group in groups]
             for o in chosen:
                 _check_group_option(o, groups[o.key_or_group], choices[o.key_or_group])
-            cfg = compose(config_name, overrides=[f"{o.key_or_group}={_first(o)}" for o in chosen
-                                                  if o.type != OverrideType.DEL and _first(o) is not None])
+            picked = [f"{o.key_or_group}={_first(o)}" for o in chosen if o.type != OverrideType.DEL and _first(o)]
+            if picked:  # the keys of the options chosen (an experiment may set more than one group)
+                cfg = compose(config_name, overrides=picked, return_hydra_config=True)
     except (OmegaConfBaseException, ValueError, OSError, ImportError):  # Hydra itself will say what is wrong
         return
-    options = sorted(groups) + [key for key in _all_keys(cfg) if key not in groups]
+    options = sorted(groups) + [key for key in _all_keys(cfg) if key not in groups and key.split(".")[0] != "hydra"]
     for o in own:
         if o.key_or_group not in groups:
             _check_key(o, cfg, options, command)
