@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from cli import OneLineErrorParser, user_errors
-from training.run_log import define_metrics
+from training.run_log import define_metrics, wandb_config
 
 
 def merged_history(run_dirs: list[Path]) -> list[tuple[int, dict]]:
@@ -53,7 +53,7 @@ def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -
     out.mkdir(exist_ok=True)
     run = wandb.init(
         project=logger.get("project", "headlab"), entity=logger.get("entity"), group=info.get("group"),
-        name=info.get("name"), config=info, job_type="train", dir=str(out), mode=mode,
+        name=info.get("name"), config=wandb_config(info), job_type="train", dir=str(out), mode=mode,
         id=None if new_id else info.get("wandb_id"), tags=[model.get("attention"), model.get("kernel"),
         model.get("name"), info.get("data", {}).get("name"), *logger.get("tags", []), "rebuilt"],
     )  # fmt: skip
@@ -66,6 +66,8 @@ def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -
     if best is not None:
         run.summary.update({"best/val_loss": best[1]["val/loss"], "best/val_bpb": best[1].get("val/bpb"),
                             "best/step": best[0]})  # fmt: skip
+    if info.get("status"):
+        run.summary["status"] = info["status"]  # as a training run's wandb summary says how it ended
     run.finish()
     return Path(run.dir).parent if mode == "offline" else out
 

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from cli import refuse_renamed_options, user_errors
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
-from training.continuation import continue_command
+from training.continuation import STOP_AT_STEP, continue_command
 from training.distributed import from_environment
 from training.loop import RunFailed, plan_variants, train
 
@@ -106,16 +106,25 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def stop_here(summary: dict, hydra_cfg, multirun: bool) -> None:
-    """A signal stopped the run: no later job of a sweep starts; say how to continue; exit 128 + signal."""
+    """A signal stopped the run: no later job of a sweep starts; say how to continue; exit 128 + signal.
+    trainer.stop_at_step stopped it: say how to continue; a sweep goes on."""
+    by_signal = summary["stopped_by"] != STOP_AT_STEP
     if from_environment().is_main:
         sweep_dir = os.path.abspath(hydra_cfg.sweep.dir) if multirun else None
-        command = continue_command(sys.argv[1:], sweep_dir, os.path.abspath(hydra_cfg.runtime.output_dir))
+        command = continue_command(sys.argv[1:], sweep_dir, os.path.abspath(hydra_cfg.runtime.output_dir),
+                                   summary["stopped_by"])  # fmt: skip
         what = ("the sweep: finished jobs are skipped, this one continues from its last.pt, the rest start"
                 if multirun else "the run from its last.pt, in the same directory")  # fmt: skip
+        if not by_signal:
+            what = "the sweep once it has ended (each job from its last.pt)" if multirun else what
+            print(f"[train] stopped at step {summary['step']} (trainer.stop_at_step). Continue {what}:\n  {command}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return
         print(f"[train] stopped by {summary['stopped_by']} at step {summary['step']}"
               f"{'; no later job of the sweep was started' if multirun else ''}. Continue {what}:\n  {command}",
               file=sys.stderr, flush=True)  # fmt: skip
-    raise SystemExit(128 + signal.Signals[summary["stopped_by"]].value)
+    if by_signal:
+        raise SystemExit(128 + signal.Signals[summary["stopped_by"]].value)
 
 
 @contextlib.contextmanager

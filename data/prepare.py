@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from data.config import DataConfig, data_cache_dir
 from data.leftovers import remove_leftovers
-from data.sources import load_documents, source_identity
+from data.sources import check_source, load_documents, source_identity
 from data.tokenizers import Tokenizer, get_tokenizer
 
 FORMAT_VERSION = 1
@@ -71,6 +71,7 @@ def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer, settings: dict | None = 
 
 def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     """Prepare (or reuse) the token files of ``cfg``; returns their directory."""
+    check_source(cfg)  # a wrong data.path is named before a tokenizer's download can fail
     tokenizer = tokenizer or get_tokenizer(cfg.tokenizer)
     settings = settings_of(cfg, tokenizer)  # stats the source files once
     target = prepared_dir(cfg, tokenizer, settings)

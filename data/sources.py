@@ -51,10 +51,18 @@ def resolve_files(path: str) -> list[str]:
     else:
         found = [p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p)]
     if not found:
+        where = "" if os.path.isabs(expanded) else f" (looked in {os.path.abspath(expanded)})"
         raise FileNotFoundError(
-            f"data.path={path!r} matches no file; give an existing file, directory or glob (e.g. 'texts/**/*.txt')"
+            f"data.path={path!r} matches no file{where}; give an existing file, directory or glob "
+            f"(e.g. 'texts/**/*.txt')"
         )
     return sorted(found)
+
+
+def check_source(cfg: DataConfig) -> None:
+    """Refuse local files that are not there, before a tokenizer (which may need the network) is loaded."""
+    if cfg.source == "files":
+        resolve_files(cfg.path)
 
 
 def load_documents(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDataset:

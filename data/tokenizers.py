@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import tiktoken
 
@@ -30,14 +33,21 @@ def _downloaded(name: str, encoding: str | None = None):
             return tiktoken.get_encoding(encoding or name)
         except Exception as err:  # requests/urllib errors when the rank file cannot be fetched
             raise RuntimeError(
-                f"tokenizer {name!r} needs its rank file, which tiktoken downloads on first use "
-                f"and could not ({type(err).__name__}: {str(err)[:200]}). Remedies: run once with "
-                f"network access (files are cached in $TIKTOKEN_CACHE_DIR, by default a 'data-gym-cache' "
-                f"folder in the temp directory), copy a filled cache and point TIKTOKEN_CACHE_DIR at it, "
-                f"or use the offline tokenizer 'bytes'"
+                f"tokenizer {name!r} needs its rank file, which tiktoken downloads once (it could not: "
+                f"{type(err).__name__}); run once with network access, or set TIKTOKEN_CACHE_DIR to a folder "
+                f"holding the rank file (it looked in {tiktoken_cache_dir()}); offline, data.tokenizer=bytes "
+                f"needs no download"
             ) from err
 
     return load
+
+
+def tiktoken_cache_dir() -> str:
+    """Where tiktoken keeps downloaded rank files (its own rule: TIKTOKEN_CACHE_DIR, DATA_GYM_CACHE_DIR, tmp)."""
+    for variable in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if variable in os.environ:
+            return os.environ[variable] or "nowhere: caching is off"
+    return os.path.join(tempfile.gettempdir(), "data-gym-cache")
 
 
 TOKENIZERS = {

@@ -25,6 +25,10 @@ from model.decoding import choose_decoding, make_step
 from model.gpt import GPT, KVCache
 from model.packed import packed_linears
 
+# Sampling's defaults, one place for sample.py and the trainer's end-of-run sample.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 200
+
 
 def filter_logits(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float) -> torch.Tensor:
     """(B, V) logits -> temperature-scaled logits with top-k / nucleus (top-p) filtered tokens at -inf."""

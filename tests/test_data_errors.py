@@ -30,7 +30,7 @@ def test_unknown_tokenizer_lists_the_valid_ones():
 
 
 def test_downloaded_tokenizer_offline_names_the_remedies():
-    with pytest.raises(RuntimeError, match="'gpt2' needs its rank file.*TIKTOKEN_CACHE_DIR.*offline tokenizer 'bytes'"):
+    with pytest.raises(RuntimeError, match="'gpt2' needs its rank file.*TIKTOKEN_CACHE_DIR.*data.tokenizer=bytes"):
         get_tokenizer("gpt2")
 
 

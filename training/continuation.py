@@ -6,14 +6,19 @@ failed; a finished run also keeps its ``summary``) next to ``last.pt``. With ``t
 job, a run first looks at the directory it would write to:
 
 - nothing there: a new run;
-- a finished run: skipped, its summary returned, nothing written;
+- a finished run: skipped, its summary returned, nothing written; with a larger ``trainer.max_steps``
+  it is extended: continued in place from its ``last.pt`` to the new budget;
 - a run that stopped or was killed: continued in place from its ``last.pt`` (the same losses as an
   uninterrupted run, the same wandb run id); records it logged after that checkpoint are dropped
   from ``metrics.jsonl``, since they are about to be computed again;
 - a run killed before its first checkpoint: started again in place.
 
 A run continues only with the settings it was started with (the model, data, optimizer, seed and
-batch); anything else is refused, naming the differences.
+batch); anything else is refused, naming the differences. ``trainer.max_steps`` may change: with the
+same value a continuation repeats the uninterrupted run exactly; with another the learning-rate
+schedule (warmup + cosine to ``trainer.max_steps``) is re-planned over the new budget from the
+checkpoint's step on, as nanoGPT does when ``max_iters`` grows, and the continuation says so
+(``describe``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.checkpoint import LAST, Checkpoint, load_checkpoint
+from model.checkpoint import LAST, Checkpoint, checkpoint_path, load_checkpoint
+from training.config import OptimConfig
+from training.optim import lr_at
 from training.run_log import read_json
 
 log = logging.getLogger("headlab.train")
 
 RUN_INFO, METRICS = "run.json", "metrics.jsonl"
+STOP_AT_STEP = "stop_at_step"  # run.json's stopped_by when trainer.stop_at_step ended the run (else a signal's name)
 
 
 def kept_settings(container: dict) -> dict:
@@ -67,16 +75,48 @@ def inspect(run_dir: str | Path, container: dict) -> Continuation:
     has_checkpoint = (path / LAST).is_file()
     if info is None and not has_checkpoint and not (path / METRICS).exists():
         return Continuation(path, "new")
+    max_steps = container["trainer"]["max_steps"]
     if info is not None and info.get("status") == "finished":
-        return Continuation(path, "finished", summary=info.get("summary") or {})
+        summary = info.get("summary") or {}
+        if not has_checkpoint or summary.get("step", max_steps) >= max_steps:
+            return Continuation(path, "finished", summary=summary)
+        # a larger trainer.max_steps extends the finished run: continued below like a stopped one
     if not has_checkpoint:
         return Continuation(path, "restart")
     checkpoint = load_checkpoint(path)
     check_same_settings(path, checkpoint.train_config or {}, container)
-    if checkpoint.step >= container["trainer"]["max_steps"]:  # killed after its last save: nothing left to do
+    if checkpoint.step >= max_steps:  # killed after its last save: nothing left to do
         return Continuation(path, "finished", summary={"step": checkpoint.step,
                                                        "best_val_loss": checkpoint.best_val_loss})  # fmt: skip
     return Continuation(path, "continue", checkpoint=checkpoint)
+
+
+def planned_steps(checkpoint: Checkpoint) -> int | None:
+    """The ``trainer.max_steps`` the checkpoint's run was planned for (its schedule spans them)."""
+    return ((checkpoint.train_config or {}).get("trainer") or {}).get("max_steps")
+
+
+def describe(source: str | Path, checkpoint: Checkpoint, max_steps: int, optim: OptimConfig,
+             run_dir: Path | None = None) -> str:  # fmt: skip
+    """One line: where a run continues from, to which step, and what becomes of its learning-rate schedule."""
+    step, before = checkpoint.step, planned_steps(checkpoint)
+    where = f" in {run_dir}" if run_dir is not None and Path(run_dir) != Path(source) else ""
+    head = f"continuing {source} from step {step} to {max_steps}{where}"
+    next_lr = lr_at(step, optim, max_steps)  # the lr of step `step + 1`, as the loop sets it
+    if before == max_steps:
+        return f"{head}: the same learning-rate schedule, exactly (lr at step {step + 1}: {next_lr:.2e})"
+    was = (f"it spanned {before} steps and was at lr {lr_at(step - 1, optim, before):.2e}; "
+           if before and step > 0 else "")  # fmt: skip
+    return (f"{head}: the learning-rate schedule is re-planned over {max_steps} steps "
+            f"({was}lr at step {step + 1}: {next_lr:.2e})")
+
+
+def earlier_run_dirs(resume: str | None, run_dir: Path, in_place: bool) -> list[str]:
+    """The directories holding the earlier segments of a continued run, oldest first (run.json's ``continues``):
+    with ``run_dir``, what ``rebuild_wandb.py`` needs to rebuild the run's whole history."""
+    source = Path(run_dir) if in_place else checkpoint_path(resume).parent.resolve()
+    before = (read_json(source / RUN_INFO) or {}).get("continues", [])
+    return list(before) if in_place else [*before, str(source)]
 
 
 def check_same_settings(path: Path, saved: dict, now: dict) -> None:
@@ -109,12 +149,14 @@ def _step_of(line: str) -> float:
         return float("inf")
 
 
-def continue_command(argv: list[str], sweep_dir: str | None, run_dir: str | None) -> str:
+def continue_command(argv: list[str], sweep_dir: str | None, run_dir: str | None, stopped_by: str | None = None) -> str:
     """The command that continues a stopped multirun (or run): the same overrides, the same directory,
-    ``trainer.resume=auto``."""
+    ``trainer.resume=auto`` (without ``trainer.stop_at_step`` when that was what stopped it)."""
     pinned = {"hydra.sweep.dir": sweep_dir} if sweep_dir else {"hydra.run.dir": run_dir}
-    kept = [arg for arg in argv if arg not in ("-m", "--multirun")
-            and arg.partition("=")[0].lstrip("+") not in ("hydra.sweep.dir", "hydra.run.dir", "trainer.resume")]
+    replaced = ("hydra.sweep.dir", "hydra.run.dir", "trainer.resume",
+                *(("trainer.stop_at_step",) if stopped_by == STOP_AT_STEP else ()))  # fmt: skip
+    kept = [arg for arg in argv
+            if arg not in ("-m", "--multirun") and arg.partition("=")[0].lstrip("+") not in replaced]  # fmt: skip
     parts = ["python", "train.py", *(["-m"] if sweep_dir else []), *kept,
              *(f"{key}={value}" for key, value in pinned.items()), "trainer.resume=auto"]  # fmt: skip
     return " ".join(shlex.quote(part) for part in parts)

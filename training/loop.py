@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import shlex
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -25,6 +26,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from analysis.runs import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
+from data.sources import check_source
 from data.tokenizers import GPT2_IDS, VOCAB_SIZES, get_tokenizer
 from model import GPT, load_model
 from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint, remove_stale_temporaries
@@ -38,7 +40,7 @@ from model.device import (
     resolve_device,
     resolve_dtype,
 )
-from model.generation import generate
+from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from model.kernels import check_kernel_runs
 from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps, validate
@@ -47,7 +49,16 @@ from training.evaluate import Evaluator
 from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
-from training.plan import GIB, auto_choices_text, auto_micro_batch, check_fits_device, make_plan, planned_dtype
+from training.plan import (
+    GIB,
+    auto_choices_text,
+    auto_micro_batch,
+    check_fits_device,
+    cpu_matmul_flops,
+    make_plan,
+    planned_device,
+    planned_dtype,
+)
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
 from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals
@@ -76,12 +87,15 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         plan, text = plan_of(config, planned, dist.world_size)
         print(text, flush=True)  # the plan is the command's output, not a log line
         return {"plan": plan}
+    check_source(config.data)  # a wrong data.path is named before a tokenizer's download can fail
     continuing = None
     if t.resume == "auto" or slurm.is_requeued_run():  # continue the run in its own directory, if there is one
         continuing = continuation.inspect(t.run_dir, OmegaConf.to_container(OmegaConf.structured(config)))
         if continuing.action == "finished":
             if dist.is_main:
-                log.info("already finished: %s (step %s); skipped", continuing.run_dir, continuing.summary.get("step"))
+                log.info("already finished: %s (step %s of trainer.max_steps=%d); skipped. A larger "
+                         "trainer.max_steps extends it", continuing.run_dir, continuing.summary.get("step"),
+                         t.max_steps)  # fmt: skip
             return {**continuing.summary, "run_dir": str(continuing.run_dir), "skipped": True}
     device = resolve_device(t.device, dist.local_rank)
     if device.type == "cuda" and t.device in ("auto", "cuda") and not dist.enabled and shares_gpus_with_other_jobs():
@@ -101,7 +115,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
         if resume is not None:
             remove_stale_temporaries(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
     if resume is not None:
-        check_resumable(config, resume)
+        check_resumable(config, resume, continuing.run_dir if continuing is not None else t.resume)
     check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
     init_weights = initial_weights(config, planned) if t.init_from else None
 
@@ -125,13 +139,18 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
             claim = claim_run_dir(t.run_dir, continuing=in_place)
             if in_place:  # drop what the stopped run logged after its checkpoint: it is computed again
                 continuation.prepare_in_place(claim.path, resume.step if resume is not None else -1)
-                log.info("continuing %s from %s", claim.path, f"step {resume.step}" if resume else "the start")
+            if resume is not None:
+                source = claim.path if in_place else t.resume
+                log.info(continuation.describe(source, resume, t.max_steps, config.optim, claim.path))
+            elif in_place:
+                log.info("continuing %s from the start (it was stopped before its first checkpoint)", claim.path)
         run_dir = Path(dist.broadcast(str(claim.path) if dist.is_main else None))
+        earlier = continuation.earlier_run_dirs(t.resume, run_dir, in_place) if resume is not None else []
         container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
         container["model"]["vocab_size"] = model_config.vocab_size
         try:
             summary = Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
-                              run_dir, resume, init_weights, started).run()  # fmt: skip
+                              run_dir, resume, init_weights, started, earlier).run()  # fmt: skip
             finished = True
             return summary
         except torch.OutOfMemoryError as err:
@@ -164,6 +183,8 @@ def plan_of(cfg: TrainConfig, planned, world_size: int):
         where = f"this GPU's {free / GIB:.1f} GiB free" if on_gpu else "an 80 GiB GPU (an H100; none is here)"
         note = f"\n  micro-batch auto: planned above for {where}\n" + auto_choices_text(cfg, planned, world_size, dtype)
     plan = make_plan(cfg, planned, world_size, dtype, micro_batch=micro)
+    if planned_device(t) == "cpu":  # a run on this CPU: its time is estimated from a quick matmul measurement
+        plan = replace(plan, cpu_flops=cpu_matmul_flops())
     return plan, plan.text() + note
 
 
@@ -179,8 +200,8 @@ def plan_variants(configs: dict[str, TrainConfig]) -> str:
         plan, text = plan_of(cfg, planned, world)
         plans.setdefault(text, []).append(name)
         rows.append(f"| {name} | {plan.micro_batch} x {plan.grad_accum} | {plan.peak_bytes / GIB:,.1f} | "
-                    f"{plan.h100_minutes():,.1f} |")  # fmt: skip
-    table = ["| run | micro-batch x accumulation | est. peak GiB | est. H100 min |", "| --- | ---: | ---: | ---: |",
+                    f"{plan.time_text()} |")  # fmt: skip
+    table = ["| run | micro-batch x accumulation | est. peak GiB | est. time |", "| --- | ---: | ---: | ---: |",
              *rows]  # fmt: skip
     parts = [f"{len(configs)} runs; estimates, as each plan below says:", "\n".join(table)]
     parts += [f"--- {'; '.join(names)} ---\n{text}" for text, names in plans.items()]
@@ -231,21 +252,27 @@ def initial_weights(cfg: TrainConfig, planned) -> dict:
     return weights
 
 
-def check_resumable(cfg: TrainConfig, ckpt: Checkpoint) -> None:
-    saved = ckpt.model_config
+def check_resumable(cfg: TrainConfig, ckpt: Checkpoint, source) -> None:
+    """Refuse a checkpoint this run cannot continue (``source``: where it came from, as the user named it)."""
+    saved, stop_at = ckpt.model_config, cfg.trainer.stop_at_step
     mismatched = [f"model.{k}: checkpoint {saved[k]!r} vs now {getattr(cfg.model, k)!r}"
                   for k in _SHAPE_FIELDS if saved[k] != getattr(cfg.model, k)]  # fmt: skip
     if mismatched:
         raise ValueError(
-            f"cannot resume from {cfg.trainer.resume}: its config differs: " + "; ".join(mismatched)
+            f"cannot resume from {source}: its config differs: " + "; ".join(mismatched)
             + ". Resume with the checkpoint's settings (see its config), or start a new run"
         )
     if ckpt.optimizer is None:
-        raise ValueError(f"cannot resume from {cfg.trainer.resume}: it holds weights but no training state")
+        raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
     if ckpt.step >= cfg.trainer.max_steps:
         raise ValueError(
-            f"nothing to resume: {cfg.trainer.resume} is at step {ckpt.step}, trainer.max_steps="
+            f"nothing to resume: {source} is at step {ckpt.step}, trainer.max_steps="
             f"{cfg.trainer.max_steps}; raise trainer.max_steps to train further"
+        )
+    if stop_at is not None and stop_at <= ckpt.step:
+        raise ValueError(
+            f"trainer.stop_at_step={stop_at} but {source} is already at step {ckpt.step}; leave "
+            f"trainer.stop_at_step out (or raise it) to train further"
         )
 
 
@@ -255,7 +282,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, container: dict, model_config, data: PreparedData, tokenizer,
                  dist: Distributed, device: torch.device, dtype: torch.dtype, grad_accum: int, run_dir: Path,
                  resume: Checkpoint | None, init_weights: dict | None = None,
-                 started: float | None = None) -> None:  # fmt: skip
+                 started: float | None = None, earlier_dirs: list[str] = ()) -> None:  # fmt: skip
         t = cfg.trainer
         self.cfg, self.container, self.tokenizer, self.dist = cfg, container, tokenizer, dist
         self.device, self.dtype, self.run_dir = device, dtype, run_dir
@@ -299,8 +326,10 @@ class Trainer:
             "params": self.model.num_params(), "params_non_embedding": self.model.num_params(non_embedding=True),
             "world_size": dist.world_size, "device_name": device_name(device),
             "dtype": str(dtype).removeprefix("torch."), "data_dir": str(data.folder),
-            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_step": self.tokens_per_step, "continues": list(earlier_dirs),
         }  # fmt: skip
+        # an offline wandb run continued: its segments are separate offline runs that wandb sync cannot merge
+        self.wandb_segments = [*earlier_dirs, str(run_dir)] if resume is not None and resume.wandb_run_id else None
         self.log = (open_run_log(cfg, container, run_dir, facts, wandb_id, device_id(device), started or time.time())
                     if dist.is_main else None)  # fmt: skip
         if self.log is not None and self.log.wandb_id:
@@ -376,7 +405,9 @@ class Trainer:
                     log.info("where a step's time goes (%s):\n%s", profiler.out, summary_table(profiler.summary))
                 summary["step"] = step
                 summary["stopped_by"] = self.dist.broadcast(stop.signal if self.dist.is_main else None)
-                if summary["stopped_by"]:  # a SLURM job that is being requeued exits without a result
+                if summary["stopped_by"] is None and step == t.stop_at_step < t.max_steps:
+                    summary["stopped_by"] = continuation.STOP_AT_STEP
+                elif summary["stopped_by"]:  # a SLURM job that is being requeued exits without a result
                     summary["requeued"] = self.dist.broadcast(
                         slurm.requeued_after(summary["stopped_by"], self.dist.rank) if self.dist.is_main else None)
                 if self.dist.is_main:
@@ -388,12 +419,21 @@ class Trainer:
                 bar.close()
                 if self.log is not None:
                     self.log.close(status, {k: summary[k] for k in FINAL_KEYS if k in summary})
+        if self.log is not None and self.log.wandb_offline and self.wandb_segments:
+            dirs = " ".join(shlex.quote(d) for d in self.wandb_segments)
+            log.warning("wandb: this run continues an offline wandb run; upload its whole history with: python "
+                        "rebuild_wandb.py %s, then wandb sync <the folder it prints> (wandb sync on the run's "
+                        "offline-run folders would replace the first segment's history)", dirs)  # fmt: skip
         return summary
 
     def report(self, summary: dict, seconds: float) -> None:
         """The closing lines: where the run is, how it did, and what to do next."""
         step = summary["step"]
-        if summary.get("stopped_by"):
+        if summary.get("stopped_by") == continuation.STOP_AT_STEP:
+            log.info("stopped at step %d (trainer.stop_at_step): saved %s; trainer.resume=auto in this run "
+                     "directory continues it to trainer.max_steps=%d", step, self.run_dir / LAST,
+                     self.cfg.trainer.max_steps)  # fmt: skip
+        elif summary.get("stopped_by"):
             then = ("SLURM requeues the job: its rerun continues from there" if summary.get("requeued")
                     else "trainer.resume=auto in this run directory continues it")  # fmt: skip
             log.warning("stopped by %s at step %d: saved %s; %s", summary["stopped_by"], step, self.run_dir / LAST,
@@ -476,7 +516,8 @@ class Trainer:
         ).save(self.run_dir / name)
 
     def log_sample(self, step: int, text: str) -> None:
-        log.info("sample (%d tokens from <|endoftext|>, top_k=50):\n%s", self.cfg.trainer.sample_tokens, text)
+        log.info("sample (%d tokens from <|endoftext|>, temperature %s, top_k=%d, as sample.py's defaults):\n%s",
+                 self.cfg.trainer.sample_tokens, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, text)  # fmt: skip
         if self.log is not None:
             self.log.sample(step, text)
 
@@ -484,7 +525,7 @@ class Trainer:
         self.model.eval()
         generator = torch.Generator().manual_seed(self.cfg.trainer.seed)
         with eager(), autocast(self.device, self.dtype):
-            ids = list(generate(self.model, [self.tokenizer.eot_id], n_tokens, temperature=1.0,
-                                top_k=50, generator=generator))  # fmt: skip
+            ids = list(generate(self.model, [self.tokenizer.eot_id], n_tokens, temperature=DEFAULT_TEMPERATURE,
+                                top_k=DEFAULT_TOP_K, generator=generator))  # fmt: skip
         return self.tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
 

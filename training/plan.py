@@ -11,6 +11,8 @@ the bytes autograd really saves.
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,30 @@ from training.config import TrainConfig
 GIB = 2**30
 ASSUMED_MFU = 0.4  # for time estimates only: a typical compiled bf16 GPT-2-small run on an H100 (an assumption)
 H100_BF16_PEAK = 989e12
+# For CPU time estimates only: the share of the CPU's measured float32 matmul rate a training step reaches
+# (the nano default on 2 cores reached about 0.6 of it; smaller widths reach less). An assumption.
+CPU_ASSUMED_SHARE = 0.5
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_matmul_flops(seconds: float = 0.3, n: int = 512) -> float:
+    """This CPU's float32 matmul rate in FLOP/s: the best of repeated ``n`` x ``n`` products over about
+    ``seconds``. The best trial is the one least slowed by other work on the machine."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # the first call sets up threads and buffers
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * n**3 / max(time.perf_counter() - start, 1e-9))
+    return best
+
+
+def duration_text(minutes: float) -> str:
+    """Minutes as a reader wants them: seconds below a minute, hours above two."""
+    if minutes < 1:
+        return f"{max(minutes * 60, 1):.0f} s" if minutes * 60 >= 1 else "under a second"
+    return f"{minutes:,.1f} min" if minutes < 120 else f"{minutes / 60:,.1f} h"
 
 
 def param_count(config: GPTConfig) -> int:
@@ -89,6 +115,7 @@ class Plan:
     static_bytes: int
     activations: dict[str, int]
     logits_transient_bytes: int
+    cpu_flops: float | None = None  # a plan for this CPU: its measured matmul rate (cpu_matmul_flops)
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -105,6 +132,36 @@ class Plan:
         flops = self.flops_per_token * self.tokens_per_step * self.max_steps
         return flops / (ASSUMED_MFU * H100_BF16_PEAK) / 60 / self.world_size
 
+    def cpu_minutes(self) -> float | None:
+        """Estimated minutes on this CPU at ``CPU_ASSUMED_SHARE`` of its measured matmul rate (a CPU plan only)."""
+        if self.cpu_flops is None:
+            return None
+        return self.flops_per_token * self.tokens_per_step * self.max_steps / (CPU_ASSUMED_SHARE * self.cpu_flops) / 60
+
+    def time_text(self) -> str:
+        """The time estimate, in the plan's table of a sweep: on this CPU for a CPU plan, else on H100s."""
+        cpu = self.cpu_minutes()
+        if cpu is not None:
+            return f"{duration_text(cpu)} on this CPU"
+        return f"{duration_text(self.h100_minutes())} on H100s"
+
+    def _precision(self) -> str:
+        """The dtype and how: float32 runs as is; bf16/fp16 under autocast (float32 weights, low-precision matmuls)."""
+        name = str(self.dtype).removeprefix("torch.")
+        return name if self.dtype == torch.float32 else f"{name} autocast"
+
+    def _time_lines(self) -> list[str]:
+        h100 = (f"one H100 (bf16 peak 989 TFLOP/s at an assumed {ASSUMED_MFU:.0%} MFU): "
+                f"{duration_text(self.h100_minutes())} per GPU over {self.world_size} GPU(s)")  # fmt: skip
+        if self.cpu_flops is None:
+            return [f"  estimated time on {h100} (an estimate)"]
+        return [
+            f"  estimated time on this CPU: {duration_text(self.cpu_minutes())} (its float32 matmuls measured at "
+            f"{self.cpu_flops / 1e9:,.0f} GFLOP/s just now, a step assumed to reach {CPU_ASSUMED_SHARE:.0%} of that; "
+            f"a rough estimate: a short run's tokens/s tells better)",
+            f"  on a GPU instead (trainer=gpu), {h100}",
+        ]
+
     def text(self) -> str:
         c = self.config
         tokens = self.tokens_per_step * self.max_steps
@@ -117,9 +174,8 @@ class Plan:
             f"  tokens per step: {self.tokens_per_step:,} over {self.world_size} rank(s): micro-batch "
             f"{self.micro_batch} x {c.block_size} tokens, {self.grad_accum} accumulation step(s) per rank",
             f"  run: {self.max_steps:,} steps = {tokens / 1e6:,.1f} M tokens = {flops:.3g} FLOPs",
-            f"  estimated time on one H100 (bf16 peak 989 TFLOP/s at an assumed {ASSUMED_MFU:.0%} MFU): "
-            f"{self.h100_minutes():,.1f} min per GPU over {self.world_size} GPU(s) (an estimate)",
-            f"  estimated peak memory per GPU ({str(self.dtype).removeprefix('torch.')} autocast, eager): "
+            *self._time_lines(),
+            f"  estimated peak memory {'in RAM' if self.cpu_flops else 'per GPU'} ({self._precision()}, eager): "
             f"{self.peak_bytes / GIB:,.2f} GiB",
             f"    weights + gradients + AdamW{' + DDP buckets' if self.world_size > 1 else ''}: "
             f"{self.static_bytes / GIB:,.2f} GiB",
@@ -197,11 +253,16 @@ def auto_choices_text(cfg: TrainConfig, model_config: GPTConfig, world_size: int
     return "  on other GPUs it would pick: " + "; ".join(picks)
 
 
+def planned_device(trainer) -> str:
+    """Where a run would train: ``cpu`` when asked for, or with ``auto`` where no GPU is present; else ``cuda``."""
+    return "cpu" if trainer.device == "cpu" or (trainer.device == "auto" and not torch.cuda.is_available()) else "cuda"
+
+
 def planned_dtype(trainer) -> torch.dtype:
     """The dtype a run would use, without its device: ``auto`` plans for bf16 on a GPU
     (Ampere or newer), and float32 for a run on the CPU."""
     if trainer.dtype == "auto":
-        if trainer.device == "cpu" or (trainer.device == "auto" and not torch.cuda.is_available()):
+        if planned_device(trainer) == "cpu":
             return torch.float32
         return torch.bfloat16
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[trainer.dtype]

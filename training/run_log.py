@@ -124,10 +124,10 @@ def record_failure(run_dir: Path, container: dict, cfg: TrainConfig, reason: str
 class RunLog:
     """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to a wandb run."""
 
-    def __init__(self, run_dir: Path, wandb_run=None) -> None:
+    def __init__(self, run_dir: Path, wandb_run=None, wandb_offline: bool = False) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses at most a line
-        self.wandb_run = wandb_run
+        self.wandb_run, self.wandb_offline = wandb_run, wandb_offline
 
     @property
     def wandb_id(self) -> str | None:
@@ -172,7 +172,18 @@ class RunLog:
         atomic_write_json(path, info)
         self.file.close()
         if self.wandb_run is not None:
+            self.wandb_run.summary["status"] = status  # in the summary, which ends with the run; not the config
             self.wandb_run.finish()
+
+
+# run.json's fields that change while the run goes on: wandb's config is written once, so they stay out of it
+# (the status is put in the wandb summary when the run ends).
+_CHANGING = ("status", "segments", "summary")
+
+
+def wandb_config(info: dict) -> dict:
+    """The run.json facts that hold for the whole run: wandb's config."""
+    return {key: value for key, value in info.items() if key not in _CHANGING}
 
 
 def define_metrics(run) -> None:
@@ -202,14 +213,14 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
     if cfg.logger.kind == "wandb":
         import wandb  # imported here: runs with logger=none never pay for it
 
-        m = cfg.model
+        m, mode = cfg.model, wandb_mode(cfg.logger)
         tags = [m.attention, m.kernel, m.name, cfg.data.name, *cfg.logger.tags]
         run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
-            tags=tags, config=info, dir=str(run_dir), mode=wandb_mode(cfg.logger), id=wandb_id,
+            tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
             resume="allow" if wandb_id else None, job_type="train",
         )  # fmt: skip
         define_metrics(run)
         info = {**info, "wandb_id": run.id}  # for rebuild_wandb.py
     atomic_write_json(run_dir / "run.json", info)
-    return RunLog(run_dir, run)
+    return RunLog(run_dir, run, wandb_offline=run is not None and mode == "offline")
