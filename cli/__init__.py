@@ -112,28 +112,40 @@ def check_overrides(config_name: str, command: str, argv: list[str] | None = Non
         return  # another config than the script's own
     if parsed.shell_completion or parsed.info:
         return
-    overrides = [_parse_override(arg) for arg in parsed.overrides]
-    own = [o for o in overrides if not o.is_hydra_override() and o.package is None]
+    parsed_args = [_parse_override(arg) for arg in parsed.overrides]
+    own = [o for o, _ in parsed_args if not o.is_hydra_override() and o.package is None]
     if not parsed.multirun:
         for o in own:
             if o.is_sweep_override():
                 _refuse_sweep_without_multirun(o)
     _check_against_config(config_name, command, own)
+    for _, unreadable in parsed_args:  # the key is right (checked first: promt=f(x) is a typo of the key)
+        if unreadable:
+            sys.exit(unreadable)
 
 
 def _parse_override(arg: str):
+    """The override, and for a value Hydra's grammar cannot read, the error to give once its key is checked
+    (the override is then ``~key``: the key alone, no value)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    parser = OverridesParser.create()
     try:
-        return OverridesParser.create().parse_override(arg)
+        return parser.parse_override(arg), None
     except HydraException as err:
         key, sep, value = arg.partition("=")
         if not sep:
             sys.exit(f"error: {arg!r} is not an option: give key=value (e.g. {arg}=...)")
         reason = str(err).strip().splitlines()[0]
-        sys.exit(f"error: {arg}: Hydra cannot read this value ({reason}); quote it for Hydra inside the shell's "
-                 f"quotes: {key}=\"'{value}'\"")  # fmt: skip
+        unreadable = (f"error: {arg}: Hydra cannot read this value ({reason}); quote it for Hydra inside the "
+                      f"shell's quotes: {key}=\"'{value}'\"")  # fmt: skip
+        try:
+            key_alone = parser.parse_override(f"~{key.lstrip('+~')}")
+        except HydraException:
+            sys.exit(f"error: {arg}: {key!r} cannot be an option's name (--help lists the options)")
+        key_alone.input_line = arg
+        return key_alone, unreadable
 
 
 def _refuse_sweep_without_multirun(o) -> None:

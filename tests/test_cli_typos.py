@@ -42,6 +42,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     ("train", "max_steps=50", ["trainer.max_steps"]),  # the key without its group
     ("train", "modle.n_head=2", ["model.n_head"]),
     ("sample", "promt=hello", ["prompt"]),
+    ("sample", "promt=def f(x):", ["prompt"]),  # the key's typo first, though Hydra cannot read the value
     ("evaluate", "windws=3", ["windows"]),
     ("export", "checkpont=best.pt", ["checkpoint"]),
     ("heads", "data.tokenizr=bytes", ["data.tokenizer"]),
