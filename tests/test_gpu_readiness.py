@@ -129,7 +129,7 @@ def test_auto_micro_batch_on_a_cpu_run_splits_nothing(tmp_path, data_cache):
 @pytest.mark.parametrize("value", ["atuo", 0, -2])
 def test_a_bad_micro_batch_is_refused_naming_auto(value):
     with pytest.raises(ValueError, match=f"trainer.micro_batch_size={value!r} must be a positive number of sequences, "
-                                         "or auto"):  # fmt: skip
+                                         r"null \(a rank's whole share of the batch\) or auto"):  # fmt: skip
         train(compose_train(*TINY, f"trainer.micro_batch_size={value}"))
 
 

@@ -44,8 +44,7 @@ NOT_HERE = {
     "python bench_reference.py sample-process": "whole sample.py processes of GPT-2 small: minutes on a CPU",
 }
 # The README's runs, small: the placeholder run's shape (2 layers of 4 heads: heads.py layer=1 head=3).
-SHAPE = ["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=32", "trainer.batch_size=8",
-         "trainer.micro_batch_size=8"]  # fmt: skip
+SHAPE = ["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=32", "trainer.batch_size=8"]
 SHORT_TRAINING = [*SHAPE, "trainer.max_steps=2", "trainer.eval_interval=2", "trainer.eval_windows=2",
                   "trainer.sample_tokens=0", "trainer.device=cpu"]  # fmt: skip
 
@@ -89,6 +88,10 @@ def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
     command = re.sub(r"runs/(\d{4}-\d\d-\d\d/[\w-]+|\.\.\.)", run, command)
     command = re.sub(r"multirun/\d{4}-\d\d-\d\d/[\d-]+", sweep, command)
     argv = shlex.split(command)
+    launcher = []
+    if argv[0] == "torchrun":  # torchrun's own options, then the script: the ranks are real processes (gloo)
+        at = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+        launcher, argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:at]], ["python", *argv[at:]]
     script, args = argv[1], argv[2:]
     cache, out = f"data.cache_dir={places['cache']}", places["cwd"]
     if script == "train.py":
@@ -117,14 +120,15 @@ def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
         args += ["--rounds", "1", "--steps", "1", "--new-tokens", "2", "--batch", "2"]
     elif script == "compare.py":
         args += ["--out", str(out / "report" / str(next(places['count'])))]
-    return [sys.executable, str(ROOT / script), *args], stdin
+    return [*(launcher or [sys.executable]), str(ROOT / script), *args], stdin
 
 
 def test_every_readme_command_is_run_here_or_says_why_not():
     commands = readme_commands()
     assert len(commands) > 40
     unknown = [c for c in commands if not any(c.startswith(k) for k in NOT_HERE) and not c.startswith(
-        ("python train.py", "python sample.py", "python export.py", "python evaluate.py", "python -m data",
+        ("python train.py", "torchrun --standalone --nproc_per_node=2 train.py", "python sample.py",
+         "python export.py", "python evaluate.py", "python -m data",
          "python compare.py", "python bench", "python heads.py", "echo "))]  # fmt: skip
     assert not unknown, f"README commands this test does not know how to run or why not: {unknown}"
 

@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from training.config import TrainConfig, grad_accum_steps, validate
+from training.config import TrainConfig, grad_accum_steps, micro_batch_for, validate
 from training.loop import train
 
 GROUPS = ["model", "attention", "kernel", "data", "optim", "trainer", "logger", "experiment"]
@@ -84,11 +84,29 @@ def test_impossible_values_are_refused_with_the_fix(override, message):
         validate(OmegaConf.to_object(compose_train(override)))
 
 
-def test_batch_that_does_not_divide_across_ranks_is_refused():
+def test_a_pinned_micro_batch_that_does_not_divide_a_ranks_share_is_refused_naming_smaller_ones():
     trainer = OmegaConf.to_object(compose_train("trainer.batch_size=48", "trainer.micro_batch_size=16")).trainer
     assert grad_accum_steps(trainer, world_size=1) == 3
-    with pytest.raises(ValueError, match=r"batch_size=48 does not divide into micro-batches of .*=16 x 2 rank"):
+    with pytest.raises(ValueError, match=r"trainer.micro_batch_size=16 does not divide a rank's share of the batch "
+                                         r"\(trainer.batch_size=48 over 4 rank\(s\): 12 sequences\)"):  # fmt: skip
+        grad_accum_steps(trainer, world_size=4)
+    fix = r"set trainer.micro_batch_size to a divisor of 24 \(12, 8, 6, 4: the same batch, more accumulation steps\)"
+    with pytest.raises(ValueError, match=r"micro_batch_size=16 .* 24 sequences\); " + fix):
         grad_accum_steps(trainer, world_size=2)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8, 16])
+def test_the_default_micro_batch_is_a_ranks_whole_share_on_any_number_of_ranks(world_size):
+    trainer = OmegaConf.to_object(compose_train()).trainer
+    assert trainer.micro_batch_size is None
+    assert micro_batch_for(trainer, world_size) == trainer.batch_size // world_size
+    assert grad_accum_steps(trainer, world_size) == 1
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused():
+    trainer = OmegaConf.to_object(compose_train()).trainer
+    with pytest.raises(ValueError, match=r"trainer.batch_size=16 does not split over 3 ranks; choose a multiple of 3"):
+        micro_batch_for(trainer, 3)
 
 
 def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path):

@@ -39,7 +39,9 @@ class OptimConfig:
 class TrainerConfig:
     max_steps: int = 1000  # optimizer steps; the learning-rate schedule spans them
     batch_size: int = 16  # sequences per optimizer step, over all ranks and micro-steps
-    micro_batch_size: Any = 16  # sequences per forward pass on one rank, or "auto": the largest the plan fits
+    # Sequences per forward pass on one rank: null (a rank's whole share, batch_size / ranks: the same run on
+    # 1, 2, 4 or 8 ranks), a number (gradient accumulation makes up the share), or auto (the largest the plan fits)
+    micro_batch_size: Any = None
     eval_interval: int = 200  # steps between evaluations (and best/last checkpoints)
     eval_windows: int = 64  # fixed validation windows per evaluation
     checkpoint_interval: int = 200  # steps between 'last' checkpoints
@@ -94,9 +96,10 @@ def validate(cfg: TrainConfig) -> None:
         if getattr(t, name) < 1:
             raise ValueError(f"trainer.{name}={getattr(t, name)} must be at least 1")
     micro = t.micro_batch_size
-    if micro != "auto" and (not isinstance(micro, int) or isinstance(micro, bool) or micro < 1):
-        raise ValueError(f"trainer.micro_batch_size={micro!r} must be a positive number of sequences, or auto "
-                         f"(the largest that the plan fits in the device's memory)")  # fmt: skip
+    if micro not in (None, "auto") and (not isinstance(micro, int) or isinstance(micro, bool) or micro < 1):
+        raise ValueError(f"trainer.micro_batch_size={micro!r} must be a positive number of sequences, null (a "
+                         f"rank's whole share of the batch) or auto (the largest that the plan fits in the device's "
+                         f"memory)")  # fmt: skip
     if t.seed < 0:
         raise ValueError(f"trainer.seed={t.seed} must be >= 0 (numpy seeds the data order with it)")
     if cfg.data.split_seed < 0:
@@ -122,21 +125,34 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"logger.mode={cfg.logger.mode!r}; choose one of: {', '.join(WANDB_MODES)}")
 
 
+def rank_share(trainer: TrainerConfig, world_size: int) -> int:
+    """Sequences of each optimizer step that one rank computes; the batch must split evenly over the ranks."""
+    if trainer.batch_size % world_size:
+        raise ValueError(f"trainer.batch_size={trainer.batch_size} does not split over {world_size} ranks; choose a "
+                         f"multiple of {world_size}, or run on a number of ranks that divides it")  # fmt: skip
+    return trainer.batch_size // world_size
+
+
+def micro_batch_for(trainer: TrainerConfig, world_size: int) -> int | str:
+    """``trainer.micro_batch_size`` on ``world_size`` ranks: unset, a rank's whole share; ``auto`` stays ``auto``
+    (chosen later, on the device). Refuses, before any work, a batch that does not split."""
+    share = rank_share(trainer, world_size)
+    micro = share if trainer.micro_batch_size is None else trainer.micro_batch_size
+    if micro != "auto" and share % micro:
+        divisors = [m for m in range(share, 0, -1) if share % m == 0 and m < micro]
+        raise ValueError(
+            f"trainer.micro_batch_size={micro} does not divide a rank's share of the batch (trainer.batch_size="
+            f"{trainer.batch_size} over {world_size} rank(s): {share} sequences); set trainer.micro_batch_size to a "
+            f"divisor of {share} ({', '.join(map(str, divisors[:4]))}: the same batch, more accumulation steps), or "
+            f"leave it unset (null) to take the whole share"
+        )
+    return micro
+
+
 def grad_accum_steps(trainer: TrainerConfig, world_size: int) -> int:
     """Micro-steps per optimizer step; the batch must split evenly over ranks and micro-batches.
 
     With ``micro_batch_size=auto`` (chosen later, on the device) it checks the split over ranks and returns 0.
     """
-    if trainer.micro_batch_size == "auto":
-        if trainer.batch_size % world_size:
-            raise ValueError(f"trainer.batch_size={trainer.batch_size} does not split over {world_size} ranks; "
-                             f"choose a multiple of {world_size}")  # fmt: skip
-        return 0
-    per_step = trainer.micro_batch_size * world_size
-    if trainer.batch_size % per_step != 0:
-        raise ValueError(
-            f"trainer.batch_size={trainer.batch_size} does not divide into micro-batches of "
-            f"trainer.micro_batch_size={trainer.micro_batch_size} x {world_size} rank(s); "
-            f"choose batch_size as a multiple of {per_step}"
-        )
-    return trainer.batch_size // per_step
+    micro = micro_batch_for(trainer, world_size)
+    return 0 if micro == "auto" else rank_share(trainer, world_size) // micro

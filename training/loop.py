@@ -43,7 +43,7 @@ from model.device import (
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from model.kernels import check_kernel_runs
 from training import continuation, slurm
-from training.config import TrainConfig, grad_accum_steps, validate
+from training.config import TrainConfig, grad_accum_steps, micro_batch_for, validate
 from training.distributed import Distributed, from_environment, init_distributed
 from training.evaluate import Evaluator
 from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
@@ -81,7 +81,9 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     # Everything that can be refused is checked before data preparation or model building.
     slurm.use_the_cpus_given()
     dist = from_environment()
-    grad_accum_steps(t, dist.world_size)  # refuses a batch that does not split, before any work
+    # A rank's micro-batch, unset: its whole share on this many ranks. Refuses a batch that does not split.
+    config = with_micro_batch(config, micro_batch_for(t, dist.world_size))
+    t = config.trainer
     planned = replace(config.model, vocab_size=config.model.vocab_size or VOCAB_SIZES[config.data.tokenizer])
     if t.plan:  # needs no GPU: plans a GPU run from a laptop
         plan, text = plan_of(config, planned, dist.world_size)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from model.config import GPTConfig
-from training.config import TrainConfig
+from training.config import TrainConfig, micro_batch_for
 
 GIB = 2**30
 ASSUMED_MFU = 0.4  # for time estimates only: a typical compiled bf16 GPT-2-small run on an H100 (an assumption)
@@ -192,7 +192,7 @@ class Plan:
 def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype: torch.dtype,
               micro_batch: int | None = None) -> Plan:  # fmt: skip
     t = cfg.trainer
-    micro = micro_batch or t.micro_batch_size
+    micro = micro_batch or micro_batch_for(t, world_size)
     params = param_count(model_config)
     matmul_params = params - model_config.block_size * model_config.n_embd
     seen = min(model_config.block_size, model_config.window or model_config.block_size)  # keys per query
