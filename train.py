@@ -135,7 +135,9 @@ def errors_for_the_launcher():
         yield
     except SystemExit as exit_:
         if os.environ.get("SUBMITIT_EXECUTOR") and exit_.code not in (None, 0):
-            raise RuntimeError(str(exit_.code)) from None
+            from training.job_errors import JobUserError  # the launcher prints it as the one line it is
+
+            raise JobUserError(str(exit_.code)) from None
         raise
 
 

@@ -132,10 +132,34 @@ def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_a
 
 
 def test_a_user_error_in_a_slurm_job_ends_the_sweep_with_its_message_instead_of_a_wait(slurm, tmp_path):
-    env = {**os.environ, **slurm.env}
+    env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}  # as a user runs it: no full tracebacks
     code, out, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "trainer.eval_windows=0",
                                   f"hydra.sweep.dir={tmp_path / 'sweep'}"), timeout=120)  # fmt: skip
-    assert code != 0 and "trainer.eval_windows=0 must be at least 1" in err
+    assert code != 0 and err.strip().splitlines()[-1] == "error: trainer.eval_windows=0 must be at least 1"
+    assert "Traceback" not in err, "the same one line as a local run, not the launcher's traceback"
+
+
+def test_a_batch_that_does_not_split_in_a_slurm_job_is_the_one_line_a_local_run_prints(slurm, tmp_path):
+    env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}  # as a user runs it: no full tracebacks
+    args = [*TINY, "trainer.micro_batch_size=3"]
+    code, _, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"),
+                          timeout=120)  # fmt: skip
+    local = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "logger=none"], cwd=tmp_path,
+                           env={**os.environ, "HYDRA_FULL_ERROR": "0"}, capture_output=True, text=True)  # fmt: skip
+    line = local.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: trainer.micro_batch_size=3 does not divide a rank's share of the batch")
+    assert code != 0 and err.strip().splitlines()[-1] == line and "Traceback" not in err
+
+
+def test_one_gpu_per_job_asked_of_a_cluster_without_gpus_is_one_line_naming_the_fix(slurm, tmp_path):
+    env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}  # as a user runs it: no full tracebacks
+    on_cpus = [a for a in ON_TEST_CLUSTER if not a.startswith("hydra.launcher.gpus_per_node")]  # the default: 1
+    code, _, err = finish(sweep(tmp_path, env, *on_cpus, *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"), timeout=120)
+    assert code != 0 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "error: sbatch refused the jobs (Invalid generic resource (gres) specification): each job asks for 1 GPU "
+        "(hydra.launcher.gpus_per_node=1) and this cluster or partition has none; on a CPU cluster add "
+        "hydra.launcher.gpus_per_node=0, or choose a GPU partition (hydra.launcher.partition=...)")
 
 
 def test_a_local_parallel_sweep_runs_every_job_at_once(tmp_path, data_cache):
