@@ -29,6 +29,7 @@ from tqdm import tqdm
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
 from cli import OneLineErrorParser
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
+from model.config import attention_label
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.kernels import SDPA_BACKENDS, check_kernel_runs
 from training.optim import fused_adamw
@@ -268,8 +269,24 @@ def varied(rows: list[dict]) -> list[str]:
 
 
 def cell_label(r: dict, axes: list[str]) -> str:
-    extra = "".join(f", {'kv' if key == 'kv_heads' else 'window'} {r[key] or 'none'}" for key in axes)
-    return f"{r['layout']}/{r['kernel']}{extra}"
+    """The cell's attention as training names its runs (model.config.attention_label): ``wrapper-sdpa_flash-kv2``,
+    spelling the key/value heads and window wherever the grid varies them."""
+    kernel, backend = split_kernel(r["kernel"])
+    model = {"attention": r["layout"], "kernel": kernel, "sdpa_backend": backend, "n_head": r["n_head"],
+             "n_kv_head": r["kv_heads"], "window": r["window"]}  # fmt: skip
+    return attention_label(model, show=[{"kv_heads": "n_kv_head"}.get(axis, axis) for axis in axes])
+
+
+def readable_log_ticks(low: float, high: float) -> list[float]:
+    """Labelled values for a log axis from ``low`` to ``high``: 1-2-5 in each decade where that labels four or
+    more, else evenly spaced round values (a narrow range, which 1-2-5 would label once or twice)."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    ticks = [m * 10.0**d for d in decades for m in (1, 2, 5) if low <= m * 10.0**d <= high]
+    if len(ticks) >= 4:
+        return ticks
+    from matplotlib.ticker import MaxNLocator
+
+    return [float(t) for t in MaxNLocator(6, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high) if low <= t <= high]
 
 
 def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
@@ -293,7 +310,7 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
     lines = [title, "", markdown_table(header, table, right)]
     notes = []
     for r in rows:
-        cell = f"{cell_label(r, axes)}/{r['compile']}/seq {r['seq_len']}"
+        cell = f"{cell_label(r, axes)}, {r['compile']}, seq {r['seq_len']}"
         if r["step_ms"] != r["step_ms"]:
             notes.append(f"- {cell}: forward only (FlexAttention has no backward on a CPU)")
         if r["warnings"]:
@@ -307,8 +324,14 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
+    save_figure(figure(rows, title, step_name), path)
+
+
+def figure(rows: list[dict], title: str, step_name: str):
+    """Time against sequence length: a colour per layout (or per series where the grid varies more than layout
+    and kernel), dashed for the manual kernel, solid for sdpa, circles eager, squares compiled."""
     plt = pyplot()
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     from analysis.plots import KERNEL_STYLES, colour
 
@@ -329,28 +352,36 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
         kernel = split_kernel(group[0]["kernel"])[0]
         tint = colour(group[0]["layout"]) if not axes else palette[labels.index(label) % len(palette)]
         ax.plot([r["seq_len"] for r in group], [r[timed] for r in group], KERNEL_STYLES.get(kernel, ":"),
-                marker=marker, color=tint, label=f"{label}/{compile_mode}")  # fmt: skip
+                marker=marker, color=tint, label=f"{label}, {compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    times = [r[timed] for r in rows]
-    if times and max(times) < 4 * min(times):  # under a factor of 4, 1-2-5 would leave one or two labels
-        ax.yaxis.set_major_locator(MaxNLocator(6))
-    else:
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # 1-2-5 labels: no crowding
+    seq_lens = sorted({r["seq_len"] for r in rows})
+    ax.xaxis.set_major_locator(FixedLocator(seq_lens))  # the lengths measured, whatever powers of 2 they are
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if rows:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high)
+        ax.yaxis.set_major_locator(FixedLocator(readable_log_ticks(low, high)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("sequence length")
     ax.set_ylabel(f"{step_name if timed == 'step_ms' else 'forward'} time (ms, median)")
     ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    legend_title = "layout/kernel" + "".join(f", {'kv heads' if a == 'kv_heads' else a}" for a in axes) + "/compile"
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=7)
+    legend_title = "layout-kernel" + "".join("-kv<key/value heads>" if a == "kv_heads" else "-window<positions>"
+                                             for a in axes) + ", compile"  # fmt: skip
+    kernels = {split_kernel(r["kernel"])[0] for r in rows}
+    if {"manual", "sdpa"} <= kernels:
+        legend_title += "\n(dashed: manual kernel, solid: sdpa)"
+    # Long handles: a dash needs room beside the marker to tell manual (dashed) from sdpa (solid).
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=7,
+              handlelength=5)  # fmt: skip
     if untimed:  # a point the device could not time is said, not drawn at a made-up place
         note = textwrap.fill(f"not shown, forward only on this device (see bench.md): {'; '.join(untimed)}", 110)
         fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
         fig.set_layout_engine("tight", rect=(0, 0.035 * (note.count("\n") + 2), 1, 1))  # room for the note
-    save_figure(fig, path)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -18,7 +18,15 @@ from collections import Counter
 from pathlib import Path
 
 from analysis.plots import plot_throughput, plot_val_loss
-from analysis.report import COLUMNS, build_rows, check_comparable, default_target, markdown_table, profile_table
+from analysis.report import (
+    COLUMNS,
+    build_rows,
+    check_comparable,
+    default_target,
+    markdown_table,
+    parameter_counts,
+    profile_table,
+)
 from analysis.runs import find_runs
 from analysis.tables import write_csv, write_text
 from cli import OneLineErrorParser, user_errors
@@ -83,7 +91,8 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
                   "use the finished runs.\n") if set(states) - {"finished"} else ""  # fmt: skip
     header = (
         f"{len(runs)} runs ({counts}) on {info.get('device_name', '?')} ({info.get('dtype', '?')}); model "
-        f"{info['model']['name']} ({info.get('params', 0):,} parameters), data {info['data']['name']}, "
+        f"{info['model']['name']} ({parameter_counts([run for run, _ in trained] or runs)}), data "
+        f"{info['data']['name']}, "
         f"{runs[0].token_budget:,} tokens per run.\n"
         f"Target loss for 'time to target': {target if target is None else f'{target:.4f}'}.\n"
         f"A run is flagged (last column) for {rule}.\n{incomplete}"

@@ -18,13 +18,17 @@ import signal
 import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
+from model.config import attention_label
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
 from training.continuation import STOP_AT_STEP, continue_command
@@ -50,25 +54,63 @@ def _quiet_non_main_ranks() -> None:
 
 
 def swept_keys(hydra_cfg) -> list[str]:
-    """The keys a multirun varies: its sweeper's params and the command line's comma lists."""
-    keys = list(hydra_cfg.sweeper.get("params") or {})
-    for arg in sys.argv[1:]:
-        key, sep, value = arg.partition("=")
-        if sep and "," in value and not key.startswith("hydra") and key not in keys:
-            keys.append(key.lstrip("+~"))
-    return keys
+    """The keys a multirun varies: its sweeper's params and its command line's sweeps (``kernel=sdpa,manual``,
+    ``trainer.seed=range(1,4)``), read from the sweep's multirun.yaml where Hydra wrote it: a job that a SLURM
+    launcher runs has submitit's command line, not the user's. A param of one value varies nothing."""
+    args = [f"{key}={value}" for key, value in (hydra_cfg.sweeper.get("params") or {}).items()]
+    saved = Path(hydra_cfg.sweep.dir) / "multirun.yaml"
+    args += ([str(a) for a in OmegaConf.load(saved).hydra.overrides.task] if saved.exists()
+             else [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])  # fmt: skip
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except OverrideParseException:  # Hydra has already refused a command line it cannot parse
+        overrides = []
+    swept = [o.get_key_element() for o in overrides if o.is_sweep_override()]
+    return [key for key in dict.fromkeys(swept) if not key.startswith("hydra")]
+
+
+# Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash); the others join a run's name.
+IN_THE_LABEL = ("attention", "kernel", "model.attention", "model.kernel", "model.sdpa_backend", "model.n_kv_head",
+                "model.window")  # fmt: skip
+NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name")  # a run name also says the model
+
+
+def swept_suffix(hydra_cfg, named: tuple[str, ...]) -> str:
+    """``-<key>=<value>`` for this job's value of each swept key that ``named`` leaves out, as the user spelled it
+    (a ``/`` in a value becomes ``_``: it is part of a directory name)."""
+    job = {k.lstrip("+~"): v for k, _, v in (o.partition("=") for o in hydra_cfg.overrides.task)}
+    return "".join(f"-{k}={job[k].replace('/', '_')}" for k in swept_keys(hydra_cfg) if k in job and k not in named)
+
+
+def swept_label(model, hydra_cfg) -> str:
+    """attention_label, spelling the key/value heads and window wherever the sweep varies them (``-kv4`` too)."""
+    swept = swept_keys(hydra_cfg)
+    show = [axis for axis in ("n_kv_head", "window") if f"model.{axis}" in swept]
+    return attention_label(model, show=show)
 
 
 def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
-    """``<attention>-<kernel>-<model>`` plus this job's values of the other swept keys (``-optim.lr=0.001``)."""
-    job = dict(o.split("=", 1) for o in hydra_cfg.overrides.task if "=" in o)
-    extra = [f"{k}={job[k]}" for k in swept_keys(hydra_cfg) if k in job and k not in NAMED_BY_DEFAULT]
-    if not extra:
-        return None
-    return f"{cfg.model.attention}-{cfg.model.kernel}-{cfg.model.name}-" + "-".join(extra)
+    """``<label>-<model>`` and this job's values of the other swept keys: ``wrapper-sdpa-kv4-nano``,
+    ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default name already says it all."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    name = f"{swept_label(model, hydra_cfg)}-{cfg.model.name}{swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)}"
+    return None if name == f"{attention_label(model)}-{cfg.model.name}" else name
 
 
-NAMED_BY_DEFAULT = ("attention", "kernel", "model", "model.attention", "model.kernel")
+def run_dir_name(model: DictConfig) -> str:
+    """The run directory's name after its time or job number (configs/train.yaml): the run's label, and in a
+    multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
+    model = OmegaConf.to_container(model, resolve=True)
+    try:
+        hydra_cfg = HydraConfig.get()
+    except ValueError:  # the config printed outside a run (--cfg hydra): no sweep to read
+        return attention_label(model)
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return attention_label(model)
+    return swept_label(model, hydra_cfg) + swept_suffix(hydra_cfg, IN_THE_LABEL)
+
+
+OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -1,9 +1,11 @@
 """PNG plots of a comparison: validation loss against steps and training time, throughput bars.
 
-One colour per layout and one line style per kernel, whatever the number of
-runs; the seeds of a variant are aggregated (the mean line, a band from the
-lowest to the highest seed) and the throughput bars carry the seeds' spread.
-Legends sit outside the data.
+One colour per layout (or, where variants of a layout differ in more than the
+kernel, one per key/value heads, window or SDPA backend), one marker per layout
+and one line style per kernel, whatever the number of runs; the seeds of a
+variant are aggregated (the mean line, a band from the lowest to the highest
+seed) and the throughput bars carry the seeds' spread. Legends sit outside the
+data; curves that lie on each other are named beside the legend.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from analysis.runs import Run
+from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
 
 LAYOUT_COLOURS = {"wrapper": "tab:blue", "separate_qkv": "tab:orange", "fused_qkv": "tab:green"}
 KERNEL_STYLES = {"manual": "--", "sdpa": "-"}
+LAYOUT_MARKERS = {"wrapper": "o", "separate_qkv": "s", "fused_qkv": "^"}
 
 
 def colour(layout: str) -> str:
@@ -30,21 +33,24 @@ def colour(layout: str) -> str:
 
 
 def by_variant(runs: list[Run]) -> dict[str, list[Run]]:
-    """Runs grouped by variant (its seeds together), in name order."""
+    """Runs grouped by variant (its seeds together), in name order (numbers as numbers: kv4 before kv12)."""
     groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         groups[run.variant].append(run)
-    return dict(sorted(groups.items()))
+    return dict(sorted(groups.items(), key=lambda item: natural_key(item[0])))
 
 
 def colours(runs: list[Run]) -> dict[str, str]:
     """A colour per variant: its layout's, unless variants of one layout differ in more than the kernel
-    (key/value heads, window, SDPA backend): then a colour each."""
+    (key/value heads, window, SDPA backend): then a colour per what follows the layout in the label
+    (``sdpa-kv2``), shared by the layouts, whose markers tell them apart."""
     variants = {run.variant: (run.layout, run.kernel) for run in runs}
     if len(variants) == len(set(variants.values())):
         return {variant: colour(layout) for variant, (layout, _) in variants.items()}
-    palette = plt.get_cmap("tab10").colors
-    return {variant: palette[i % len(palette)] for i, variant in enumerate(sorted(variants))}
+    rest = {variant: variant.removeprefix(f"{layout}-") for variant, (layout, _) in variants.items()}
+    order = sorted(set(rest.values()), key=natural_key)
+    palette = plt.get_cmap("tab10" if len(order) <= 10 else "tab20").colors
+    return {variant: palette[order.index(r) % len(palette)] for variant, r in rest.items()}
 
 
 def _curve(run: Run, against: str) -> dict[int, tuple[float, float]]:
@@ -62,22 +68,26 @@ def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
 
 def val_loss_figure(runs: list[Run], against: str):
     """One line per variant; a sweep in progress draws what its runs evaluated so far (at each step, the
-    seeds that reached it)."""
+    seeds that reached it). Curves that lie on each other are named in a note (identical initial weights make
+    every layout the same function); where only some do, they are drawn as rims of decreasing width."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    means = []
     evaluated = by_variant([run for run in runs if run.evals])
     colour_of = colours(runs)
+    lines = {}
     for variant, group in evaluated.items():
-        kernel = group[0].kernel
         curves = [_curve(run, against) for run in group]
         steps = sorted(set().union(*curves))
         xs = np.array([statistics.fmean(c[s][0] for c in curves if s in c) for s in steps])
         points = [[c[s][1] for c in curves if s in c] for s in steps]
-        mean = np.array([statistics.fmean(p) for p in points])
+        lines[variant] = (xs, np.array([statistics.fmean(p) for p in points]), points)
+    groups = coinciding_groups({v: (xs, mean) for v, (xs, mean, _) in lines.items()}) if against == "step" else []
+    halo = {} if len(groups) == 1 and len(groups[0]) == len(lines) else halo_widths(groups)  # all alike: the note
+    for variant, (xs, mean, points) in lines.items():
+        group = evaluated[variant]
         seeds = f", {len(group)} seeds" if len(group) > 1 else ""
-        means.append((xs, mean))
-        ax.plot(xs, mean, KERNEL_STYLES.get(kernel, ":"), color=colour_of[variant], marker="o", ms=3,
-                label=f"{variant.replace('/', ' / ', 1)}{seeds}")  # fmt: skip
+        ax.plot(xs, mean, KERNEL_STYLES.get(group[0].kernel, ":"), color=colour_of[variant],
+                marker=LAYOUT_MARKERS.get(group[0].layout, "o"), ms=4 + halo.get(variant, 0),
+                lw=1.5 + halo.get(variant, 0), label=f"{variant}{seeds}")  # fmt: skip
         if len(group) > 1:
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[variant],
                             alpha=0.15, lw=0)  # fmt: skip
@@ -89,13 +99,52 @@ def val_loss_figure(runs: list[Run], against: str):
     if not evaluated:
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
         return fig
-    title = "layout / kernel" + (", what else differs" if any(", " in v for v in evaluated) else "")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=title, title_fontsize=8)
-    if against == "step" and len(means) > 1 and curves_coincide(means):
-        # Otherwise the reader sees one line and wonders where the others went.
-        ax.text(1.02, 0.02, f"all {len(means)} curves coincide:\nsame initial weights,\nthe same function",
-                transform=ax.transAxes, fontsize=8, va="bottom")  # fmt: skip
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title(evaluated),
+              title_fontsize=8, handlelength=3.5)  # fmt: skip
+    note = coincide_note(groups, len(lines))
+    if note:  # otherwise the reader counts the legend's entries, sees fewer lines, and wonders where they went
+        ax.text(1.02, 0.0, note, transform=ax.transAxes, fontsize=8, va="bottom")
     return fig
+
+
+def halo_widths(groups: list[list[str]]) -> dict[str, float]:
+    """Extra line width for each curve that coinciding curves are drawn over: the first drawn is the widest,
+    so that each shows as a rim around the next."""
+    widths = {}
+    for group in groups:
+        step = min(2.5, 5.0 / (len(group) - 1))
+        widths.update({v: step * (len(group) - 1 - i) for i, v in enumerate(group)})
+    return widths
+
+
+def legend_title(variants) -> str:
+    """What a label's parts are: ``layout-kernel``, then ``-kv<key/value heads>``, ``-window<positions>``."""
+    parts = [part for variant in variants for part in variant.split("-")[2:]]
+    kv = "-kv<key/value heads>" if any(p.startswith("kv") for p in parts) else ""
+    window = "-window<positions>" if any("window" in p for p in parts) else ""
+    return f"layout-kernel{kv}{window}"
+
+
+def coinciding_groups(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
+    """The sets of (two or more) curves that have the same points, in drawing order."""
+    groups: list[list[str]] = []
+    for name, curve in curves.items():
+        match = next((g for g in groups if curves_coincide([curves[g[0]], curve])), None)
+        if match is None:
+            groups.append([name])
+        else:
+            match.append(name)
+    return [g for g in groups if len(g) > 1]
+
+
+def coincide_note(groups: list[list[str]], n_curves: int) -> str:
+    """The note beside the legend that says which curves lie on each other ("" when none do)."""
+    if not groups:
+        return ""
+    if len(groups) == 1 and len(groups[0]) == n_curves:
+        return f"all {n_curves} curves coincide:\nsame initial weights,\nthe same function"
+    pairs = "\n".join(" = ".join(g) for g in groups)
+    return f"curves that coincide (same initial\nweights, the same function),\ndrawn on each other:\n{pairs}"
 
 
 def curves_coincide(curves: list[tuple[np.ndarray, np.ndarray]], tolerance: float = 1e-4) -> bool:
@@ -107,19 +156,23 @@ def curves_coincide(curves: list[tuple[np.ndarray, np.ndarray]], tolerance: floa
 
 def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     """Median tokens/s per variant (over its seeds), with the seeds' min-max as error bars."""
+    path = out / "throughput.png"
+    save_figure(throughput_figure(runs, rows), path)
+    return path
+
+
+def throughput_figure(runs: list[Run], rows: list[dict]):
     speeds: dict[str, list[float]] = defaultdict(list)
     kernels = {run.variant: run.kernel for run in runs}
     colour_of = colours(runs)
     for run, row in zip(runs, rows):
         if row["tokens_per_sec"] == row["tokens_per_sec"]:  # not NaN: the run has steps
             speeds[run.variant].append(row["tokens_per_sec"])
-    variants = sorted(speeds)
+    variants = sorted(speeds, key=natural_key)
     if not variants:
         fig, ax = plt.subplots(figsize=(8, 4.2))
         ax.text(0.5, 0.5, "no run has taken a step yet", transform=ax.transAxes, ha="center", va="center")
-        path = out / "throughput.png"
-        save_figure(fig, path)
-        return path
+        return fig
     mids = [statistics.median(speeds[v]) for v in variants]
     errors = np.array([[m - min(speeds[v]) for v, m in zip(variants, mids)],
                        [max(speeds[v]) - m for v, m in zip(variants, mids)]])  # fmt: skip
@@ -130,7 +183,7 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     for bar, variant in zip(bars, variants):
         bar.set_hatch("//" if kernels[variant] == "manual" else None)
     ax.bar_label(bars, labels=[f"{m:,.0f}" for m in mids], fontsize=8, padding=2)
-    ax.set_xticks(range(len(variants)), [v.replace("/", "\n", 1).replace(", ", "\n") for v in variants], fontsize=8)
+    ax.set_xticks(range(len(variants)), [v.replace("-", "\n") for v in variants], fontsize=8)
     n_seeds = max(len(s) for s in speeds.values())
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
@@ -138,6 +191,4 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     hatched = "; hatched: manual kernel" if "manual" in kernels.values() else ""
     ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}{hatched}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    path = out / "throughput.png"
-    save_figure(fig, path)
-    return path
+    return fig

@@ -13,6 +13,7 @@ FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get("n_head")),
               "window": lambda row: bool(row.get("window"))}  # fmt: skip
 FLAG_SIGMAS = 3.0
+ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compute one function), never a flag
 
 COLUMNS = [
     ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"), ("window", "window"), ("seed", "seed"),
@@ -57,8 +58,7 @@ def state_of(run: Run) -> str:
 def identity(run: Run) -> dict:
     """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads and window."""
     m = run.info["model"]
-    backend = m.get("sdpa_backend", "auto")
-    return {"layout": run.layout, "kernel": run.kernel + ("" if backend == "auto" else f"-{backend}"),
+    return {"layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
             "n_head": m.get("n_head"), "kv_heads": m.get("n_kv_head") or m.get("n_head"),
             "window": m.get("window")}  # fmt: skip
 
@@ -132,13 +132,14 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
         )
     means = {v: statistics.fmean(rows[i][metric] for i in ix) for v, ix in by_variant.items()}
     center = statistics.median(means.values())
-    limit = FLAG_SIGMAS * max(noise, 1e-12)
+    limit = max(FLAG_SIGMAS * noise, ROUND_OFF)  # no noise measured (one final step): round-off is the floor
     for variant, ix in by_variant.items():
         diff = means[variant] - center
         if abs(diff) > limit:
             for i in ix:
                 rows[i]["flag"] = f"{metric} {diff:+.4f} vs median"
-    return f"{metric} differing from the median of the variants by more than {FLAG_SIGMAS:g} x {noise:.4f}, {how}"
+    return (f"{metric} differing from the median of the variants by more than {FLAG_SIGMAS:g} x {noise:.4f} "
+            f"(and {ROUND_OFF:g}, round-off), {how}")
 
 
 def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:
@@ -200,6 +201,17 @@ def markdown_table(rows: list[dict]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(format_value(k, row[k]) for k, _ in columns) + " |")
     return "\n".join(lines)
+
+
+def parameter_counts(runs: list[Run]) -> str:
+    """The runs' parameter count for a report's header: one number, or the range where variants differ in size
+    (grouped-query heads have smaller key/value projections); each run's count is in the table."""
+    counts = sorted({run.info["params"] for run in runs if run.info.get("params")})
+    if not counts:
+        return "? parameters"
+    if len(counts) == 1:
+        return f"{counts[0]:,} parameters"
+    return f"{counts[0]:,} to {counts[-1]:,} parameters: each run's in the table"
 
 
 def profile_table(runs: list[Run]) -> str | None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.config import attention_label
+from model.config import attention_label, kernel_option
 
 
 @dataclass
@@ -24,6 +24,7 @@ class Run:
     evals: list[dict]  # evaluation records (val/loss, val/bpb)
     failure: str | None = None  # why the run could not finish (failure.json), e.g. out of memory
     profile: dict | None = None  # profile/time_by_kind.json, written by trainer.profile=true
+    shown: tuple[str, ...] = ()  # axes its label spells even at their default: those the compared runs vary
 
     @property
     def layout(self) -> str:
@@ -34,9 +35,14 @@ class Run:
         return self.info["model"]["kernel"]
 
     @property
+    def kernel_option(self) -> str:
+        """The kernel as ``kernel=`` spells it: ``sdpa_flash`` for SDPA held to flash."""
+        return kernel_option(self.info["model"])
+
+    @property
     def variant(self) -> str:
-        """``layout/kernel``, plus the SDPA backend, key/value heads and window where a run sets them."""
-        return attention_label(self.info["model"])
+        """The run's label, as its directory and wandb name spell it: ``wrapper-sdpa-kv2`` (attention_label)."""
+        return attention_label(self.info["model"], show=self.shown)
 
     @property
     def seed(self) -> int:
@@ -163,8 +169,8 @@ def load_run(path: Path) -> Run:
     return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], failure, profile)
 
 
-def natural_key(path: Path) -> list:
-    """Sort "2_wrapper" before "10_fused_qkv": a multirun's job numbers in order."""
+def natural_key(path: Path | str) -> list:
+    """Sort "2_wrapper" before "10_fused_qkv" (a multirun's job numbers in order), "kv4" before "kv12"."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
@@ -194,4 +200,15 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             warn(f"skipped {path}: its run.json is damaged ({type(err).__name__}: {err})")
     if not runs:
         raise ValueError(f"every run found in {', '.join(map(str, paths))} is damaged; nothing to compare")
+    shown = varied_axes(runs)
+    for run in runs:
+        run.shown = shown
     return runs
+
+
+def varied_axes(runs: list[Run]) -> tuple[str, ...]:
+    """The optional axes of a label (key/value heads, window) that take more than one value among these runs:
+    each run's label spells them, as a sweep over them names its directories (``wrapper-sdpa-kv4``)."""
+    values = {"n_kv_head": {r.info["model"].get("n_kv_head") or r.info["model"].get("n_head") for r in runs},
+              "window": {r.info["model"].get("window") for r in runs}}  # fmt: skip
+    return tuple(axis for axis, seen in values.items() if len(seen) > 1)

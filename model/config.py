@@ -17,21 +17,30 @@ from model.registry import lookup
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
 
-def attention_label(model: dict, sep: str = "/") -> str:
-    """How a model attends, in a few words: ``fused_qkv/sdpa``, plus what differs from multi-head attention
-    over the whole context with PyTorch's choice of SDPA kernel (``-flash``, ``, 1 kv head``, ``, window 256``).
+def kernel_option(model: dict) -> str:
+    """The kernel as the ``kernel=`` option spells it: ``sdpa_flash`` for SDPA held to its flash implementation."""
+    backend = model.get("sdpa_backend", "auto")
+    return model["kernel"] if backend == "auto" else f"{model['kernel']}_{backend}"
 
-    ``model`` is a GPTConfig's fields (a dict: run.json holds them too); ``sep`` joins layout and kernel.
+
+def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[str] = ()) -> str:
+    """How a model attends, spelled as its options are: ``<attention>-<kernel>``, then ``-kv<n>`` for fewer
+    key/value heads than query heads and ``-window<w>`` for a sliding window: ``fused_qkv-sdpa_flash``,
+    ``wrapper-sdpa-kv2``, ``fused_qkv-sdpa-window64``. The one name of a variant: run names, sweep
+    directories, report tables and plot legends all use it.
+
+    ``model`` is a GPTConfig's fields (a dict: run.json holds them too). ``show`` names the axes
+    (``n_kv_head``, ``window``) spelled even at their default (``-kv4`` of 4 heads, ``-nowindow``): those a
+    sweep or a report varies. ``sep`` joins the parts.
     """
-    label = f"{model['attention']}{sep}{model['kernel']}"
-    if model.get("sdpa_backend", "auto") != "auto":
-        label += f"-{model['sdpa_backend']}"
-    kv = model.get("n_kv_head")
-    if kv and kv != model["n_head"]:
-        label += f", {kv} kv head{'s' if kv > 1 else ''}"
-    if model.get("window"):
-        label += f", window {model['window']}"
-    return label
+    parts = [model["attention"], kernel_option(model)]
+    kv = model.get("n_kv_head") or model.get("n_head")
+    if kv != model.get("n_head") or "n_kv_head" in show:
+        parts.append(f"kv{kv}")
+    window = model.get("window")
+    if window or "window" in show:
+        parts.append(f"window{window}" if window else "nowindow")
+    return sep.join(parts)
 
 
 @dataclass

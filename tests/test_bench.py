@@ -73,3 +73,44 @@ def test_noisy_passes_are_named_per_measurement_with_their_figures():
         "forward: interquartile range 30% of the median in 1 of 3 pass(es), a noisy measurement; "
         "train step: interquartile range 12%, 26% of the median in 2 of 3 pass(es), a noisy measurement"
     )
+
+
+@pytest.fixture(scope="module")
+def kernel_rows(tmp_path_factory):
+    """A tiny real grid: the manual kernel and SDPA held to flash, with 1 and 2 key/value heads."""
+    return bench.main(["--layouts", "fused_qkv", "--kernels", "manual", "sdpa_flash", "--kv-heads", "1", "2",
+                       "--seq-len", "8", "16", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+                       "--min-run-time", "0.01", "--device", "cpu",
+                       "--out", str(tmp_path_factory.mktemp("bench"))])  # fmt: skip
+
+
+def y_tick_labels(fig) -> list[str]:
+    """The y axis's labelled ticks inside its limits, as drawn."""
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    return [t.get_text() for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+
+
+def test_the_plot_legend_names_cells_as_training_names_runs_with_handles_long_enough_to_show_dashes(kernel_rows):
+    fig = bench.figure(kernel_rows, "tiny", "forward+backward")
+    legend = fig.axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "fused_qkv-manual-kv1, eager", "fused_qkv-manual-kv2, eager",
+        "fused_qkv-sdpa_flash-kv1, eager", "fused_qkv-sdpa_flash-kv2, eager",
+    ]  # fmt: skip
+    assert "dashed: manual kernel, solid: sdpa" in legend.get_title().get_text()
+    assert legend.handlelength >= 4, "a handle holds a dash, a gap and the marker"
+    styles = {text.get_text(): line.get_linestyle() for text, line in zip(legend.get_texts(), legend.get_lines())}
+    assert styles["fused_qkv-manual-kv1, eager"] == "--" and styles["fused_qkv-sdpa_flash-kv1, eager"] == "-"
+
+
+@pytest.mark.parametrize("low,high", [(10.0, 20.0), (10.2, 11.0), (0.4, 300.0)])
+def test_the_log_time_axis_labels_at_least_four_values_whatever_the_range(kernel_rows, low, high):
+    rows = [dict(r) for r in kernel_rows]
+    for i, r in enumerate(rows):  # measured times spread over [low, high], to hold the axis to that range
+        r["step_ms"] = low * (high / low) ** (i / (len(rows) - 1))
+    labels = y_tick_labels(bench.figure(rows, "tiny", "forward+backward"))
+    values = [float(t) for t in labels]
+    assert len(labels) >= 4 and values == sorted(values), labels
+    assert values[0] <= low * 1.6 and values[-1] >= high / 1.6, f"labels {labels} span the data {low}-{high}"

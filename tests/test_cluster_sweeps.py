@@ -59,7 +59,7 @@ def test_a_slurm_sweep_runs_its_jobs_in_parallel_and_the_report_flags_that_they_
     (a,), (b,) = (i["segments"] for i in infos)
     assert a["slurm"]["job_id"] != b["slurm"]["job_id"] and spans_overlap(a, b), "two SLURM jobs at the same time"
     report = (compare.main([str(tmp_path / "sweep")]) / "report.md").read_text()
-    for variant, other in (("wrapper", "fused_qkv/sdpa"), ("fused_qkv", "wrapper/sdpa")):
+    for variant, other in (("wrapper", "fused_qkv-sdpa"), ("fused_qkv", "wrapper-sdpa")):
         row = next(line for line in report.splitlines() if line.startswith(f"| {variant} |"))
         assert f"ran alongside {other} (seed 1337): its speed is not comparable" in row
 

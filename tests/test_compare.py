@@ -94,3 +94,22 @@ def test_the_kv_heads_and_window_columns_appear_when_a_run_departs_from_plain_at
     assert "kv_heads" not in columns(plain, plain) and "window" not in columns(plain, plain)
     assert "kv_heads" in columns(plain, {**plain, "kv_heads": 1})
     assert "window" in columns(plain, {**plain, "window": 32})
+
+
+@pytest.mark.parametrize("difference,flagged", [(3e-5, False), (0.01, True)])
+def test_where_no_noise_is_measured_round_off_is_not_flagged(sweep, tmp_path, difference, flagged):
+    import shutil
+
+    for name in ("0_wrapper", "1_fused_qkv"):
+        shutil.copytree(sweep / name, tmp_path / name)
+    for name, loss in (("0_wrapper", 3.0), ("1_fused_qkv", 3.0 + difference)):
+        metrics = tmp_path / name / "metrics.jsonl"
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for m in lines:
+            if "train/loss" in m:
+                m["train/loss"] = loss  # flat final steps: their batch noise measures 0
+        metrics.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    out = compare.main([str(tmp_path), "--out", str(tmp_path / "report")])
+    with open(out / "report.csv") as f:
+        flags = {r["layout"]: r["flag"] for r in csv.DictReader(f)}
+    assert bool(flags["fused_qkv"]) == flagged and bool(flags["wrapper"]) == flagged, flags

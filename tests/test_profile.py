@@ -49,7 +49,7 @@ def test_the_comparison_says_where_each_variants_step_time_goes(profiled_sweep):
 
     report = (compare.main([str(profiled_sweep)]) / "report.md").read_text()
     assert "## Where a step's time goes (trainer.profile=true)" in report
-    assert "| fused_qkv/sdpa (seed 1337) | flash (cpu) |" in report and "| fused_qkv/manual (seed 1337) | - |" in report
+    assert "| fused_qkv-sdpa (seed 1337) | flash (cpu) |" in report and "| fused_qkv-manual (seed 1337) | - |" in report
     main_table = report.split("## Where")[0]
     assert "| SDPA kernel |" in main_table and "| flash (cpu) |" in main_table and "| 8 |" in main_table
 

@@ -114,8 +114,10 @@ def test_a_multirun_over_a_non_attention_option_names_its_runs_apart(tmp_path, d
     result = run_cli("-m", "optim.beta2=0.95,0.99", *TINY, "trainer.max_steps=2", "logger.mode=offline",
                      f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
+    run_dirs = sorted(p for p in sweep.iterdir() if (p / "run.json").exists())
+    assert [p.name for p in run_dirs] == ["0_fused_qkv-sdpa-optim.beta2=0.95", "1_fused_qkv-sdpa-optim.beta2=0.99"]
     names = []
-    for run_dir in sorted(p for p in sweep.iterdir() if (p / "run.json").exists()):
+    for run_dir in run_dirs:
         (run,) = [r.run for r in read_complete(wandb_file(run_dir)) if r.WhichOneof("record_type") == "run"]
         names.append(run.display_name)
     assert names == ["fused_qkv-sdpa-nano-optim.beta2=0.95", "fused_qkv-sdpa-nano-optim.beta2=0.99"]
@@ -154,7 +156,7 @@ def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(tm
     ax = fig.axes[0]
     assert len(ax.get_lines()) == 2 and len(ax.collections) == 2, "a mean line and a band per variant"
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["fused_qkv / sdpa, 2 seeds", "wrapper / sdpa, 2 seeds"]
+    assert legend == ["fused_qkv-sdpa, 2 seeds", "wrapper-sdpa, 2 seeds"]
     # Identical starts: the layouts' curves lie on each other, and the plot says so.
     assert [t.get_text().splitlines()[0] for t in ax.texts] == ["all 2 curves coincide:"]
     runs[0].evals = [{**e, "val/loss": e["val/loss"] + 0.01} for e in runs[0].evals]
