@@ -132,7 +132,8 @@ def run(cfg: SampleConfig) -> list[str]:
     prefix = "" if ids == [tokenizer.eot_id] else tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
     texts = [prefix] * cfg.num_samples
     counts = [0] * cfg.num_samples
-    if model.config.kernel == "flex":  # the prompt's pass waits for the compiler, silently otherwise
+    # flex compiles for the first pass of more than one query (a one-token step runs as SDPA): seconds of silence
+    if model.config.kernel == "flex" and (len(ids) > 1 or not cfg.use_cache and cfg.max_new_tokens > 1):
         notice(f"kernel=flex: compiling FlexAttention for this length (first call only; seconds, ~10 s on a "
                f"CPU){'' if cfg.use_cache else ', and once more for the next length'}")
     if cfg.num_samples > 1:

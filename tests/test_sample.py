@@ -167,7 +167,7 @@ def test_flex_sampling_says_once_that_it_compiles_before_its_first_token(trained
         pytest.skip("torch compiles FlexAttention for a CPU only with AVX2 or AVX-512")
     lines = {}
     for kernel in ("flex", "sdpa"):
-        cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", f"kernel={kernel}", "prompt=x",
+        cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", f"kernel={kernel}", "prompt=def f",
                "max_new_tokens=3", "device=cpu"]  # fmt: skip
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
