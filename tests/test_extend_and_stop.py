@@ -7,16 +7,17 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
+from helpers import TINY, compose_train, read_metrics, run_cli, train_losses
 
 import rebuild_wandb
 from analysis.wandb_file import history, read_complete
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
+from sample import SampleConfig
 from training.config import OptimConfig
+from training.continuation import continue_command
 from training.loop import train
 from training.optim import lr_at
 from training.plan import duration_text
@@ -65,6 +66,15 @@ def test_stop_at_step_says_so_records_it_and_its_printed_command_continues_the_r
     assert sorted(train_losses(run)) == list(range(1, 17))
     assert lrs(run) == pytest.approx({s: lr_at(s - 1, TINY_OPTIM, 16) for s in range(1, 17)})
     assert run_info(run)["status"] == "finished" and run_info(run)["summary"]["stopped_by"] is None
+
+
+def test_the_continue_command_drops_stop_at_step_only_when_it_was_what_stopped_the_run():
+    argv = ["trainer.max_steps=16", "trainer.stop_at_step=8", "hydra.run.dir=old", "trainer.resume=auto"]
+    after_stop_at_step = shlex.split(continue_command(argv, None, "/runs/a", "stop_at_step"))
+    after_a_signal = shlex.split(continue_command(argv, None, "/runs/a", "SIGINT"))
+    assert after_stop_at_step[2:] == ["trainer.max_steps=16", "hydra.run.dir=/runs/a", "trainer.resume=auto"]
+    assert after_a_signal[2:] == ["trainer.max_steps=16", "trainer.stop_at_step=8", "hydra.run.dir=/runs/a",
+                                  "trainer.resume=auto"]  # fmt: skip
 
 
 def test_continuing_with_stop_at_step_already_reached_is_refused_naming_the_fix(tmp_path, data_cache):
@@ -153,9 +163,6 @@ def test_durations_read_in_the_unit_a_reader_wants(minutes, text):
 
 
 def test_the_end_of_run_sample_uses_sample_py_s_defaults(tmp_path, data_cache, log_lines):
-    sys.path.insert(0, str(ROOT))
-    from sample import SampleConfig
-
     assert (SampleConfig.temperature, SampleConfig.top_k) == (DEFAULT_TEMPERATURE, DEFAULT_TOP_K)
     train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=2", "trainer.sample_tokens=8"))
     (line,) = [line for line in log_lines() if line.startswith("sample (")]
