@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -119,12 +120,44 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
     A decoding step (one query that sees every cached key) has no mask for flex to exploit: it is the
     same function as SDPA without a mask, and runs there instead of compiling flex for every cache length.
+
+    On a CPU, torch's compiled FlexAttention is wrong at some lengths (torch 2.13 with AVX2: NaN or wrong
+    rows at every length of 8 mod 16, e.g. 8 and 40), so there queries and keys are padded to a multiple of
+    flex's block size and the padding is masked: the padded rows are cut off, the padded keys never seen.
+    The mask reads the lengths from tensors, so one compiled graph serves every length (no recompile per
+    prompt length).
     """
     q_len, k_len = q.size(-2), k.size(-2)
     if mask is not None or sees_every_key(q_len, k_len, window):
         return sdpa_attention(q, k, v, 0.0, False, window, mask=mask)
+    check_flex_runs_on(q.device)
     block_mask = _block_mask(q_len, k_len, window, q.device)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.size(1) != q.size(1))
+    q_pad, k_pad = block_mask.seq_lengths
+    if (q_pad, k_pad) != (q_len, k_len):
+        q = F.pad(q, (0, 0, 0, q_pad - q_len))
+        k, v = (F.pad(t, (0, 0, 0, k_pad - k_len)) for t in (k, v))
+    out = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.size(1) != q.size(1))
+    return out[..., :q_len, :]
+
+
+FLEX_BLOCK = 128  # FlexAttention's block size (its default): what CPU lengths are padded to
+
+
+def flex_unavailable(device: torch.device) -> str | None:
+    """Why FlexAttention cannot run on ``device``, or None: torch compiles it for a CPU only with vector
+    instructions (AVX2 or AVX-512)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if device.type == "cpu" and capability not in ("AVX2", "AVX512"):
+        return (f"torch compiles FlexAttention only with AVX2 or AVX-512, and this process runs at CPU capability "
+                f"{capability} (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})")  # fmt: skip
+    return None
+
+
+def check_flex_runs_on(device: torch.device) -> None:
+    reason = flex_unavailable(device)
+    if reason:
+        raise ValueError(f"kernel=flex cannot run on this CPU: {reason}; use kernel=sdpa or kernel=manual "
+                         f"(the same function)")  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,18 +167,25 @@ def _compiled_flex():
     return torch.compile(flex)  # a second shape compiles a dynamic graph that serves every later one
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device):
+    """The block mask of ``q_len`` queries (the last of ``k_len`` positions) over ``k_len`` keys; on a CPU
+    for lengths padded to a multiple of FLEX_BLOCK, with the padded keys masked."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset = k_len - q_len
+    q_pad, k_pad = q_len, k_len
+    if device.type == "cpu":
+        q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_len, k_len))
+    # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
+    offset, keys = torch.tensor(k_len - q_len, device=device), torch.tensor(k_len, device=device)
+    span = torch.tensor(window or k_pad + q_pad, device=device)  # no window: more than any distance
 
     def mask_mod(b, h, q_idx, kv_idx):
-        causal = q_idx + offset >= kv_idx
-        return causal if window is None else causal & (q_idx + offset - kv_idx < window)
+        position = q_idx + offset  # query i is position offset + i
+        return (kv_idx <= position) & (position - kv_idx < span) & (kv_idx < keys)
 
     with torch.inference_mode(False):  # kept across training and generation, as the masks above
-        return create_block_mask(mask_mod, None, None, q_len, k_len, device=device)
+        return create_block_mask(mask_mod, None, None, q_pad, k_pad, device=device)
 
 
 KERNELS: dict[str, Kernel] = {"manual": manual_attention, "sdpa": sdpa_attention, "flex": flex_attention}

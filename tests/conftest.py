@@ -25,6 +25,13 @@ from model.device import inductor_cache_per_cpu_capability  # noqa: E402
 
 inductor_cache_per_cpu_capability()  # for the tests that call torch.compile themselves
 
+if not os.environ.get("TORCH_TRACE"):
+    import logging
+
+    # torch.compile writes empty DEBUG records to its structured-trace logger (for TORCH_TRACE): a failing test's
+    # report would list hundreds of blank "DEBUG torch.__trace" lines above what went wrong.
+    logging.getLogger("torch.__trace").setLevel(logging.INFO)
+
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
@@ -88,3 +95,21 @@ def slurm():
             yield cluster
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--deep", action="store_true",
+                     help="the deep property sweep: every length 1-160 and more, more windows, every compiled cell")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "deep: runs only with --deep (CI runs it after the default suite)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--deep"):
+        return
+    skip = pytest.mark.skip(reason="part of the deep sweep: pytest --deep")
+    for item in items:
+        if "deep" in item.keywords:
+            item.add_marker(skip)

@@ -7,18 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import training.config  # noqa: F401  (registers the config schema)
 from model import KERNELS, GPTConfig
+from model.kernels import flex_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
 # The kernels that train on a CPU: FlexAttention runs only its forward there (torch 2.13), compiled
-# (seconds per shape); test_attention_grid.py holds it to the others.
+# (seconds per shape); test_attention_properties.py holds it to the formula.
 CPU_KERNELS = sorted(k for k in KERNELS if k != "flex")
+# Why flex cannot run on this CPU (no AVX2: ATEN_CPU_CAPABILITY=default), or None; tests of flex skip with it.
+FLEX_ON_CPU_UNAVAILABLE = flex_unavailable(torch.device("cpu"))
 
 # A model and schedule small enough to train for real in about a second on a CPU.
 TINY = [
