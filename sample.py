@@ -38,7 +38,7 @@ from model import GPTConfig, load_model
 from model.config import attention_label
 from model.decoding import choose_decoding
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
-from model.generation import generate_batch
+from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate_batch
 
 
 @dataclass
@@ -48,8 +48,8 @@ class SampleConfig:
     prompt_file: str | None = None  # read the prompt from this file instead
     num_samples: int = 1
     max_new_tokens: int = 256
-    temperature: float = 0.8  # 0 is greedy
-    top_k: int | None = 200
+    temperature: float = DEFAULT_TEMPERATURE  # 0 is greedy
+    top_k: int | None = DEFAULT_TOP_K
     top_p: float = 1.0  # nucleus sampling: keep the most likely tokens up to this probability
     seed: int = 1337
     device: str = "auto"

@@ -106,8 +106,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"data.split_seed={cfg.data.split_seed} must be >= 0")
     if t.resume and t.init_from:
         raise ValueError(
-            "trainer.resume and trainer.init_from are both set; resume continues a run (same schedule), "
-            "init_from starts a new one from its weights: choose one"
+            "trainer.resume and trainer.init_from are both set; resume continues a run (its optimizer state and "
+            "step), init_from starts a new one from its weights: choose one"
         )
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ValueError(f"trainer.stop_at_step={t.stop_at_step} must be in 1..max_steps={t.max_steps}")
