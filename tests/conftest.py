@@ -10,6 +10,7 @@ import os
 import tempfile
 
 _SCRATCH = tempfile.mkdtemp(prefix="headlab-tests-")
+_USER_TIKTOKEN_CACHE = os.environ.get("TIKTOKEN_CACHE_DIR")  # before the line below replaces it
 os.environ["HEADLAB_CACHE"] = os.path.join(_SCRATCH, "headlab")  # prepared data never lands in the home folder
 os.environ["HF_HUB_OFFLINE"] = "1"  # the hub is unreachable: fail at once instead of retrying
 os.environ["HF_DATASETS_CACHE"] = os.path.join(_SCRATCH, "hf-datasets")
@@ -52,8 +53,25 @@ def trained_run(tmp_path_factory, data_cache):
     return run
 
 
-SHIPPED_GPT2_RANKS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gpt2.tiktoken")
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+
+
+def _gpt2_ranks() -> str | None:
+    """GPT-2's BPE rank file (tiktoken's r50k_base.tiktoken), if this machine has one offline: named by
+    HEADLAB_GPT2_RANKS, in the tiktoken cache the user had before the tests replaced it (a run with the network
+    put it there), or in the shared/ folder beside the project's CI checkout."""
+    import hashlib
+
+    cached = hashlib.sha1(R50K_URL.encode()).hexdigest()
+    user_cache = _USER_TIKTOKEN_CACHE or os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    candidates = [os.environ.get("HEADLAB_GPT2_RANKS"), os.path.join(user_cache, cached),
+                  os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gpt2.tiktoken")]  # fmt: skip
+    return next((os.path.abspath(c) for c in candidates if c and os.path.isfile(c)), None)
+
+
+GPT2_RANKS = _gpt2_ranks()
+NO_GPT2_RANKS = ("GPT-2's BPE ranks are not on this machine and the tests are offline: set HEADLAB_GPT2_RANKS to a "
+                 "copy of tiktoken's r50k_base.tiktoken, or run any gpt2-tokenizer command once with the network")
 
 
 @pytest.fixture
@@ -64,11 +82,11 @@ def gpt2_tokenizer_offline(tmp_path, monkeypatch):
 
     import tiktoken.registry
 
-    if not os.path.exists(SHIPPED_GPT2_RANKS):
-        pytest.skip(f"GPT-2's rank file is not shipped beside the project ({SHIPPED_GPT2_RANKS})")
+    if GPT2_RANKS is None:
+        pytest.skip(NO_GPT2_RANKS)
     cache = tmp_path / "tiktoken-cache"
     cache.mkdir()
-    shutil.copy(SHIPPED_GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
+    shutil.copy(GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # loaded here, forgotten afterwards
     from data.tokenizers import get_tokenizer

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import R50K_URL, SHIPPED_GPT2_RANKS
+from conftest import GPT2_RANKS, R50K_URL
 from helpers import ROOT, TINY, compose_train
 
 from training.loop import train
@@ -137,13 +137,13 @@ def test_the_readme_commands_that_need_no_network_or_gpu_work(places, tmp_path):
     to_run = [c for c in readme_commands() if not any(c.startswith(k) for k in NOT_HERE)]
     # Two commands at a time, one thread each: two processes of two OpenMP threads on two cores would spin.
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
-    if os.path.exists(SHIPPED_GPT2_RANKS):  # bench_reference sample-process: GPT-2's tokenizer, offline
+    if GPT2_RANKS is not None:  # bench_reference sample-process: GPT-2's tokenizer, offline
         import hashlib
         import shutil
 
         cache = tmp_path / "tiktoken"
         cache.mkdir()
-        shutil.copy(SHIPPED_GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
+        shutil.copy(GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
         env["TIKTOKEN_CACHE_DIR"] = str(cache)
 
     def run(command: str) -> tuple[str, subprocess.CompletedProcess]:
