@@ -116,8 +116,8 @@ def slurm():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--deep", action="store_true",
-                     help="the deep property sweep: every length 1-160 and more, more windows, every compiled cell")
+    parser.addoption("--deep", action="store_true", help="the deep property sweep: lengths 1-40, then primes and "
+                     "block edges to 385, more windows, both head shapes, every compiled cell")  # fmt: skip
 
 
 def pytest_configure(config):

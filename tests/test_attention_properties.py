@@ -3,12 +3,13 @@
 A cell is a layout x kernel x key/value heads (multi-head, grouped, multi-query) x window (none, shorter and
 longer than many of the lengths). Each is held to the float64 formula (tests/attention_reference.py) over
 sequence lengths from 1 to past FlexAttention's block size (128): odd, prime, just below, at and above it,
-batch sizes 1 to 3, two head counts, in training mode (forward and every gradient) and in eval mode. Cached
-decoding (the eager step and the static step a CUDA graph replays, eager and compiled) is held to a full
-recomputation from prompts of many lengths, past the window.
+batch sizes 1 to 3, two head counts (4 of 16, 6 of 8), in training mode (forward and every gradient) and in
+eval mode. Cached decoding (the eager step and the static step a CUDA graph replays, eager and compiled) is held
+to a full recomputation from prompts of many lengths, past the window.
 
 The default run holds every cell to a fixed sample of shapes; ``pytest --deep`` (CI runs it too) sweeps
-every length from 1 to 160 and more. On a CUDA machine every cell also runs there, flex with gradients.
+every length from 1 to 40, then primes and block boundaries to 385, both head shapes and more windows. On a
+CUDA machine every cell also runs there, flex with gradients.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ HEAD_SHAPES = {"4x16": (4, 16, {"mha": 4, "gqa": 2, "mqa": 1}),
                "6x8": (6, 8, {"mha": 6, "gqa": 3, "mqa": 1})}  # fmt: skip
 WINDOWS = {"full": None, "window5": 5, "window100": 100}  # 100: shorter than the long lengths, longer than most
 LENGTHS = [1, 2, 3, 5, 8, 13, 16, 17, 31, 40, 64, 97, 127, 128, 129, 131, 200]
-DEEP_LENGTHS = [*range(1, 161), 191, 255, 256, 257, 263, 300, 383, 384, 385]
+# Every length to 40, then primes and the lengths around flex's blocks (128, 256, 384) to past three of them.
+DEEP_LENGTHS = [*range(1, 41), 41, 43, 47, 53, 59, 61, 63, 64, 65, 67, 71, 79, 89, 97, 101, 113, 127, 128, 129, 131,
+                137, 149, 157, 160, 191, 255, 256, 257, 263, 300, 383, 384, 385]  # fmt: skip
 DEEP_WINDOWS = {"window1": 1, "window64": 64, "window129": 129}
 
 
