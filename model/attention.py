@@ -9,8 +9,10 @@ n_head / n_kv_head query heads shares one key/value head; 1 is multi-query; n_he
 multi-head). All three layouts concatenate the query heads' outputs (head h in columns h*head_dim ...
 (h+1)*head_dim) and apply the same output projection ``c_proj``. Each layout also says how its q/k/v
 parameters map to and from one common form, the full-width q, k and v matrices (``to_qkv`` /
-``from_qkv``), so ``model.convert`` converts between any two layouts with one generic loop, and a new
-layout touches this file only.
+``from_qkv``), so ``model.convert`` converts between any two layouts with one generic loop. Each layout
+states its other facts too (the copies of its input it keeps under autocast, for the plan; its plot
+style; what converting it needs) and registers itself in ``model.registry.ATTENTION_LAYOUTS``, so a new
+layout is one class in this file (plus its configs file).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from model.kernels import attention_probs, get_kernel, repeat_kv
-from model.registry import lookup
+from model.registry import ATTENTION_LAYOUTS, lookup, register
 
 
 class LayerCache:
@@ -158,8 +160,25 @@ class MultiHeadAttention(nn.Module):
     and the state-dict mapping ``to_qkv`` / ``from_qkv``.
     """
 
-    # Matches this layout's q/k/v parameter names, relative to the attention module.
+    name: ClassVar[str]  # model.attention's value
+    # Matches this layout's q/k/v parameter names, relative to the attention module; an example, for errors.
     QKV_KEY: ClassVar[re.Pattern]
+    QKV_EXAMPLE: ClassVar[str]
+    canonical: ClassVar[bool] = False  # initial weights are drawn in this layout's form (one layout says so)
+    colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
+    marker: ClassVar[str] = "o"
+
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        """Copies of the block's input kept for backward under autocast: each projection module casts its
+        input to the autocast dtype separately (the plan's memory estimate)."""
+        raise NotImplementedError
+
+    @classmethod
+    def heads_in(cls, params: dict[str, torch.Tensor]) -> int | None:
+        """Query heads that this layout's q/k/v parameters (names relative to the module) say they have, or
+        None when they do not say (converting to a layout that splits heads then needs n_head)."""
+        return None
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
@@ -208,11 +227,18 @@ def kv_heads_of(qkv: QKV, n_head: int) -> int:
     return k.size(0) // head_dim
 
 
+@register(ATTENTION_LAYOUTS)
 class WrapperAttention(MultiHeadAttention):
     """n_head single-head modules side by side: the committee, literally (with grouped-query heads, the
     members of a group share the notes of its first member)."""
 
+    name, colour, marker = "wrapper", "tab:blue", "o"
     QKV_KEY = re.compile(r"heads\.(?P<head>\d+)\.(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
+    QKV_EXAMPLE = "heads.N.query"
+
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        return n_head + 2 * kv_heads  # a query per head, a key and a value per group
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -256,10 +282,10 @@ class WrapperAttention(MultiHeadAttention):
             qkv[kind] = tuple(parts)
         return qkv
 
-    @staticmethod
-    def heads_in(params: dict[str, torch.Tensor]) -> int:
+    @classmethod
+    def heads_in(cls, params: dict[str, torch.Tensor]) -> int:
         """Query heads in a wrapper state dict."""
-        matches = (WrapperAttention.QKV_KEY.match(name) for name in params)
+        matches = (cls.QKV_KEY.match(name) for name in params)
         return len({m["head"] for m in matches if m and m["proj"] == "query"})
 
     @staticmethod
@@ -310,34 +336,50 @@ class SplitHeadsAttention(MultiHeadAttention):
         return self.split_heads(q, self.n_head), repeat_kv(self.split_heads(k, self.n_kv_head), self.n_head)
 
 
+@register(ATTENTION_LAYOUTS)
 class SeparateQKVAttention(SplitHeadsAttention):
+    name, colour, marker = "separate_qkv", "tab:orange", "s"
     QKV_KEY = re.compile(r"(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
+    QKV_EXAMPLE = "query"
+    LINEARS = PROJECTIONS  # the q, k, v Linear modules' names
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        self.query = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
-        self.key = nn.Linear(spec.n_embd, self.kv_width, bias=spec.bias)
-        self.value = nn.Linear(spec.n_embd, self.kv_width, bias=spec.bias)
+        for name, width in zip(self.LINEARS, (spec.n_embd, self.kv_width, self.kv_width)):
+            setattr(self, name, nn.Linear(spec.n_embd, width, bias=spec.bias))
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.query(x), self.key(x), self.value(x)
+        q, k, v = (getattr(self, name) for name in self.LINEARS)
+        return q(x), k(x), v(x)
 
-    @staticmethod
-    def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        return 3
+
+    @classmethod
+    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
         kinds = sorted({name.split(".")[1] for name in params})
         for kind in kinds:
-            missing = [p for p in PROJECTIONS if f"{p}.{kind}" not in params]
+            missing = [p for p in cls.LINEARS if f"{p}.{kind}" not in params]
             if missing:
                 raise ValueError(f"the attention has no {missing} {kind}; the state dict is incomplete")
-        return {kind: tuple(params[f"{p}.{kind}"] for p in PROJECTIONS) for kind in kinds}
+        return {kind: tuple(params[f"{p}.{kind}"] for p in cls.LINEARS) for kind in kinds}
 
-    @staticmethod
-    def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
-        return {f"{p}.{kind}": t.clone() for kind, tensors in qkv.items() for p, t in zip(PROJECTIONS, tensors)}
+    @classmethod
+    def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
+        return {f"{p}.{kind}": t.clone() for kind, tensors in qkv.items() for p, t in zip(cls.LINEARS, tensors)}
 
 
+@register(ATTENTION_LAYOUTS)
 class FusedQKVAttention(SplitHeadsAttention):
+    name, colour, marker = "fused_qkv", "tab:green", "^"
     QKV_KEY = re.compile(r"c_attn\.(?P<kind>weight|bias)$")
+    QKV_EXAMPLE = "c_attn"
+    canonical = True  # GPT-2's own form
+
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        return 1
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -365,15 +407,6 @@ class FusedQKVAttention(SplitHeadsAttention):
     @staticmethod
     def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
         return {f"c_attn.{kind}": torch.cat(tensors, dim=0) for kind, tensors in qkv.items()}
-
-
-# Also the order in which state-dict keys are matched: "heads.0.query" must be seen as
-# the wrapper's before "query" could claim it.
-ATTENTION_LAYOUTS: dict[str, type[MultiHeadAttention]] = {
-    "wrapper": WrapperAttention,
-    "separate_qkv": SeparateQKVAttention,
-    "fused_qkv": FusedQKVAttention,
-}
 
 
 def build_attention(layout: str, n_embd: int, n_head: int, kernel: str, dropout: float = 0.0, bias: bool = True,

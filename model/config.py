@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.attention import ATTENTION_LAYOUTS, check_heads
-from model.kernels import KERNELS, SDPA_BACKENDS
-from model.registry import lookup
+from model import registry
+from model.attention import check_heads
+from model.kernels import SDPA_BACKENDS
+from model.registry import KERNELS, lookup
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
 
 def kernel_option(model: dict) -> str:
     """The kernel as the ``kernel=`` option spells it: ``sdpa_flash`` for SDPA held to its flash implementation."""
-    backend = model.get("sdpa_backend", "auto")
-    return model["kernel"] if backend == "auto" else f"{model['kernel']}_{backend}"
+    return registry.kernel_option(model["kernel"], model.get("sdpa_backend", "auto"))
 
 
 def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[str] = ()) -> str:
@@ -69,8 +69,8 @@ class GPTConfig:
         check_heads(self.n_embd, self.n_head)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
-        lookup(ATTENTION_LAYOUTS, "attention layout", self.attention)
-        lookup(KERNELS, "attention kernel", self.kernel)
+        registry.layout(self.attention)
+        kernel = registry.kernel(self.kernel)
         kv = self.n_kv_head
         if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
             problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
@@ -80,12 +80,14 @@ class GPTConfig:
                                         or self.window < 1):  # fmt: skip
             raise ValueError(f"model.window={self.window!r} must be a positive number of positions, or null (all)")
         lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
-        if self.sdpa_backend != "auto" and self.kernel != "sdpa":
-            raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel=sdpa's implementation, but "
-                             f"kernel={self.kernel}; use kernel=sdpa, or model.sdpa_backend=auto")  # fmt: skip
-        if self.kernel == "flex" and self.dropout > 0:
-            raise ValueError(f"kernel=flex has no attention dropout, but model.dropout={self.dropout}; set "
-                             f"model.dropout=0, or use kernel=manual or sdpa")  # fmt: skip
+        if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
+            takers = " or ".join(name for name, k in KERNELS.items() if self.sdpa_backend in k.backends)
+            raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel={takers}'s implementation, but "
+                             f"kernel={self.kernel}; use kernel={takers}, or model.sdpa_backend=auto")  # fmt: skip
+        if not kernel.has_dropout and self.dropout > 0:
+            others = " or ".join(name for name, k in KERNELS.items() if k.has_dropout)
+            raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
+                             f"model.dropout=0, or use kernel={others}")  # fmt: skip
 
     @property
     def kv_heads(self) -> int:

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 
 import torch
 
-from model.attention import ATTENTION_LAYOUTS, QKV, WrapperAttention, kv_heads_of
-from model.registry import lookup
+from model import registry
+from model.attention import QKV, kv_heads_of
+from model.registry import ATTENTION_LAYOUTS
 
 
 def split_qkv_key(key: str) -> tuple[str, str, str] | None:
@@ -31,9 +32,10 @@ def detect_attention_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
     """The layout whose q/k/v parameter names a state dict uses."""
     found = {parts[0] for key in state_dict if (parts := split_qkv_key(key))}
     if not found:
+        examples = [repr(cls.QKV_EXAMPLE) for cls in ATTENTION_LAYOUTS.values()]
         raise ValueError(
             "the state dict holds no attention q/k/v weights "
-            "(no 'heads.N.query', 'query' or 'c_attn' keys); is it a headlab GPT state dict?"
+            f"(no {', '.join(examples[:-1])} or {examples[-1]} keys); is it a headlab GPT state dict?"
         )
     if len(found) > 1:
         raise ValueError(f"the state dict mixes attention layouts {sorted(found)}; it is corrupt")
@@ -46,13 +48,12 @@ def convert_attention_layout(
 ) -> dict[str, torch.Tensor]:
     """Turn a state dict (GPT or single attention block) from layout ``src`` into ``dst``.
 
-    ``n_head`` is needed only to split heads when converting *to* ``wrapper``
-    from another layout (a wrapper state dict already says how many heads it has).
+    ``n_head`` is needed only to split heads when converting *to* a layout of single heads (the wrapper)
+    from one whose parameters do not say how many heads they have (``heads_in``: a wrapper's do).
     ``as_multi_head`` writes grouped-query keys and values as the multi-head equivalent: each
     key/value head repeated for every query head of its group (the same function; e.g. for GPT-2).
     """
-    src_cls = lookup(ATTENTION_LAYOUTS, "attention layout", src)
-    dst_cls = lookup(ATTENTION_LAYOUTS, "attention layout", dst)
+    src_cls, dst_cls = registry.layout(src), registry.layout(dst)
     seen = detect_attention_layout(state_dict)
     if seen != src:
         raise ValueError(f"the state dict holds {seen!r} attention weights, not src={src!r}")
@@ -67,11 +68,11 @@ def convert_attention_layout(
             modules.setdefault(parts[1], {})[parts[2]] = tensor
 
     for prefix, params in modules.items():
-        heads = n_head
-        if src_cls is WrapperAttention:
-            heads = WrapperAttention.heads_in(params)
-            if n_head is not None and heads != n_head:
-                raise ValueError(f"the wrapper state dict has {heads} heads, but n_head={n_head} was given")
+        heads = src_cls.heads_in(params)
+        if heads is None:
+            heads = n_head
+        elif n_head is not None and heads != n_head:
+            raise ValueError(f"the {src} state dict has {heads} heads, but n_head={n_head} was given")
         try:
             qkv = src_cls.to_qkv(params, heads)
             if as_multi_head:

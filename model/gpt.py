@@ -13,6 +13,7 @@ from model.attention import LayerCache, build_attention
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout
 from model.packed import is_packed
+from model.registry import canonical_layout
 
 
 class MLP(nn.Module):
@@ -89,17 +90,18 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation, drawn in one canonical order whatever the layout.
 
-        Every random tensor is drawn in the fused layout's form, in sorted name
+        Every random tensor is drawn in the canonical layout's form (the fused one:
+        ``model.registry.canonical_layout``), in sorted name
         order, then converted to this model's layout: for a seed, all layouts
         start from exactly the same weights, so their losses differ only by
         arithmetic order. Weights ~ N(0, 0.02); the projections that write into
         the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1.
         """
-        fused = _as_layout(self.state_dict(), self.config.attention, "fused_qkv", self.config.n_head)
+        canonical = _as_layout(self.state_dict(), self.config.attention, canonical_layout(), self.config.n_head)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         drawn: dict[str, torch.Tensor] = {}
-        for name in sorted(fused):
-            template = fused[name]
+        for name in sorted(canonical):
+            template = canonical[name]
             if name == "lm_head.weight":
                 continue  # tied to the token embedding
             if template.dim() == 2:

@@ -11,6 +11,11 @@ A kernel is built for a model (``get_kernel``): its sliding window, if any (each
 the window - 1 positions before it), and for ``sdpa`` the implementation PyTorch may use. An explicit
 ``mask`` (True where a key may be seen, broadcast over (batch, heads, q_len, k_len)) replaces the one the
 shapes imply: a decode step over a whole preallocated cache (``model.decoding``) knows which slots hold keys.
+
+Each kernel is a class (``AttentionKernel``) registered in ``model.registry.KERNELS``: its function and its
+facts (whether it keeps the score matrices, has dropout, trains on a CPU, compiles, takes an SDPA backend,
+its plot style), which the plan, plots, bench, loading and the scripts ask instead of matching its name. A
+fourth kernel is one more class here.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import functools
 import math
 import os
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from model.registry import lookup
+from model.registry import KERNELS, register
+from model.registry import kernel as kernel_class
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
 
@@ -188,40 +195,104 @@ def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device
         return create_block_mask(mask_mod, None, None, q_pad, k_pad, device=device)
 
 
-KERNELS: dict[str, Kernel] = {"manual": manual_attention, "sdpa": sdpa_attention, "flex": flex_attention}
+class AttentionKernel:
+    """A kernel: its function (``attend``, see the module's docstring) and the facts the rest of headlab asks
+    of it instead of matching its name (the plan, plots, bench, loading and the scripts)."""
+
+    name: ClassVar[str]
+    attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None)
+    scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
+    has_dropout: ClassVar[bool] = True  # applies attention dropout (else model.dropout must be 0)
+    trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
+    compiles: ClassVar[bool] = False  # compiles itself on its first call (seconds of silence)
+    backends: ClassVar[tuple[str, ...]] = ()  # the model.sdpa_backend values, besides auto, it can be held to
+    line_style: ClassVar[str] = "-"  # its lines in plots (loss curves, bench.png), and the style's name
+    line_name: ClassVar[str] = "solid"
+    hatch: ClassVar[str | None] = None  # its throughput bars
+
+    @classmethod
+    def keeps_scores(cls, backend: str = "auto") -> bool:
+        """Whether it keeps the attention matrices for backward, held to ``backend``."""
+        return cls.scores_kept
+
+    @classmethod
+    def build(cls, window: int | None = None, backend: str = "auto") -> Kernel:
+        """The kernel for a model's window (and backend): ``(q, k, v, dropout, training, mask=None)``."""
+        return functools.partial(cls.attend, window=window)
+
+    @classmethod
+    def check_runs(cls, config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
+        """Refuse, before any work, what the device cannot run (see ``check_kernel_runs``)."""
+
+
+@register(KERNELS)
+class ManualKernel(AttentionKernel):
+    name = "manual"
+    attend = staticmethod(manual_attention)
+    scores_kept = True
+    line_style, line_name, hatch = "--", "dashed", "//"
+
+
+@register(KERNELS)
+class SDPAKernel(AttentionKernel):
+    name = "sdpa"
+    attend = staticmethod(sdpa_attention)
+    backends = tuple(b for b in SDPA_BACKENDS if b != "auto")
+
+    @classmethod
+    def keeps_scores(cls, backend: str = "auto") -> bool:
+        return backend == "math"  # the math implementation is the textbook formula; the fused ones keep none
+
+    @classmethod
+    def build(cls, window: int | None = None, backend: str = "auto") -> Kernel:
+        return functools.partial(cls.attend, window=window, backend=backend)
+
+    @classmethod
+    def check_runs(cls, config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
+        """An SDPA backend that cannot take this model's attention is refused, naming those that can."""
+        if config.sdpa_backend == "auto":
+            return
+        error = _sdpa_error(config, device, dtype, training, config.sdpa_backend)
+        if error is None:
+            return
+        can = [b for b in cls.backends if _sdpa_error(config, device, dtype, training, b) is None]
+        shape = (f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads"
+                 + (f", window {config.window}" if config.window else ""))  # fmt: skip
+        raise ValueError(
+            f"kernel=sdpa_{config.sdpa_backend} (model.sdpa_backend={config.sdpa_backend}) cannot run this model's "
+            f"attention on {device.type} ({str(dtype).removeprefix('torch.')}, {shape}): {error}. Backends that "
+            f"can: {', '.join(can) or 'none'}; or kernel=sdpa (PyTorch chooses)"
+        )
+
+
+@register(KERNELS)
+class FlexKernel(AttentionKernel):
+    name = "flex"
+    attend = staticmethod(flex_attention)
+    has_dropout = trains_on_cpu = False
+    compiles = True
+    line_style, line_name = ":", "dotted"
+
+    @classmethod
+    def check_runs(cls, config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
+        if training and device.type != "cuda":
+            raise ValueError(
+                "kernel=flex cannot train on a CPU: torch's FlexAttention has no backward there. Train with "
+                "kernel=sdpa or kernel=manual (the same function: the checkpoint then samples and evaluates with "
+                "kernel=flex on a CPU), or on a CUDA GPU"
+            )
 
 
 def get_kernel(name: str, window: int | None = None, sdpa_backend: str = "auto") -> Kernel:
     """The kernel ``name`` for a model's window (and, for sdpa, its backend): ``(q, k, v, dropout, training)``."""
-    kernel = lookup(KERNELS, "attention kernel", name)
-    if name == "sdpa":
-        return functools.partial(kernel, window=window, backend=sdpa_backend)
-    return functools.partial(kernel, window=window)
+    return kernel_class(name).build(window, sdpa_backend)
 
 
 def check_kernel_runs(config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
     """Refuse, before any work, a kernel the device cannot run: FlexAttention's training on a CPU (torch 2.13
     has no flex backward there), or an SDPA backend that cannot take this model's attention (naming those
     that can). ``config`` is a GPTConfig; ``dtype`` the compute dtype (autocast's)."""
-    if config.kernel == "flex" and training and device.type != "cuda":
-        raise ValueError(
-            "kernel=flex cannot train on a CPU: torch's FlexAttention has no backward there. Train with "
-            "kernel=sdpa or kernel=manual (the same function: the checkpoint then samples and evaluates with "
-            "kernel=flex on a CPU), or on a CUDA GPU"
-        )
-    if config.kernel != "sdpa" or config.sdpa_backend == "auto":
-        return
-    error = _sdpa_error(config, device, dtype, training, config.sdpa_backend)
-    if error is None:
-        return
-    can = [b for b in SDPA_BACKENDS if b != "auto" and _sdpa_error(config, device, dtype, training, b) is None]
-    shape = (f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads"
-             + (f", window {config.window}" if config.window else ""))  # fmt: skip
-    raise ValueError(
-        f"kernel=sdpa_{config.sdpa_backend} (model.sdpa_backend={config.sdpa_backend}) cannot run this model's "
-        f"attention on {device.type} ({str(dtype).removeprefix('torch.')}, {shape}): {error}. Backends that can: "
-        f"{', '.join(can) or 'none'}; or kernel=sdpa (PyTorch chooses)"
-    )
+    kernel_class(config.kernel).check_runs(config, device, dtype, training)
 
 
 def _sdpa_error(config, device: torch.device, dtype: torch.dtype, training: bool, backend: str) -> str | None:

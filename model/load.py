@@ -11,7 +11,9 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from model import registry
 from model.checkpoint import LAST, Checkpoint, checkpoint_path, load_checkpoint
+from model.config import GPTConfig
 from model.gpt import GPT
 from model.pretrained import is_pretrained_source, load_pretrained_gpt2
 
@@ -46,7 +48,7 @@ def load_model(
     from data.tokenizers import get_tokenizer
 
     if is_pretrained_source(source):
-        model = load_pretrained_gpt2(source, attention or "fused_qkv", kernel or "sdpa")
+        model = load_pretrained_gpt2(source, attention or GPTConfig.attention, kernel or GPTConfig.kernel)
         return LoadedModel(model, get_tokenizer(exported_tokenizer(source) or "gpt2"), source)
     path = checkpoint_path(source, checkpoint)
     ckpt = load_checkpoint(path)
@@ -67,12 +69,12 @@ def model_from_checkpoint(
     """The GPT a checkpoint describes, optionally in another layout, kernel or dropout.
 
     SDPA's backend is left to PyTorch (the checkpoint's choice was for the device it trained on; it
-    changes speed only), and kernel=flex, which has no attention dropout, gets none unless asked.
+    changes speed only), and a kernel without attention dropout (flex) gets none unless asked.
     """
     config = ckpt.config
     kernel = kernel or config.kernel
     if dropout is None:
-        dropout = 0.0 if kernel == "flex" else config.dropout
+        dropout = config.dropout if registry.kernel(kernel).has_dropout else 0.0
     config = replace(config, attention=attention or config.attention, kernel=kernel, dropout=dropout,
                      sdpa_backend="auto")  # fmt: skip
     model = GPT(config)
