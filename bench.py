@@ -28,16 +28,14 @@ from tqdm import tqdm
 
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
 from cli import OneLineErrorParser
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, GPTConfig, build_attention
+from model import ATTENTION_LAYOUTS, GPT, GPTConfig, build_attention, registry
 from model.config import attention_label
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
-from model.kernels import SDPA_BACKENDS, check_kernel_runs
+from model.kernels import check_kernel_runs
 from training.optim import fused_adamw
 from training.profiling import sdpa_backends, without_profiler_notices
 
 COMPILE_MODES = ("eager", "compiled")
-# --kernels: a kernel, or sdpa held to one of its implementations (as the kernel= config options)
-KERNEL_CHOICES = [*sorted(KERNELS), *(f"sdpa_{b}" for b in SDPA_BACKENDS if b != "auto")]
 FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
           "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
           "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
@@ -46,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["block", "gpt"], default="block")
     p.add_argument("--layouts", nargs="+", default=sorted(ATTENTION_LAYOUTS))
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
-                   help=f"from {', '.join(KERNEL_CHOICES)} (flex: forward only on a CPU)")
+                   help=f"from {', '.join(registry.kernel_options())} (flex: forward only on a CPU)")
     p.add_argument("--kv-heads", nargs="+", type=int, help="key/value heads (default: --n-head, multi-head)")
     p.add_argument("--window", nargs="+", default=["none"], help="sliding windows: positions, or none")
     p.add_argument("--compile", nargs="+", default=["eager"], dest="compile_modes", help="eager and/or compiled")
@@ -67,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
     for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
-                                       ("--kernels", args.kernels, KERNEL_CHOICES, "kernel"),
+                                       ("--kernels", args.kernels, registry.kernel_options(), "kernel"),
                                        ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
         for name in names:
             if name not in valid:
@@ -111,7 +109,7 @@ def check_backends(args: argparse.Namespace) -> None:
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     for name, kv, window, seq_len in itertools.product(args.kernels, args.kv_heads, args.window, args.seq_len):
         kernel, backend = split_kernel(name)
-        if kernel == "sdpa" and backend != "auto":
+        if backend != "auto":
             config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_head=args.n_head, n_embd=args.n_embd,
                                kernel=kernel, sdpa_backend=backend, n_kv_head=kv, window=window)  # fmt: skip
             check_kernel_runs(config, device, dtype, training=True)
@@ -119,7 +117,12 @@ def check_backends(args: argparse.Namespace) -> None:
 
 def split_kernel(name: str) -> tuple[str, str]:
     """A --kernels name -> (kernel, SDPA backend): ``sdpa_flash`` -> (sdpa, flash)."""
-    return ("sdpa", name.removeprefix("sdpa_")) if name.startswith("sdpa_") else (name, "auto")
+    return registry.split_kernel_option(name)
+
+
+def kernel_of(name: str):
+    """The kernel class (its facts) of a --kernels name."""
+    return registry.kernel(split_kernel(name)[0])
 
 
 def make_cell(args: argparse.Namespace, layout: str, kernel_name: str, compiled: bool, seq_len: int, device,
@@ -224,7 +227,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
         step = [r["step_ms"] for r in runs]
         step_ms = statistics.median(step)  # NaN where the device cannot take the step (flex's backward on a CPU)
         peaks = [r["peak_mem_mb"] for r in runs if r["peak_mem_mb"] is not None]
-        compiles = compile_mode == "compiled" or kernel == "flex"  # flex compiles its kernel on the first call
+        compiles = compile_mode == "compiled" or kernel_of(kernel).compiles  # flex compiles on its first call
         compile_s = statistics.median(r["compile_s"] for r in runs) if compiles else None
         rows.append(dict(mode=args.mode, layout=layout, kernel=kernel, kv_heads=kv_heads, window=window,
                          compile=compile_mode, seq_len=seq_len,
@@ -249,7 +252,7 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device, kv_heads, window)
     forward_ms, forward_first_s, forward_spread = median_ms(forward, args.min_run_time, device)
-    if kernel == "flex" and device.type == "cpu":  # no FlexAttention backward on a CPU: forward only
+    if device.type == "cpu" and not kernel_of(kernel).trains_on_cpu:  # flex: no backward on a CPU, forward only
         step_ms, step_first_s, step_spread, step = math.nan, 0.0, 0.0, forward
     else:
         step_ms, step_first_s, step_spread = median_ms(step, args.min_run_time, device)
@@ -333,7 +336,7 @@ def figure(rows: list[dict], title: str, step_name: str):
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-    from analysis.plots import KERNEL_STYLES, colour
+    from analysis.plots import colour, line_style
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     axes = varied(rows)
@@ -351,7 +354,7 @@ def figure(rows: list[dict], title: str, step_name: str):
         marker = "o" if compile_mode == "eager" else "s"
         kernel = split_kernel(group[0]["kernel"])[0]
         tint = colour(group[0]["layout"]) if not axes else palette[labels.index(label) % len(palette)]
-        ax.plot([r["seq_len"] for r in group], [r[timed] for r in group], KERNEL_STYLES.get(kernel, ":"),
+        ax.plot([r["seq_len"] for r in group], [r[timed] for r in group], line_style(kernel),
                 marker=marker, color=tint, label=f"{label}, {compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -371,9 +374,9 @@ def figure(rows: list[dict], title: str, step_name: str):
     ax.grid(alpha=0.3, which="both")
     legend_title = "layout-kernel" + "".join("-kv<key/value heads>" if a == "kv_heads" else "-window<positions>"
                                              for a in axes) + ", compile"  # fmt: skip
-    kernels = {split_kernel(r["kernel"])[0] for r in rows}
-    if {"manual", "sdpa"} <= kernels:
-        legend_title += "\n(dashed: manual kernel, solid: sdpa)"
+    kernels = sorted({split_kernel(r["kernel"])[0] for r in rows})
+    if len({line_style(k) for k in kernels}) > 1:  # the line styles tell the kernels apart: say which is which
+        legend_title += "\n(" + ", ".join(f"{registry.kernel(k).line_name}: {k} kernel" for k in kernels) + ")"
     # Long handles: a dash needs room beside the marker to tell manual (dashed) from sdpa (solid).
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=7,
               handlelength=5)  # fmt: skip

@@ -34,7 +34,7 @@ from cli import (
     with_layout_options,
 )
 from data.tokenizers import EOT
-from model import GPTConfig, load_model
+from model import GPTConfig, load_model, registry
 from model.config import attention_label
 from model.decoding import choose_decoding
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
@@ -133,7 +133,7 @@ def run(cfg: SampleConfig) -> list[str]:
     texts = [prefix] * cfg.num_samples
     counts = [0] * cfg.num_samples
     # flex compiles for the first pass of more than one query (a one-token step runs as SDPA): seconds of silence
-    if model.config.kernel == "flex" and (len(ids) > 1 or not cfg.use_cache and cfg.max_new_tokens > 1):
+    if registry.kernel(model.config.kernel).compiles and (len(ids) > 1 or not cfg.use_cache and cfg.max_new_tokens > 1):
         notice(f"kernel=flex: compiling FlexAttention for this length (first call only; seconds, ~10 s on a "
                f"CPU){'' if cfg.use_cache else ', and once more for the next length'}")
     if cfg.num_samples > 1:

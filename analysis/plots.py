@@ -22,14 +22,27 @@ import numpy as np  # noqa: E402
 
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
+from model.registry import ATTENTION_LAYOUTS, KERNELS
 
-LAYOUT_COLOURS = {"wrapper": "tab:blue", "separate_qkv": "tab:orange", "fused_qkv": "tab:green"}
-KERNEL_STYLES = {"manual": "--", "sdpa": "-"}
-LAYOUT_MARKERS = {"wrapper": "o", "separate_qkv": "s", "fused_qkv": "^"}
+# Each layout and kernel states its own style (model/attention.py, model/kernels.py); a run of a layout or
+# kernel this checkout does not know is drawn in these.
+UNKNOWN_COLOUR, UNKNOWN_MARKER, UNKNOWN_LINE = "tab:gray", "o", ":"
 
 
 def colour(layout: str) -> str:
-    return LAYOUT_COLOURS.get(layout, "tab:gray")
+    return ATTENTION_LAYOUTS[layout].colour if layout in ATTENTION_LAYOUTS else UNKNOWN_COLOUR
+
+
+def marker(layout: str) -> str:
+    return ATTENTION_LAYOUTS[layout].marker if layout in ATTENTION_LAYOUTS else UNKNOWN_MARKER
+
+
+def line_style(kernel: str) -> str:
+    return KERNELS[kernel].line_style if kernel in KERNELS else UNKNOWN_LINE
+
+
+def hatch(kernel: str) -> str | None:
+    return KERNELS[kernel].hatch if kernel in KERNELS else None
 
 
 def by_variant(runs: list[Run]) -> dict[str, list[Run]]:
@@ -85,8 +98,8 @@ def val_loss_figure(runs: list[Run], against: str):
     for variant, (xs, mean, points) in lines.items():
         group = evaluated[variant]
         seeds = f", {len(group)} seeds" if len(group) > 1 else ""
-        ax.plot(xs, mean, KERNEL_STYLES.get(group[0].kernel, ":"), color=colour_of[variant],
-                marker=LAYOUT_MARKERS.get(group[0].layout, "o"), ms=4 + halo.get(variant, 0),
+        ax.plot(xs, mean, line_style(group[0].kernel), color=colour_of[variant],
+                marker=marker(group[0].layout), ms=4 + halo.get(variant, 0),
                 lw=1.5 + halo.get(variant, 0), label=f"{variant}{seeds}")  # fmt: skip
         if len(group) > 1:
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[variant],
@@ -181,14 +194,15 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
     bars = ax.bar(range(len(variants)), mids, color=[colour_of[v] for v in variants],
                   yerr=errors if repeated else None, capsize=4)  # fmt: skip
     for bar, variant in zip(bars, variants):
-        bar.set_hatch("//" if kernels[variant] == "manual" else None)
+        bar.set_hatch(hatch(kernels[variant]))
     ax.bar_label(bars, labels=[f"{m:,.0f}" for m in mids], fontsize=8, padding=2)
     ax.set_xticks(range(len(variants)), [v.replace("-", "\n") for v in variants], fontsize=8)
     n_seeds = max(len(s) for s in speeds.values())
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
     seeds = f"; bars: median of {n_seeds} seeds, whiskers: min-max" if n_seeds > 1 else ""
-    hatched = "; hatched: manual kernel" if "manual" in kernels.values() else ""
+    hatched_kernels = sorted({k for k in kernels.values() if hatch(k)})
+    hatched = f"; hatched: {' and '.join(hatched_kernels)} kernel" if hatched_kernels else ""
     ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}{hatched}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     return fig

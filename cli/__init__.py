@@ -329,14 +329,14 @@ def check_choice(option: str, value, choices) -> None:
 
 def check_attention_and_kernel(attention: str | None, kernel: str | None) -> None:
     """A script's optional ``attention=`` / ``kernel=`` (run the weights in another layout or kernel)."""
-    from model import ATTENTION_LAYOUTS, KERNELS
-    from model.kernels import SDPA_BACKENDS
+    from model.registry import ATTENTION_LAYOUTS, KERNELS, split_kernel_option
 
     if attention is not None:
         check_choice("attention", attention, ATTENTION_LAYOUTS)
-    if kernel is not None and kernel.removeprefix("sdpa_") in set(SDPA_BACKENDS) - {"auto"}:
+    held, backend = split_kernel_option(kernel) if kernel is not None else (None, "auto")
+    if backend != "auto":
         raise ValueError(f"kernel={kernel} is a training option (SDPA held to one implementation); here use "
-                         f"kernel=sdpa (PyTorch chooses), or leave kernel unset: the checkpoint's own")  # fmt: skip
+                         f"kernel={held} (PyTorch chooses), or leave kernel unset: the checkpoint's own")  # fmt: skip
     if kernel is not None:
         check_choice("kernel", kernel, KERNELS)
 

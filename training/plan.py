@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model import registry
 from model.config import GPTConfig
 from training.config import TrainConfig, micro_batch_for
 
@@ -64,8 +65,9 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     """Bytes of the tensors eager autograd keeps for backward in one forward pass, by part.
 
     Float32 for LayerNorm inputs, softmax and cross-entropy outputs (autocast runs those in float32);
-    ``dtype`` for matmul inputs and outputs. Under autocast each Linear casts its input separately,
-    so the wrapper's 3 x n_head projections keep 3 x n_head copies of the block's input.
+    ``dtype`` for matmul inputs and outputs. Under autocast each Linear casts its input separately: the
+    layout says how many copies of the block's input its projections keep (``input_casts``: the wrapper's
+    one per head and key/value group), and the kernel whether it keeps the attention matrices.
     """
     a = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     B, T, C, H, L = micro_batch, config.block_size, config.n_embd, config.n_head, config.n_layer
@@ -73,13 +75,12 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     kv_share = config.kv_heads / H  # keys and values are this share of N
     scores = B * H * T * T  # one attention matrix per head, in elements (a window masks them, not shrinks)
     drop = config.dropout > 0
-    wrapper_casts = H + 2 * config.kv_heads  # one per projection module
-    casts = {"wrapper": wrapper_casts, "separate_qkv": 3, "fused_qkv": 1}[config.attention] if a < 4 else 1
+    casts = registry.layout(config.attention).input_casts(H, config.kv_heads) if a < 4 else 1
 
     qkv_input = casts * N * a
     qkv = int((1 + 2 * kv_share) * N * a)
     # The manual kernel and SDPA's math implementation keep the attention matrices; the fused kernels do not.
-    matrices = config.kernel == "manual" or (config.kernel == "sdpa" and config.sdpa_backend == "math")
+    matrices = registry.kernel(config.kernel).keeps_scores(config.sdpa_backend)
     if matrices:
         # softmax output (float32), its cast for the matmul with V under autocast, dropout's mask
         kernel = scores * 4 + (scores * a if a < 4 else 0) + (scores * (1 + a) if drop else 0)
