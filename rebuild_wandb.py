@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from cli import OneLineErrorParser, user_errors
+from common.run_files import METRICS, RUN_INFO, WANDB_REBUILT
 from training.run_log import define_metrics, wandb_config
 
 
@@ -27,7 +28,7 @@ def merged_history(run_dirs: list[Path]) -> list[tuple[int, dict]]:
     """(step, metrics) in step order; a later directory's values win for a step both logged."""
     by_step: dict[int, dict] = {}
     for run_dir in run_dirs:
-        path = run_dir / "metrics.jsonl"
+        path = run_dir / METRICS
         if not path.exists():
             raise FileNotFoundError(f"{run_dir} holds no metrics.jsonl: not a headlab run directory")
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -46,10 +47,10 @@ def merged_history(run_dirs: list[Path]) -> list[tuple[int, dict]]:
 def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -> Path:
     import wandb
 
-    info = json.loads((run_dirs[-1] / "run.json").read_text())
+    info = json.loads((run_dirs[-1] / RUN_INFO).read_text())
     logger = info.get("logger", {})
     model = info.get("model", {})
-    out = run_dirs[-1] / "wandb-rebuilt"
+    out = run_dirs[-1] / WANDB_REBUILT
     out.mkdir(exist_ok=True)
     run = wandb.init(
         project=logger.get("project", "headlab"), entity=logger.get("entity"), group=info.get("group"),

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import math
-import os
 import re
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.run_files import FAILURE, METRICS, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
 from model.config import attention_label, kernel_option
 
 
@@ -98,7 +97,7 @@ class Run:
         """(host, device, start, end) of each process that ran this run; an open span ends at its last record."""
         spans = []
         for seg in self.info.get("segments", []):
-            end = seg.get("end") or (self.path / "metrics.jsonl").stat().st_mtime
+            end = seg.get("end") or (self.path / METRICS).stat().st_mtime
             spans.append((seg["host"], seg["device"], seg["start"], end))
         return spans
 
@@ -109,22 +108,6 @@ class Run:
     @property
     def token_budget(self) -> int:
         return self.info["trainer"]["max_steps"] * self.info["tokens_per_step"]
-
-
-def directory_in_use(path: Path) -> bool:
-    """Whether a process holds the run directory's lock (training.run_log.claim_run_dir) right now."""
-    owner = path / ".headlab-run"
-    try:
-        fd = os.open(owner, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 WARMUP_FRACTION = 0.1  # steps left out of steady-state speed: allocator, caches, autotuning
@@ -153,18 +136,18 @@ def warn(message: str) -> None:
 
 
 def load_run(path: Path) -> Run:
-    metrics = path / "metrics.jsonl"
+    metrics = path / METRICS
     records = read_jsonl(metrics) if metrics.exists() else []
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
     steps = {r["step"]: r for r in records if "train/loss" in r}
     evals = {r["step"]: r for r in records if "val/loss" in r}
-    info = json.loads((path / "run.json").read_text())
+    info = json.loads((path / RUN_INFO).read_text())
     info["model"]["attention"], info["model"]["kernel"], info["trainer"]["seed"]  # noqa: B018  (KeyError: damaged)
     compile_s = [r["perf/compile_s"] for r in records if "perf/compile_s" in r]
     if compile_s:
         info["compile_s"] = compile_s[-1]
-    failure = json.loads((path / "failure.json").read_text())["reason"] if (path / "failure.json").exists() else None
-    profile_file = path / "profile" / "time_by_kind.json"
+    failure = json.loads((path / FAILURE).read_text())["reason"] if (path / FAILURE).exists() else None
+    profile_file = path / PROFILE / PROFILE_SUMMARY
     profile = json.loads(profile_file.read_text()) if profile_file.exists() else None
     return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], failure, profile)
 
@@ -181,11 +164,11 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
         path = Path(given).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"{given} does not exist; give run directories or a multirun directory")
-        if (path / "run.json").exists():
+        if (path / RUN_INFO).exists():
             found.append(path)
         else:
-            below = [p.parent for p in path.rglob("run.json")
-                     if (p.parent / "metrics.jsonl").exists() or (p.parent / "failure.json").exists()]  # fmt: skip
+            below = [p.parent for p in path.rglob(RUN_INFO)
+                     if (p.parent / METRICS).exists() or (p.parent / FAILURE).exists()]  # fmt: skip
             found += sorted(below, key=natural_key)
     if not found:
         raise ValueError(

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-
-def write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+from common.run_files import write_atomically
+from common.run_files import write_text as write_text  # re-exported: the reports' writer
 
 
 def format_cell(value, digits: int = 4) -> str:
@@ -70,8 +65,6 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     """Lay out, save (atomically) and close a matplotlib figure."""
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight"), keep_suffix=True)
     pyplot().close(fig)
     return path

@@ -10,7 +10,6 @@ and renamed into place.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -26,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from common.run_files import TMP_MARK, folder_lock, remove_leftovers, temporary_name
 from data.config import DataConfig, data_cache_dir
-from data.leftovers import remove_leftovers
 from data.sources import check_source, load_documents, source_identity
 from data.tokenizers import Tokenizer, get_tokenizer
 
@@ -80,8 +79,7 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # One preparer per directory: other processes (torchrun ranks on this node, a second
     # run) wait on the lock, with no timeout, then find the directory complete.
-    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with folder_lock(target):
         if (target / "meta.json").exists():
             return target
         remove_stale_partials(target)
@@ -92,11 +90,11 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
 
 def remove_stale_partials(target: Path) -> list[Path]:
     """Half-written directories of ``target`` left by processes that died (their pid is gone)."""
-    return remove_leftovers(target.parent, f".{target.name}.tmp-*", ".tmp-")
+    return remove_leftovers(target.parent, f".{target.name}{TMP_MARK}*")
 
 
 def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target: Path) -> None:
-    partial = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    partial = temporary_name(target)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:

@@ -8,18 +8,14 @@ continue it exactly.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
-from data.leftovers import remove_leftovers
+from common.run_files import BEST as BEST  # re-exported: scripts name a run's checkpoints from here
+from common.run_files import LAST, write_atomically
 from model.config import GPTConfig
-
-LAST, BEST = "last.pt", "best.pt"
-TMP_MARK = ".tmp-"  # temporary files are ".<name>.tmp-<pid>" beside the checkpoint
 
 
 @dataclass
@@ -44,13 +40,9 @@ class Checkpoint:
         A failed write (disk full, read-only folder) removes its temporary file, leaves
         the previous checkpoint as it was, and says which path and why.
         """
-        tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
         try:
-            torch.save(asdict(self), tmp)
-            os.replace(tmp, path)
+            write_atomically(path, lambda tmp: torch.save(asdict(self), tmp))
         except (OSError, RuntimeError) as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise OSError(
                 f"could not write checkpoint {path} ({type(err).__name__}: {str(err).strip()[:200]}); "
                 f"free disk space or make {path.parent} writable. The previous checkpoint is unchanged"
@@ -79,8 +71,3 @@ def load_checkpoint(where: str | Path, map_location: str | torch.device = "cpu",
     if not isinstance(payload, dict) or not {"model", "model_config", "tokenizer"} <= payload.keys():
         raise ValueError(f"{path} is not a headlab checkpoint (no 'model', 'model_config' and 'tokenizer' entries)")
     return Checkpoint(**{k: v for k, v in payload.items() if k in known})
-
-
-def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete temporary checkpoint files that killed processes left behind (their pid is gone)."""
-    return remove_leftovers(folder, f".*.pt{TMP_MARK}*", TMP_MARK)

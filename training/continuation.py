@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.checkpoint import LAST, Checkpoint, checkpoint_path, load_checkpoint
+from common.run_files import FAILURE, LAST, METRICS, RUN_INFO, read_json, write_text
+from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from training.config import OptimConfig
 from training.optim import lr_at
-from training.run_log import read_json
 
 log = logging.getLogger("headlab.train")
 
-RUN_INFO, METRICS = "run.json", "metrics.jsonl"
 STOP_AT_STEP = "stop_at_step"  # run.json's stopped_by when trainer.stop_at_step ended the run (else a signal's name)
 
 
@@ -136,10 +134,8 @@ def prepare_in_place(run_dir: Path, step: int) -> None:
     metrics = run_dir / METRICS
     if metrics.exists():
         kept = [line for line in metrics.read_text().splitlines(True) if _step_of(line) <= step]
-        tmp = metrics.with_name(f".{METRICS}.tmp-{os.getpid()}")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, metrics)
-    (run_dir / "failure.json").unlink(missing_ok=True)
+        write_text(metrics, "".join(kept))
+    (run_dir / FAILURE).unlink(missing_ok=True)
 
 
 def _step_of(line: str) -> float:

@@ -24,12 +24,13 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.runs import MAX_WARMUP_STEPS, WARMUP_FRACTION
+from common.run_files import BEST, FAILURE, LAST, PROFILE, remove_stale_checkpoints
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
 from data.sources import check_source
 from data.tokenizers import GPT2_IDS, VOCAB_SIZES, get_tokenizer
 from model import GPT, load_model
-from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint, remove_stale_temporaries
+from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from model.compiling import compile_for_training, eager
 from model.device import (
     autocast,
@@ -60,7 +61,7 @@ from training.plan import (
     planned_dtype,
 )
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
-from training.run_log import FAILURE, claim_run_dir, open_run_log, record_failure, run_name
+from training.run_log import claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals
 from training.step import TrainStep
 
@@ -115,7 +116,7 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
     else:
         resume = load_checkpoint(t.resume) if t.resume else None
         if resume is not None:
-            remove_stale_temporaries(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
+            remove_stale_checkpoints(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
     if resume is not None:
         check_resumable(config, resume, continuing.run_dir if continuing is not None else t.resume)
     check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
@@ -345,7 +346,7 @@ class Trainer:
         self.best_step, started = None, time.perf_counter()
         to_run = stop_at - step
         warmup = min(MAX_WARMUP_STEPS, max(1, int(to_run * WARMUP_FRACTION)))
-        profiler = StepProfiler(self.device, self.run_dir / "profile", first_step=step, start=step + warmup,
+        profiler = StepProfiler(self.device, self.run_dir / PROFILE, first_step=step, start=step + warmup,
                                 steps=min(PROFILE_STEPS, to_run - warmup) if t.profile else 0)  # fmt: skip
         step_ms: list[float] = []
         if self.dist.is_main:

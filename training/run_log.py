@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import netrc
 import os
@@ -10,7 +9,18 @@ import socket
 import time
 from pathlib import Path
 
-from model.checkpoint import LAST, remove_stale_temporaries
+from common.run_files import (
+    FAILURE,
+    LAST,
+    METRICS,
+    RUN_INFO,
+    SAMPLES,
+    create_owner,
+    lock_owner,
+    read_json,
+    remove_stale_checkpoints,
+    write_json,
+)
 from model.config import attention_label
 from training import slurm
 from training.config import LoggerConfig, TrainConfig
@@ -38,19 +48,6 @@ def has_wandb_key() -> bool:
         return False
 
 
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def atomic_write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
-
 def run_name(cfg: TrainConfig) -> str:
     """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
     from the defaults), or the name train.py made (with a sweep's other overrides)."""
@@ -59,9 +56,6 @@ def run_name(cfg: TrainConfig) -> str:
     how = attention_label(vars(cfg.model), sep="-").replace(", ", "-").replace(" kv heads", "kv").replace(
         " kv head", "kv").replace("window ", "window")  # fmt: skip
     return f"{how}-{cfg.model.name}"
-
-
-OWNER = ".headlab-run"  # created exclusively by a new run; locked by the process writing the run
 
 
 class RunDirClaim:
@@ -85,47 +79,36 @@ def claim_run_dir(run_dir: str | None, continuing: bool = False) -> RunDirClaim:
     path = Path(run_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     if not continuing:
-        taken = (path / "metrics.jsonl").exists() or (path / LAST).exists()
-        try:
-            if not taken:
-                os.close(os.open(path / OWNER, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            taken = True
-        if taken:
+        taken = (path / METRICS).exists() or (path / LAST).exists()
+        if taken or not create_owner(path):
             raise ValueError(
                 f"trainer.run_dir={path} already holds another run (started in the same second, or finished); "
                 f"writing there would mix two runs. To continue that run in place add trainer.resume=auto (with "
                 f"the run's own settings); trainer.resume={path} continues it in a new directory; otherwise "
                 f"choose another trainer.run_dir"
             )
-    fd = os.open(path / OWNER, os.O_CREAT | os.O_WRONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = lock_owner(path)
+    if fd is None:
         raise ValueError(
             f"trainer.run_dir={path} is being written by another process right now (a run or its "
             f"continuation); wait for it to end, or choose another directory"
-        ) from None
-    remove_stale_temporaries(path)
+        )
+    remove_stale_checkpoints(path)
     return RunDirClaim(path, fd)
-
-
-FAILURE = "failure.json"
 
 
 def record_failure(run_dir: Path, container: dict, cfg: TrainConfig, reason: str) -> None:
     """``failure.json`` (and ``run.json`` if the run never got to write it): reports show the run as failed."""
-    if not (run_dir / "run.json").exists():
-        atomic_write_json(run_dir / "run.json", {**container, "name": run_name(cfg), "group": cfg.logger.group})
-    atomic_write_json(run_dir / FAILURE, {"reason": reason})
+    if not (run_dir / RUN_INFO).exists():
+        write_json(run_dir / RUN_INFO, {**container, "name": run_name(cfg), "group": cfg.logger.group})
+    write_json(run_dir / FAILURE, {"reason": reason})
 
 
 class RunLog:
     """Appends one JSON object per record to ``metrics.jsonl`` and mirrors it to a wandb run."""
 
     def __init__(self, run_dir: Path, wandb_run=None, wandb_offline: bool = False) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS
         self.file = open(self.path, "a", buffering=1)  # line-buffered: a crash loses at most a line
         self.wandb_run, self.wandb_offline = wandb_run, wandb_offline
 
@@ -135,8 +118,8 @@ class RunLog:
 
     def update_info(self, **facts) -> None:
         """Add facts learnt while running (e.g. the SDPA kernel the graph calls) to run.json and wandb's config."""
-        path = self.path.with_name("run.json")
-        atomic_write_json(path, {**json.loads(path.read_text()), **facts})
+        path = self.path.with_name(RUN_INFO)
+        write_json(path, {**json.loads(path.read_text()), **facts})
         if self.wandb_run is not None:
             self.wandb_run.config.update(facts, allow_val_change=True)
 
@@ -153,7 +136,7 @@ class RunLog:
 
     def sample(self, step: int, text: str) -> None:
         """Generated text: a ``samples.txt`` line in the run directory and a wandb Table."""
-        with open(self.path.with_name("samples.txt"), "a") as f:
+        with open(self.path.with_name(SAMPLES), "a") as f:
             f.write(f"--- step {step} ---\n{text}\n")
         if self.wandb_run is not None:
             import wandb
@@ -162,14 +145,14 @@ class RunLog:
 
     def close(self, status: str, summary: dict | None = None) -> None:
         """Record how the run ended (``status``: finished, interrupted or failed) and when; then close."""
-        path = self.path.with_name("run.json")
+        path = self.path.with_name(RUN_INFO)
         info = json.loads(path.read_text())
         info["status"] = status
         if summary is not None:
             info["summary"] = summary
         if info.get("segments"):
             info["segments"][-1]["end"] = time.time()
-        atomic_write_json(path, info)
+        write_json(path, info)
         self.file.close()
         if self.wandb_run is not None:
             self.wandb_run.summary["status"] = status  # in the summary, which ends with the run; not the config
@@ -206,7 +189,7 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
                  device_id: str, started: float) -> RunLog:  # fmt: skip
     """Write ``run.json`` (the resolved config, the facts reports need, status ``running`` and this process's
     segment after those of the runs it continues in place) and start wandb with the same."""
-    before = read_json(run_dir / "run.json") or {}
+    before = read_json(run_dir / RUN_INFO) or {}
     info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts, "status": "running",
             "segments": [*before.get("segments", []), segment(device_id, started)]}  # fmt: skip
     run = None
@@ -222,5 +205,5 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
         )  # fmt: skip
         define_metrics(run)
         info = {**info, "wandb_id": run.id}  # for rebuild_wandb.py
-    atomic_write_json(run_dir / "run.json", info)
+    write_json(run_dir / RUN_INFO, info)
     return RunLog(run_dir, run, wandb_offline=run is not None and mode == "offline")
