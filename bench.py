@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["block", "gpt"], default="block")
     p.add_argument("--layouts", nargs="+", default=sorted(ATTENTION_LAYOUTS))
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
-                   help=f"from {', '.join(registry.kernel_options())} (flex: forward only on a CPU)")
+                   help=f"from {', '.join(registry.kernel_options())}{forward_only()}")
     p.add_argument("--kv-heads", nargs="+", type=int, help="key/value heads (default: --n-head, multi-head)")
     p.add_argument("--window", nargs="+", default=["none"], help="sliding windows: positions, or none")
     p.add_argument("--compile", nargs="+", default=["eager"], dest="compile_modes", help="eager and/or compiled")
@@ -118,6 +118,12 @@ def check_backends(args: argparse.Namespace) -> None:
 def split_kernel(name: str) -> tuple[str, str]:
     """A --kernels name -> (kernel, SDPA backend): ``sdpa_flash`` -> (sdpa, flash)."""
     return registry.split_kernel_option(name)
+
+
+def forward_only() -> str:
+    """For --help: the kernels that have no backward on a CPU (flex), which bench times forward only there."""
+    names = ", ".join(name for name, cls in registry.KERNELS.items() if not cls.trains_on_cpu)
+    return f" ({names}: forward only on a CPU)" if names else ""
 
 
 def kernel_of(name: str):

@@ -202,7 +202,8 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
     seeds = f"; bars: median of {n_seeds} seeds, whiskers: min-max" if n_seeds > 1 else ""
     hatched_kernels = sorted({k for k in kernels.values() if hatch(k)})
-    hatched = f"; hatched: {' and '.join(hatched_kernels)} kernel" if hatched_kernels else ""
+    plural = "s" if len(hatched_kernels) > 1 else ""
+    hatched = f"; hatched: {' and '.join(hatched_kernels)} kernel{plural}" if hatched_kernels else ""
     ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}{hatched}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     return fig

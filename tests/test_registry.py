@@ -135,7 +135,7 @@ def test_a_fourth_layout_and_kernel_train_to_the_same_losses_and_get_their_own_p
     assert (renamed.get_marker(), renamed.get_linestyle()) == ("D", "--")
     assert (textbook.get_marker(), textbook.get_linestyle()) == ("s", "-.")
     bars = throughput_figure(found, build_rows(found, None)[0])
-    assert "hatched: manual and textbook kernel" in bars.axes[0].get_title()
+    assert "hatched: manual and textbook kernels" in bars.axes[0].get_title()
     assert sorted(bar.get_hatch() for bar in bars.axes[0].patches) == ["//", "//", "xx"]
 
 
