@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SOURCES = ("pystdlib", "files", "url", "hub")
@@ -25,8 +25,9 @@ class DataConfig:
     tokenizer: str = "bytes"  # bytes | gpt2 | r50k_base | cl100k_base | o200k_base
     val_fraction: float = 0.05  # share of documents held out for validation
     split_seed: int = 1337  # which documents are held out
-    num_proc: int | None = None  # tokenizer threads (None: one per CPU core)
-    cache_dir: str | None = None  # None: <headlab cache>/data (see headlab_cache)
+    # metadata "reuse": "machine": a run continued in place may change it (training/reuse.py)
+    num_proc: int | None = field(default=None, metadata={"reuse": "machine"})  # tokenizer threads (None: per core)
+    cache_dir: str | None = field(default=None, metadata={"reuse": "machine"})  # None: <headlab cache>/data
 
     def __post_init__(self) -> None:
         check_data_config(self)

@@ -8,7 +8,7 @@ what differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from model import registry
 from model.attention import check_heads
@@ -45,19 +45,24 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
 
 @dataclass
 class GPTConfig:
-    name: str = "gpt2_small"  # a label for run names and reports; no effect on the model
-    vocab_size: int | None = None  # None: filled in from the tokenizer when training starts
-    block_size: int = 1024
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
-    attention: str = "fused_qkv"  # the QKV layout: wrapper | separate_qkv | fused_qkv
-    kernel: str = "sdpa"  # manual | sdpa | flex
-    n_kv_head: int | None = None  # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped-query
-    window: int | None = None  # sliding-window attention: each position sees this many (itself included); None: all
-    sdpa_backend: str = "auto"  # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
+    # metadata "reuse": what a change of the field means to a checkpoint reused by trainer.resume or
+    # trainer.init_from (training/reuse.py keeps one rule over it)
+    name: str = field(default="gpt2_small", metadata={"reuse": "label"})  # for run names and reports; no effect
+    vocab_size: int | None = field(default=None, metadata={"reuse": "weights"})  # None: the tokenizer's, at training
+    block_size: int = field(default=1024, metadata={"reuse": "positions"})
+    n_layer: int = field(default=12, metadata={"reuse": "weights"})
+    n_head: int = field(default=12, metadata={"reuse": "weights"})
+    n_embd: int = field(default=768, metadata={"reuse": "weights"})
+    dropout: float = field(default=0.0, metadata={"reuse": "training"})
+    bias: bool = field(default=True, metadata={"reuse": "weights"})
+    attention: str = field(default="fused_qkv", metadata={"reuse": "layout"})  # the QKV layout: wrapper | ...
+    kernel: str = field(default="sdpa", metadata={"reuse": "implementation"})  # manual | sdpa | flex
+    # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped-query
+    n_kv_head: int | None = field(default=None, metadata={"reuse": "weights"})
+    # sliding-window attention: each position sees this many (itself included); None: all
+    window: int | None = field(default=None, metadata={"reuse": "function"})
+    # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
+    sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):

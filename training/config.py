@@ -37,8 +37,10 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1000  # optimizer steps; the learning-rate schedule spans them
-    batch_size: int = 16  # sequences per optimizer step, over all ranks and micro-steps
+    # optimizer steps; the learning-rate schedule spans them. A larger one extends a run (resume, resume=auto)
+    max_steps: int = field(default=1000, metadata={"reuse": "budget"})
+    # sequences per optimizer step, over all ranks and micro-steps
+    batch_size: int = field(default=16, metadata={"reuse": "training"})
     # Sequences per forward pass on one rank: null (a rank's whole share, batch_size / ranks: the same run on
     # 1, 2, 4 or 8 ranks), a number (gradient accumulation makes up the share), or auto (the largest the plan fits)
     micro_batch_size: Any = None
@@ -49,7 +51,7 @@ class TrainerConfig:
     dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False
     compile_scope: str = "block"  # block: each transformer block compiled once and reused | model: one graph
-    seed: int = 1337
+    seed: int = field(default=1337, metadata={"reuse": "training"})
     resume: str | None = None  # a run directory or checkpoint file to continue from
     init_from: str | None = None  # start a NEW run from these weights: run dir, .pt, gpt2[-medium|...], HF folder
     stop_at_step: int | None = None  # stop (and checkpoint) early, as if interrupted; resume later
@@ -75,8 +77,10 @@ class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # metadata "reuse": what a change means to a reused checkpoint (training/reuse.py), for the group's fields
+    # that do not say: the trainer's and the logger's settings say how a run goes, not what it computes
+    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"reuse": "machine"})
+    logger: LoggerConfig = field(default_factory=LoggerConfig, metadata={"reuse": "machine"})
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)

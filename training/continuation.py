@@ -31,22 +31,13 @@ from pathlib import Path
 
 from common.run_files import FAILURE, LAST, METRICS, RUN_INFO, read_json, write_text
 from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
+from training import reuse
 from training.config import OptimConfig
 from training.optim import lr_at
 
 log = logging.getLogger("headlab.train")
 
 STOP_AT_STEP = "stop_at_step"  # run.json's stopped_by when trainer.stop_at_step ended the run (else a signal's name)
-
-
-def kept_settings(container: dict) -> dict:
-    """The settings a run must keep to be continued: they decide its losses. (``trainer.max_steps`` may
-    grow, as with ``trainer.resume``; the vocabulary follows ``data.tokenizer``.)"""
-    flat = {f"{group}.{key}": value for group in ("model", "data", "optim") for key, value in container[group].items()}
-    for key in ("model.vocab_size", "data.cache_dir", "data.num_proc"):
-        flat.pop(key, None)
-    trainer = container["trainer"]
-    return {**flat, "trainer.seed": trainer["seed"], "trainer.batch_size": trainer["batch_size"]}
 
 
 @dataclass
@@ -64,7 +55,8 @@ class Continuation:
 
 
 def inspect(run_dir: str | Path, container: dict) -> Continuation:
-    """Decide how to continue the run in ``run_dir`` (a run configured as ``container``, resolved)."""
+    """Decide how to continue the run in ``run_dir`` (a run configured as ``container``, resolved, its
+    vocabulary the tokenizer's)."""
     if not run_dir:
         raise ValueError("trainer.resume=auto continues the run in trainer.run_dir, which is not set "
                          "(train.py sets it to Hydra's output directory)")  # fmt: skip
@@ -118,9 +110,10 @@ def earlier_run_dirs(resume: str | None, run_dir: Path, in_place: bool) -> list[
 
 
 def check_same_settings(path: Path, saved: dict, now: dict) -> None:
-    before, after = kept_settings(saved), kept_settings(now)
-    diffs = [f"{key}: {before.get(key)!r} then, {after.get(key)!r} now"
-             for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]  # fmt: skip
+    """A run continues in place only with every setting that decides its losses (training/reuse.py's
+    ``continue``): ``trainer.max_steps`` may change, and where and how fast it runs."""
+    diffs = [f"{d.key}: {d.saved!r} then, {d.now!r} now"
+             for d in sorted(reuse.differences("continue", saved, now), key=lambda d: d.key)]  # fmt: skip
     if diffs:
         raise ValueError(
             f"cannot continue the run in {path}: it was started with other settings ({'; '.join(diffs)}). "

@@ -1,6 +1,7 @@
 """``train(cfg)``: the pure training function behind ``train.py``.
 
-config -> tokenizer (and the plan) -> data (prepared on demand, before any
+config -> the preflight (training/preflight.py: every refusal, the plan, the
+device, the checkpoint to resume) -> data (prepared on demand, before any
 process group exists) -> model + optimizer (or a checkpoint to resume) ->
 steps -> metrics, evaluations and checkpoints in the run directory. Only
 rank 0 writes.
@@ -24,50 +25,29 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from analysis.runs import MAX_WARMUP_STEPS, WARMUP_FRACTION
-from common.run_files import BEST, FAILURE, LAST, PROFILE, remove_stale_checkpoints
+from common.run_files import BEST, FAILURE, LAST, PROFILE
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
-from data.sources import check_source
-from data.tokenizers import GPT2_IDS, VOCAB_SIZES, get_tokenizer
-from model import GPT, load_model
-from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
+from data.tokenizers import get_tokenizer
+from model import GPT
+from model.checkpoint import Checkpoint
 from model.compiling import compile_for_training, eager
-from model.device import (
-    autocast,
-    available_memory,
-    device_id,
-    device_name,
-    peak_flops,
-    resolve_device,
-    resolve_dtype,
-)
+from model.device import autocast, device_id, device_name, peak_flops
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
-from model.kernels import check_kernel_runs
 from training import continuation, slurm
-from training.config import TrainConfig, grad_accum_steps, micro_batch_for, validate
-from training.distributed import Distributed, from_environment, init_distributed
+from training.config import TrainConfig, grad_accum_steps
+from training.distributed import Distributed, init_distributed
 from training.evaluate import Evaluator
-from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
-from training.plan import (
-    GIB,
-    auto_choices_text,
-    auto_micro_batch,
-    check_fits_device,
-    cpu_matmul_flops,
-    make_plan,
-    planned_device,
-    planned_dtype,
-)
+from training.preflight import RunSetup, preflight, with_micro_batch
+from training.preflight import plan_variants as plan_variants  # re-exported: train.py plans a sweep with it
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
-from training.run_log import claim_run_dir, open_run_log, record_failure, run_name
+from training.run_log import RunDirClaim, claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals
 from training.step import TrainStep
 
 log = logging.getLogger("headlab.train")
-# Fields of the model config that must agree with a checkpoint to resume from it.
-_SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "attention")
 # What run.json keeps of a run's summary when it ends (a finished run's is returned when it is skipped).
 FINAL_KEYS = ("step", "train_loss", "val_loss", "val_bpb", "best_val_loss", "stopped_by")
 
@@ -75,85 +55,37 @@ FINAL_KEYS = ("step", "train_loss", "val_loss", "val_bpb", "best_val_loss", "sto
 def train(cfg: DictConfig | TrainConfig) -> dict:
     """Train as ``cfg`` says; returns a summary (run_dir, step, last train/val loss, val bpb; ``stopped_by``
     a signal's name and ``requeued`` when a SLURM job is being requeued)."""
-    started = time.time()  # this process's work on the run begins (run.json's segment)
-    config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
-    validate(config)
-    t = config.trainer
-    # Everything that can be refused is checked before data preparation or model building.
-    slurm.use_the_cpus_given()
-    dist = from_environment()
-    # A rank's micro-batch, unset: its whole share on this many ranks. Refuses a batch that does not split.
-    config = with_micro_batch(config, micro_batch_for(t, dist.world_size))
-    t = config.trainer
-    planned = replace(config.model, vocab_size=config.model.vocab_size or VOCAB_SIZES[config.data.tokenizer])
-    if t.plan:  # needs no GPU: plans a GPU run from a laptop
-        plan, text = plan_of(config, planned, dist.world_size)
-        print(text, flush=True)  # the plan is the command's output, not a log line
-        return {"plan": plan}
-    check_source(config.data)  # a wrong data.path is named before a tokenizer's download can fail
-    continuing = None
-    if t.resume == "auto" or slurm.is_requeued_run():  # continue the run in its own directory, if there is one
-        continuing = continuation.inspect(t.run_dir, OmegaConf.to_container(OmegaConf.structured(config)))
-        if continuing.action == "finished":
-            if dist.is_main:
-                log.info("already finished: %s (step %s of trainer.max_steps=%d); skipped. A larger "
-                         "trainer.max_steps extends it", continuing.run_dir, continuing.summary.get("step"),
-                         t.max_steps)  # fmt: skip
-            return {**continuing.summary, "run_dir": str(continuing.run_dir), "skipped": True}
-    device = resolve_device(t.device, dist.local_rank)
-    if device.type == "cuda" and t.device in ("auto", "cuda") and not dist.enabled and shares_gpus_with_other_jobs():
-        device = torch.device("cuda", claim_free_slot([device_id(torch.device("cuda", i))
-                                                       for i in range(torch.cuda.device_count())]))  # fmt: skip
-    dtype = resolve_dtype(t.dtype, device)
-    check_kernel_runs(planned, device, dtype, training=True)
-    auto_micro = t.micro_batch_size == "auto"
-    if auto_micro:  # chosen per rank now (an error before any work), agreed on by the ranks below
-        config = with_micro_batch(config, auto_micro_batch(config, planned, dist.world_size, dtype,
-                                                           available_memory(device)))  # fmt: skip
-        t = config.trainer
-    if continuing is not None:
-        resume = continuing.checkpoint
-    else:
-        resume = load_checkpoint(t.resume) if t.resume else None
-        if resume is not None:
-            remove_stale_checkpoints(checkpoint_path(t.resume).parent)  # what a kill mid-save left there
-    if resume is not None:
-        check_resumable(config, resume, continuing.run_dir if continuing is not None else t.resume)
-    check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
-    init_weights = initial_weights(config, planned) if t.init_from else None
+    setup = preflight(cfg)  # everything that can be refused, before any work
+    if not isinstance(setup, RunSetup):  # the plan, or a finished run skipped: the command's whole answer
+        return setup
+    return run(setup)
 
+
+def run(setup: RunSetup) -> dict:
+    """Data (prepared on demand, before any process group exists), the process group, the run directory,
+    then the steps. A run out of memory is recorded as failed in its directory."""
+    config, dist, device = setup.config, setup.dist, setup.device
     tokenizer = get_tokenizer(config.data.tokenizer)
     model_config = replace(config.model, vocab_size=config.model.vocab_size or tokenizer.vocab_size)
-
     data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
     data.check_fits(model_config.block_size, model_config.vocab_size)
     init_distributed(dist, device)
     finished, claim = False, None
     try:
-        if auto_micro:  # every rank must accumulate the same number of micro-steps: the smallest pick
-            config = with_micro_batch(config, dist.min(t.micro_batch_size, device))
-            t = config.trainer
-            if dist.is_main:
-                log.info("trainer.micro_batch_size=auto: %d sequences per forward pass (%d accumulation step(s))",
-                         t.micro_batch_size, grad_accum_steps(t, dist.world_size))
-        grad_accum = grad_accum_steps(t, dist.world_size)
-        in_place = continuing is not None and continuing.in_place
+        if setup.auto_micro:
+            config = agreed_micro_batch(config, dist, device)
+        t = config.trainer
         if dist.is_main:
-            claim = claim_run_dir(t.run_dir, continuing=in_place)
-            if in_place:  # drop what the stopped run logged after its checkpoint: it is computed again
-                continuation.prepare_in_place(claim.path, resume.step if resume is not None else -1)
-            if resume is not None:
-                source = claim.path if in_place else t.resume
-                log.info(continuation.describe(source, resume, t.max_steps, config.optim, claim.path))
-            elif in_place:
-                log.info("continuing %s from the start (it was stopped before its first checkpoint)", claim.path)
+            claim = claim_run_directory(setup, config)
         run_dir = Path(dist.broadcast(str(claim.path) if dist.is_main else None))
-        earlier = continuation.earlier_run_dirs(t.resume, run_dir, in_place) if resume is not None else []
+        resume = setup.resume
+        earlier = continuation.earlier_run_dirs(t.resume, run_dir, setup.in_place) if resume is not None else []
         container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
         container["model"]["vocab_size"] = model_config.vocab_size
         try:
-            summary = Trainer(config, container, model_config, data, tokenizer, dist, device, dtype, grad_accum,
-                              run_dir, resume, init_weights, started, earlier).run()  # fmt: skip
+            summary = Trainer(config, container, model_config, data, tokenizer, dist, device, setup.dtype,
+                              grad_accum_steps(t, dist.world_size), run_dir, resume, setup.init_weights,
+                              setup.started, earlier).run()  # fmt: skip
             finished = True
             return summary
         except torch.OutOfMemoryError as err:
@@ -170,45 +102,29 @@ def train(cfg: DictConfig | TrainConfig) -> dict:
             claim.release()
 
 
-def with_micro_batch(cfg: TrainConfig, micro: int) -> TrainConfig:
-    return replace(cfg, trainer=replace(cfg.trainer, micro_batch_size=micro))
+def agreed_micro_batch(config: TrainConfig, dist: Distributed, device: torch.device) -> TrainConfig:
+    """``trainer.micro_batch_size=auto``: every rank must accumulate the same number of micro-steps, so all
+    take the smallest rank's pick."""
+    config = with_micro_batch(config, dist.min(config.trainer.micro_batch_size, device))
+    if dist.is_main:
+        log.info("trainer.micro_batch_size=auto: %d sequences per forward pass (%d accumulation step(s))",
+                 config.trainer.micro_batch_size, grad_accum_steps(config.trainer, dist.world_size))
+    return config
 
 
-def plan_of(cfg: TrainConfig, planned, world_size: int):
-    """The plan and its text. ``micro_batch_size=auto`` is planned for the GPU at hand, or for an 80 GiB
-    one (an H100) where there is none, with what it would pick on others."""
-    t, dtype = cfg.trainer, planned_dtype(cfg.trainer)
-    micro, note = None, ""
-    if t.micro_batch_size == "auto":
-        on_gpu = t.device != "cpu" and torch.cuda.is_available()
-        free = available_memory(resolve_device(t.device)) if on_gpu else 80 * GIB
-        micro = auto_micro_batch(cfg, planned, world_size, dtype, free)
-        where = f"this GPU's {free / GIB:.1f} GiB free" if on_gpu else "an 80 GiB GPU (an H100; none is here)"
-        note = f"\n  micro-batch auto: planned above for {where}\n" + auto_choices_text(cfg, planned, world_size, dtype)
-    plan = make_plan(cfg, planned, world_size, dtype, micro_batch=micro)
-    if planned_device(t) == "cpu":  # a run on this CPU: its time is estimated from a quick matmul measurement
-        plan = replace(plan, cpu_flops=cpu_matmul_flops())
-    return plan, plan.text() + note
-
-
-def plan_variants(configs: dict[str, TrainConfig]) -> str:
-    """The plans of a sweep's variants: a table of each one's micro-batch, memory and time, then each
-    distinct plan once, headed by the variants it covers (seeds do not change a plan)."""
-    world = from_environment().world_size
-    plans: dict[str, list[str]] = {}
-    rows = []
-    for name, cfg in configs.items():
-        validate(cfg)
-        planned = replace(cfg.model, vocab_size=cfg.model.vocab_size or VOCAB_SIZES[cfg.data.tokenizer])
-        plan, text = plan_of(cfg, planned, world)
-        plans.setdefault(text, []).append(name)
-        rows.append(f"| {name} | {plan.micro_batch} x {plan.grad_accum} | {plan.peak_bytes / GIB:,.1f} | "
-                    f"{plan.time_text()} |")  # fmt: skip
-    table = ["| run | micro-batch x accumulation | est. peak GiB | est. time |", "| --- | ---: | ---: | ---: |",
-             *rows]  # fmt: skip
-    parts = [f"{len(configs)} runs; estimates, as each plan below says:", "\n".join(table)]
-    parts += [f"--- {'; '.join(names)} ---\n{text}" for text, names in plans.items()]
-    return "\n\n".join(parts)
+def claim_run_directory(setup: RunSetup, config: TrainConfig) -> RunDirClaim:
+    """Rank 0 claims the run directory and says where the run continues from. Continuing in place, what the
+    stopped run logged after its checkpoint is dropped: it is computed again."""
+    t, resume = config.trainer, setup.resume
+    claim = claim_run_dir(t.run_dir, continuing=setup.in_place)
+    if setup.in_place:
+        continuation.prepare_in_place(claim.path, resume.step if resume is not None else -1)
+    if resume is not None:
+        source = claim.path if setup.in_place else t.resume
+        log.info(continuation.describe(source, resume, t.max_steps, config.optim, claim.path))
+    elif setup.in_place:
+        log.info("continuing %s from the start (it was stopped before its first checkpoint)", claim.path)
+    return claim
 
 
 def progress_postfix(metrics: dict) -> dict:
@@ -227,56 +143,6 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def initial_weights(cfg: TrainConfig, planned) -> dict:
-    """``trainer.init_from``'s weights in this run's layout, checked against the configured model.
-
-    Shape fields must agree; ``block_size`` may shrink (position embeddings cropped, as nanoGPT's
-    fine-tuning does); dropout and the kernel are this run's.
-    """
-    source = load_model(cfg.trainer.init_from, attention=cfg.model.attention, kernel=cfg.model.kernel)
-    have = source.model.config
-    wrong = [f"model.{k}: {cfg.trainer.init_from} has {getattr(have, k)!r}, the config says {getattr(planned, k)!r}"
-             for k in ("n_layer", "n_head", "n_embd", "bias", "vocab_size")
-             if getattr(have, k) != getattr(planned, k)]  # fmt: skip
-    if planned.block_size > have.block_size:
-        wrong.append(f"model.block_size={planned.block_size} is longer than the source's {have.block_size} positions")
-    names = {source.tokenizer.name, cfg.data.tokenizer}
-    if len(names) > 1 and not names <= set(GPT2_IDS):
-        wrong.append(f"data.tokenizer={cfg.data.tokenizer} but the source was trained with {source.tokenizer.name}")
-    if wrong:
-        raise ValueError(
-            f"trainer.init_from={cfg.trainer.init_from} does not fit this run: " + "; ".join(wrong)
-            + ". Set the model to the source's shape (e.g. model=gpt2_small for gpt2) and its tokenizer"
-        )
-    weights = source.model.state_dict()
-    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: planned.block_size]
-    return weights
-
-
-def check_resumable(cfg: TrainConfig, ckpt: Checkpoint, source) -> None:
-    """Refuse a checkpoint this run cannot continue (``source``: where it came from, as the user named it)."""
-    saved, stop_at = ckpt.model_config, cfg.trainer.stop_at_step
-    mismatched = [f"model.{k}: checkpoint {saved[k]!r} vs now {getattr(cfg.model, k)!r}"
-                  for k in _SHAPE_FIELDS if saved[k] != getattr(cfg.model, k)]  # fmt: skip
-    if mismatched:
-        raise ValueError(
-            f"cannot resume from {source}: its config differs: " + "; ".join(mismatched)
-            + ". Resume with the checkpoint's settings (see its config), or start a new run"
-        )
-    if ckpt.optimizer is None:
-        raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
-    if ckpt.step >= cfg.trainer.max_steps:
-        raise ValueError(
-            f"nothing to resume: {source} is at step {ckpt.step}, trainer.max_steps="
-            f"{cfg.trainer.max_steps}; raise trainer.max_steps to train further"
-        )
-    if stop_at is not None and stop_at <= ckpt.step:
-        raise ValueError(
-            f"trainer.stop_at_step={stop_at} but {source} is already at step {ckpt.step}; leave "
-            f"trainer.stop_at_step out (or raise it) to train further"
-        )
 
 
 class Trainer:

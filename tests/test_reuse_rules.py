@@ -1,0 +1,90 @@
+"""One "must match" rule for reusing a checkpoint (training/reuse.py), read from the config fields' metadata:
+trainer.resume=<dir>, trainer.resume=auto and trainer.init_from each keep what it says, and refuse the rest in
+one line naming the setting."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+import pytest
+from helpers import TINY, compose_train
+
+from model.config import GPTConfig
+from training import reuse
+from training.config import TrainConfig
+from training.loop import train
+
+
+def model(**changes) -> dict:
+    return asdict(GPTConfig(**{**dict(vocab_size=256, block_size=32, n_layer=1, n_head=2, n_embd=32), **changes}))
+
+
+def refused(how: str, saved: dict, now: dict) -> list[str]:
+    return [d.key for d in reuse.differences(how, {"model": saved}, {"model": now})]
+
+
+def test_every_field_says_what_a_change_means():
+    kinds = reuse.field_kinds()
+    assert set(kinds.values()) <= set(reuse.KINDS), {k: v for k, v in kinds.items() if v not in reuse.KINDS}
+    undeclared = [f.name for f in fields(GPTConfig) if "reuse" not in f.metadata]
+    assert not undeclared, f"GPTConfig fields without metadata={{'reuse': ...}}: {undeclared}"
+    assert {key for key in kinds if key.startswith("model.")} == {f"model.{f.name}" for f in fields(GPTConfig)}
+    assert {group.name for group in fields(TrainConfig)} == {key.split(".")[0] for key in kinds}
+
+
+@pytest.mark.parametrize(("change", "resume", "init_from"), [
+    ({"window": 8}, True, False),  # another function of the same weights: a resumed run must keep it
+    ({"n_kv_head": 1}, True, True),  # another shape of the key/value weights
+    ({"n_embd": 64}, True, True),
+    ({"attention": "wrapper"}, True, False),  # weights convert, an optimizer state does not
+    ({"kernel": "manual"}, False, False),  # the same function, computed another way
+    ({"dropout": 0.1}, False, False),
+    ({"name": "mine"}, False, False),
+    ({"block_size": 16}, True, False),  # shorter: init_from crops the positions
+    ({"block_size": 64}, True, True),
+])  # fmt: skip
+def test_resume_and_init_from_keep_what_the_metadata_says(change, resume, init_from):
+    key = f"model.{next(iter(change))}"
+    assert (key in refused("resume", model(), model(**change))) is resume
+    assert (key in refused("init_from", model(), model(**change))) is init_from
+    assert key in refused("continue", model(), model(**change)), "continuing in place keeps every model setting"
+
+
+def test_continuing_in_place_may_change_the_budget_and_the_machine_but_not_the_losses():
+    saved = asdict(compose_train_object())
+    now = asdict(compose_train_object("trainer.max_steps=50", "data.cache_dir=/elsewhere", "data.num_proc=1",
+                                      "trainer.device=cpu", "optim.lr=1e-3", "trainer.seed=7"))  # fmt: skip
+    assert [d.key for d in reuse.differences("continue", saved, now)] == ["optim.lr", "trainer.seed"]
+    assert reuse.differences("resume", saved, now) == [], "a resumed run may change the optimizer and the seed"
+
+
+def compose_train_object(*overrides: str) -> TrainConfig:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(compose_train(*TINY, *overrides))
+
+
+def tiny(run_dir, data_cache, *overrides: str):
+    return compose_train(*TINY, "logger=none", f"trainer.run_dir={run_dir}", f"data.cache_dir={data_cache}",
+                         *overrides)  # fmt: skip
+
+
+def test_a_resume_with_another_window_is_refused_in_one_line_naming_it(tmp_path, data_cache):
+    train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=2"))
+    with pytest.raises(ValueError) as refusal:
+        train(tiny(tmp_path / "other", data_cache, "trainer.max_steps=4", "model.window=4",
+                   f"trainer.resume={tmp_path / 'run'}"))  # fmt: skip
+    message = str(refusal.value)
+    assert message.startswith(f"cannot resume from {tmp_path / 'run'}: its config differs: model.window: "
+                              f"checkpoint None vs now 4. Resume with the checkpoint's settings"), message
+    assert "\n" not in message
+    assert not (tmp_path / "other").exists(), "refused before any run directory"
+
+    with pytest.raises(ValueError, match=r"it was started with other settings \(model.window: None then, 4 now\)"):
+        train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=4", "model.window=4", "trainer.resume=auto"))
+
+
+def test_init_from_a_source_with_other_key_value_heads_is_refused_before_any_work(trained_run, tmp_path, data_cache):
+    with pytest.raises(ValueError, match=r"does not fit this run: model.n_kv_head: .* has None, the config says 1\. "):
+        train(tiny(tmp_path / "run", data_cache, "model.n_kv_head=1", f"trainer.init_from={trained_run}"))
+    assert not (tmp_path / "run").exists()

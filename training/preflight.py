@@ -1,0 +1,231 @@
+"""A training run's preflight: everything that can be refused, checked before any work.
+
+``preflight(cfg)`` validates the config; settles the ranks, the device, the dtype and the micro-batch;
+finds the checkpoint the run continues (``trainer.resume=<dir>``, ``trainer.resume=auto``, a requeued
+SLURM job) or starts from (``trainer.init_from``) and holds it to the reuse rule (training/reuse.py);
+and checks that the plan fits the device. It returns a frozen ``RunSetup``, or the command's whole
+answer where there is nothing to train (``trainer.plan=true``; a finished run, skipped). Data
+preparation, the process group, the run directory and the steps follow (training/loop.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from common.run_files import remove_stale_checkpoints
+from data.sources import check_source
+from data.tokenizers import GPT2_IDS, VOCAB_SIZES
+from model import load_model
+from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
+from model.config import GPTConfig
+from model.device import available_memory, device_id, resolve_device, resolve_dtype
+from model.kernels import check_kernel_runs
+from training import continuation, reuse, slurm
+from training.config import TrainConfig, TrainerConfig, micro_batch_for, validate
+from training.continuation import Continuation
+from training.distributed import Distributed, from_environment
+from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
+from training.plan import (
+    GIB,
+    auto_choices_text,
+    auto_micro_batch,
+    check_fits_device,
+    cpu_matmul_flops,
+    make_plan,
+    planned_device,
+    planned_dtype,
+)
+
+log = logging.getLogger("headlab.train")
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What the preflight settled: the run's config and where, how and from what it trains."""
+
+    config: TrainConfig  # trainer.micro_batch_size a number (with auto, this rank's pick: the ranks agree later)
+    planned: GPTConfig  # the model, its vocabulary the tokenizer's
+    dist: Distributed
+    device: torch.device
+    dtype: torch.dtype
+    started: float  # when this process began the run's work (run.json's segment)
+    auto_micro: bool = False  # trainer.micro_batch_size=auto
+    resume: Checkpoint | None = None  # the training state the run continues from
+    continuing: Continuation | None = None  # what trainer.resume=auto found in the run directory
+    init_weights: dict | None = None  # trainer.init_from's weights, in this run's layout
+
+    @property
+    def in_place(self) -> bool:
+        """The run continues in its own directory (trainer.resume=auto, a requeued job)."""
+        return self.continuing is not None and self.continuing.in_place
+
+
+def preflight(cfg: DictConfig | TrainConfig) -> RunSetup | dict:
+    """Check everything that can be refused, before data preparation or model building (see the module)."""
+    started = time.time()  # this process's work on the run begins (run.json's segment)
+    config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
+    validate(config)
+    slurm.use_the_cpus_given()
+    dist = from_environment()
+    # A rank's micro-batch, unset: its whole share on this many ranks. Refuses a batch that does not split.
+    config = with_micro_batch(config, micro_batch_for(config.trainer, dist.world_size))
+    planned = planned_model(config)
+    if config.trainer.plan:  # needs no GPU: plans a GPU run from a laptop
+        plan, text = plan_of(config, planned, dist.world_size)
+        print(text, flush=True)  # the plan is the command's output, not a log line
+        return {"plan": plan}
+    check_source(config.data)  # a wrong data.path is named before a tokenizer's download can fail
+    continuing = found_continuation(config, planned)
+    if continuing is not None and continuing.action == "finished":
+        return skipped(continuing, config.trainer, dist)
+    device = claimed_device(config.trainer, dist)
+    dtype = resolve_dtype(config.trainer.dtype, device)
+    check_kernel_runs(planned, device, dtype, training=True)
+    auto_micro = config.trainer.micro_batch_size == "auto"
+    if auto_micro:  # chosen per rank now (an error before any work), agreed on by the ranks later
+        config = with_micro_batch(config, auto_micro_batch(config, planned, dist.world_size, dtype,
+                                                           available_memory(device)))  # fmt: skip
+    resume = checkpoint_to_resume(config, planned, continuing)
+    check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
+    init_weights = initial_weights(config, planned) if config.trainer.init_from else None
+    return RunSetup(config, planned, dist, device, dtype, started, auto_micro, resume, continuing, init_weights)
+
+
+def with_micro_batch(cfg: TrainConfig, micro: int) -> TrainConfig:
+    return replace(cfg, trainer=replace(cfg.trainer, micro_batch_size=micro))
+
+
+def planned_model(cfg: TrainConfig) -> GPTConfig:
+    """The model as it will be built: the vocabulary, unset, is the tokenizer's."""
+    return replace(cfg.model, vocab_size=cfg.model.vocab_size or VOCAB_SIZES[cfg.data.tokenizer])
+
+
+def found_continuation(cfg: TrainConfig, planned: GPTConfig) -> Continuation | None:
+    """With ``trainer.resume=auto`` and in the rerun of a requeued SLURM job: what the run directory holds
+    (a run to continue in place, a finished one, nothing)."""
+    if cfg.trainer.resume != "auto" and not slurm.is_requeued_run():
+        return None
+    return continuation.inspect(cfg.trainer.run_dir, OmegaConf.to_container(OmegaConf.structured(
+        replace(cfg, model=planned))))  # fmt: skip
+
+
+def skipped(continuing: Continuation, t: TrainerConfig, dist: Distributed) -> dict:
+    """A finished run found by ``trainer.resume=auto``: nothing written, its summary returned."""
+    if dist.is_main:
+        log.info("already finished: %s (step %s of trainer.max_steps=%d); skipped. A larger "
+                 "trainer.max_steps extends it", continuing.run_dir, continuing.summary.get("step"),
+                 t.max_steps)  # fmt: skip
+    return {**continuing.summary, "run_dir": str(continuing.run_dir), "skipped": True}
+
+
+def claimed_device(t: TrainerConfig, dist: Distributed) -> torch.device:
+    """This rank's device; where jobs share the machine's GPUs, a free one claimed."""
+    device = resolve_device(t.device, dist.local_rank)
+    if device.type == "cuda" and t.device in ("auto", "cuda") and not dist.enabled and shares_gpus_with_other_jobs():
+        device = torch.device("cuda", claim_free_slot([device_id(torch.device("cuda", i))
+                                                       for i in range(torch.cuda.device_count())]))  # fmt: skip
+    return device
+
+
+def checkpoint_to_resume(cfg: TrainConfig, planned: GPTConfig, continuing: Continuation | None) -> Checkpoint | None:
+    """The checkpoint the run continues from (in place, or ``trainer.resume=<dir>``), checked; None for a new run."""
+    if continuing is not None:
+        ckpt, source = continuing.checkpoint, continuing.run_dir
+    elif cfg.trainer.resume:
+        ckpt, source = load_checkpoint(cfg.trainer.resume), cfg.trainer.resume
+        remove_stale_checkpoints(checkpoint_path(cfg.trainer.resume).parent)  # what a kill mid-save left there
+    else:
+        return None
+    if ckpt is not None:
+        check_resumable(cfg, planned, ckpt, source)
+    return ckpt
+
+
+def check_resumable(cfg: TrainConfig, planned: GPTConfig, ckpt: Checkpoint, source: str | Path) -> None:
+    """Refuse a checkpoint this run cannot continue (``source``: where it came from, as the user named it)."""
+    stop_at = cfg.trainer.stop_at_step
+    mismatched = [f"{d.key}: checkpoint {d.saved!r} vs now {d.now!r}"
+                  for d in reuse.differences("resume", {"model": ckpt.model_config}, {"model": asdict(planned)})]
+    if mismatched:
+        raise ValueError(
+            f"cannot resume from {source}: its config differs: " + "; ".join(mismatched)
+            + ". Resume with the checkpoint's settings (see its config), or start a new run"
+        )
+    if ckpt.optimizer is None:
+        raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
+    if ckpt.step >= cfg.trainer.max_steps:
+        raise ValueError(
+            f"nothing to resume: {source} is at step {ckpt.step}, trainer.max_steps="
+            f"{cfg.trainer.max_steps}; raise trainer.max_steps to train further"
+        )
+    if stop_at is not None and stop_at <= ckpt.step:
+        raise ValueError(
+            f"trainer.stop_at_step={stop_at} but {source} is already at step {ckpt.step}; leave "
+            f"trainer.stop_at_step out (or raise it) to train further"
+        )
+
+
+def initial_weights(cfg: TrainConfig, planned: GPTConfig) -> dict:
+    """``trainer.init_from``'s weights in this run's layout, checked against the configured model by the reuse
+    rule: the weights' shapes must agree; ``block_size`` may shrink (position embeddings cropped, as nanoGPT's
+    fine-tuning does); the layout, kernel, window and dropout are this run's."""
+    source = load_model(cfg.trainer.init_from, attention=cfg.model.attention, kernel=cfg.model.kernel)
+    have = source.model.config
+    found = reuse.differences("init_from", {"model": asdict(have)}, {"model": asdict(planned)})
+    wrong = [f"{d.key}: {cfg.trainer.init_from} has {d.saved!r}, the config says {d.now!r}"
+             for d in found if d.kind != "positions"]  # fmt: skip
+    if any(d.kind == "positions" for d in found):
+        wrong.append(f"model.block_size={planned.block_size} is longer than the source's {have.block_size} positions")
+    names = {source.tokenizer.name, cfg.data.tokenizer}
+    if len(names) > 1 and not names <= set(GPT2_IDS):
+        wrong.append(f"data.tokenizer={cfg.data.tokenizer} but the source was trained with {source.tokenizer.name}")
+    if wrong:
+        raise ValueError(
+            f"trainer.init_from={cfg.trainer.init_from} does not fit this run: " + "; ".join(wrong)
+            + ". Set the model to the source's shape (e.g. model=gpt2_small for gpt2) and its tokenizer"
+        )
+    weights = source.model.state_dict()
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: planned.block_size]
+    return weights
+
+
+def plan_of(cfg: TrainConfig, planned: GPTConfig, world_size: int):
+    """The plan and its text. ``micro_batch_size=auto`` is planned for the GPU at hand, or for an 80 GiB
+    one (an H100) where there is none, with what it would pick on others."""
+    t, dtype = cfg.trainer, planned_dtype(cfg.trainer)
+    micro, note = None, ""
+    if t.micro_batch_size == "auto":
+        on_gpu = t.device != "cpu" and torch.cuda.is_available()
+        free = available_memory(resolve_device(t.device)) if on_gpu else 80 * GIB
+        micro = auto_micro_batch(cfg, planned, world_size, dtype, free)
+        where = f"this GPU's {free / GIB:.1f} GiB free" if on_gpu else "an 80 GiB GPU (an H100; none is here)"
+        note = f"\n  micro-batch auto: planned above for {where}\n" + auto_choices_text(cfg, planned, world_size, dtype)
+    plan = make_plan(cfg, planned, world_size, dtype, micro_batch=micro)
+    if planned_device(t) == "cpu":  # a run on this CPU: its time is estimated from a quick matmul measurement
+        plan = replace(plan, cpu_flops=cpu_matmul_flops())
+    return plan, plan.text() + note
+
+
+def plan_variants(configs: dict[str, TrainConfig]) -> str:
+    """The plans of a sweep's variants: a table of each one's micro-batch, memory and time, then each
+    distinct plan once, headed by the variants it covers (seeds do not change a plan)."""
+    world = from_environment().world_size
+    plans: dict[str, list[str]] = {}
+    rows = []
+    for name, cfg in configs.items():
+        validate(cfg)
+        plan, text = plan_of(cfg, planned_model(cfg), world)
+        plans.setdefault(text, []).append(name)
+        rows.append(f"| {name} | {plan.micro_batch} x {plan.grad_accum} | {plan.peak_bytes / GIB:,.1f} | "
+                    f"{plan.time_text()} |")  # fmt: skip
+    table = ["| run | micro-batch x accumulation | est. peak GiB | est. time |", "| --- | ---: | ---: | ---: |",
+             *rows]  # fmt: skip
+    parts = [f"{len(configs)} runs; estimates, as each plan below says:", "\n".join(table)]
+    parts += [f"--- {'; '.join(names)} ---\n{text}" for text, names in plans.items()]
+    return "\n\n".join(parts)

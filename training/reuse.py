@@ -1,0 +1,71 @@
+"""The one "must match" rule for reusing a checkpoint, read from the config's own field metadata.
+
+Each field of the training config says what changing it means (``metadata={"reuse": <kind>}``; a field
+without one takes its group's, and a group without one is ``training``)::
+
+    label           a name; no effect on any number (model.name, data.name)
+    weights         the parameters' shapes (n_layer, n_head, n_embd, bias, vocab_size, n_kv_head)
+    positions       model.block_size: the position table's length
+    layout          how the weights are arranged (model.attention): they convert, an optimizer state does not
+    function        what the model computes with the same weights (model.window)
+    training        what the losses depend on (dropout, the data, the optimizer, the seed, the batch)
+    implementation  the same numbers up to round-off (model.kernel, model.sdpa_backend)
+    machine         where and how fast, never the numbers (cache folders, threads, devices, logging, ...)
+    budget          trainer.max_steps: a larger one extends the run (the schedule is re-planned)
+
+Three ways reuse a checkpoint, and each keeps the kinds ``KEPT`` names:
+
+- ``init_from``: a new run from the weights, converted to this run's layout; a shorter context crops the
+  positions (as nanoGPT's fine-tuning does);
+- ``resume`` (``trainer.resume=<dir>``): a new run directory from a run's whole training state;
+- ``continue`` (``trainer.resume=auto``, a requeued SLURM job): the same run, in place, with the same losses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from training.config import TrainConfig
+
+KINDS = ("label", "weights", "positions", "layout", "function", "training", "implementation", "machine", "budget")
+KEPT = {
+    "init_from": ("weights", "positions"),
+    "resume": ("weights", "positions", "layout", "function"),
+    "continue": ("label", "weights", "positions", "layout", "function", "training", "implementation"),
+}
+SHORTER_ALLOWED = {"init_from": ("positions",)}  # kinds a reuse may make smaller (a cropped position table)
+
+
+def field_kinds(schema=TrainConfig) -> dict[str, str]:
+    """``group.field`` -> its kind (``model.window`` -> ``function``), for every field of the schema's groups."""
+    kinds = {}
+    for group in fields(schema):
+        group_kind = group.metadata.get("reuse", "training")
+        for f in fields(group.default_factory):
+            kinds[f"{group.name}.{f.name}"] = f.metadata.get("reuse", group_kind)
+    return kinds
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str  # group.field, as an override spells it: model.window
+    kind: str
+    saved: object  # the checkpoint's value
+    now: object  # this run's
+
+
+def differences(how: str, saved: dict, now: dict) -> list[Difference]:
+    """What ``how`` (init_from | resume | continue) refuses: the kept fields whose values differ between the
+    checkpoint's config (``saved``: ``{"model": {...}, ...}``) and this run's (``now``), in the schema's
+    order. Only the groups both give are compared; a field one side lacks (an older checkpoint) counts as None."""
+    kept, shorter = KEPT[how], SHORTER_ALLOWED.get(how, ())
+    found = []
+    for key, kind in field_kinds().items():
+        group, name = key.split(".")
+        if kind not in kept or group not in saved or group not in now:
+            continue
+        before, after = saved[group].get(name), now[group].get(name)
+        if before == after or (kind in shorter and after is not None and before is not None and after < before):
+            continue
+        found.append(Difference(key, kind, before, after))
+    return found
