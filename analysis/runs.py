@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.run_files import FAILURE, METRICS, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
+from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from model.config import attention_label, kernel_option
 
 
@@ -108,10 +109,6 @@ class Run:
     @property
     def token_budget(self) -> int:
         return self.info["trainer"]["max_steps"] * self.info["tokens_per_step"]
-
-
-WARMUP_FRACTION = 0.1  # steps left out of steady-state speed: allocator, caches, autotuning
-MAX_WARMUP_STEPS = 20
 
 
 def warmup_steps(n_steps: int) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from training.config import LoggerConfig
-from training.run_log import wandb_mode
+from common.wandb_mode import wandb_mode
 
 
 def log_report(job_type: str, name: str, folder: Path, tables: dict[str, tuple[Sequence[str], Sequence[Sequence]]],
@@ -21,7 +20,7 @@ def log_report(job_type: str, name: str, folder: Path, tables: dict[str, tuple[S
     logger = logger or {}
     run = wandb.init(
         project=logger.get("project") or "headlab", entity=logger.get("entity"), group=logger.get("group"),
-        name=name, job_type=job_type, dir=str(folder), mode=wandb_mode(LoggerConfig(mode=mode)),
+        name=name, job_type=job_type, dir=str(folder), mode=wandb_mode(mode),
         config={"report": str(folder)},
     )  # fmt: skip
     try:

@@ -8,7 +8,7 @@ import tempfile
 import numpy as np
 import tiktoken
 
-from model.registry import lookup
+from common.choices import lookup
 
 EOT = "<|endoftext|>"
 # GPT-2's pre-tokenisation pattern: it only splits text into pieces, so any byte-level encoding can use it.

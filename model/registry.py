@@ -9,9 +9,7 @@ module, registered with ``@register(ATTENTION_LAYOUTS)`` or ``@register(KERNELS)
 
 from __future__ import annotations
 
-from typing import TypeVar
-
-T = TypeVar("T")
+from common.choices import lookup as lookup  # re-exported: model.config and model.attention look names up here
 
 # Filled by model.attention and model.kernels as they define their classes (importing ``model`` does both).
 # Layouts are kept in definition order: state-dict keys are matched in this order (the wrapper's
@@ -28,15 +26,6 @@ def register(registry: dict[str, type]):
         return cls
 
     return enter
-
-
-def lookup(registry: dict[str, T], kind: str, name: str) -> T:
-    """Return ``registry[name]``, or raise a ValueError naming the valid choices."""
-    try:
-        return registry[name]
-    except (KeyError, TypeError):
-        valid = ", ".join(sorted(registry))
-        raise ValueError(f"unknown {kind} {name!r}; choose one of: {valid}") from None
 
 
 def layout(name: str) -> type:

@@ -24,8 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from analysis.runs import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from common.run_files import BEST, FAILURE, LAST, PROFILE
+from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
 from data.prepare import prepare
 from data.tokenizers import get_tokenizer

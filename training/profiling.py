@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from analysis.tables import markdown_table, write_text
+from common.run_files import write_text
+from common.tables import markdown_table
 
 PROFILE_STEPS = 3  # steps profiled by trainer.profile, after the warm-up
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import netrc
 import os
 import socket
 import time
@@ -21,31 +20,15 @@ from common.run_files import (
     remove_stale_checkpoints,
     write_json,
 )
+from common.wandb_mode import wandb_mode as common_wandb_mode
 from model.config import attention_label
 from training import slurm
 from training.config import LoggerConfig, TrainConfig
 
 
 def wandb_mode(cfg: LoggerConfig) -> str:
-    """``auto``: WANDB_MODE if set, else online with an API key and offline without one."""
-    if cfg.mode == "auto":
-        return os.environ.get("WANDB_MODE") or ("online" if has_wandb_key() else "offline")
-    if cfg.mode == "online" and not has_wandb_key():
-        raise ValueError(
-            "logger.mode=online but no wandb API key is set; run `wandb login` or set WANDB_API_KEY, "
-            "or use logger.mode=offline (sync later with `wandb sync`)"
-        )
-    return cfg.mode
-
-
-def has_wandb_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-    try:
-        return netrc.netrc().authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
+    """``auto``: WANDB_MODE if set, else online with an API key and offline without one (common.wandb_mode)."""
+    return common_wandb_mode(cfg.mode)
 
 
 def run_name(cfg: TrainConfig) -> str:
