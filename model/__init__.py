@@ -5,9 +5,10 @@ from model.checkpoint import Checkpoint, load_checkpoint
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout
 from model.generation import generate, sample_next
-from model.gpt import GPT, KVCache
+from model.gpt import GPT
 from model.gpt2_import import import_hf_gpt2
 from model.kernels import KERNELS
+from model.kv_cache import KVCache
 from model.load import LoadedModel, load_model
 
 __all__ = [

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -27,51 +27,8 @@ from torch import nn
 from model.kernels import attention_probs, get_kernel, repeat_kv
 from model.registry import ATTENTION_LAYOUTS, lookup, register
 
-
-class LayerCache:
-    """One layer's keys and values for the positions processed so far (a batch of sequences).
-
-    Buffers are (batch, kv_heads, capacity, head_dim), allocated at the first write and written in place
-    (no copy of the past per token): slot 0 serves the multi-head layouts, one slot per key/value group
-    the wrapper. The capacity is the context, or the window when shorter: then the buffer is a ring
-    (position p in slot p % capacity) and one new query sees all of it, exactly its window.
-    """
-
-    def __init__(self, owner) -> None:
-        self.owner = owner  # the KVCache: how many positions are cached, and the capacity
-        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def update(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new positions' k, v; return the keys and values the new queries attend over."""
-        start, new, capacity = self.owner.length, k.size(2), self.owner.capacity
-        if self.owner.position is not None:  # a static decode step: one position, given as a tensor
-            k_all, v_all = self.slots[slot]
-            where = (self.owner.position % capacity).view(1)
-            k_all.index_copy_(2, where, k)
-            v_all.index_copy_(2, where, v)
-            return k_all, v_all  # every slot; the step's mask says which hold keys
-        if slot not in self.slots:
-            # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
-            # 0 x NaN would be NaN.
-            shape = (k.size(0), k.size(1), capacity, k.size(3))
-            self.slots[slot] = (k.new_zeros(shape), v.new_zeros(shape))
-        k_all, v_all = self.slots[slot]
-        if start + new <= capacity:  # in position order
-            k_all[:, :, start : start + new] = k
-            v_all[:, :, start : start + new] = v
-            return k_all[:, :, : start + new], v_all[:, :, : start + new]
-        # Past the capacity: a windowed cache, which only ever needs the last `capacity` positions.
-        if new == 1:
-            k_all[:, :, start % capacity] = k[:, :, 0]
-            v_all[:, :, start % capacity] = v[:, :, 0]
-            return k_all, v_all
-        if start > 0:
-            raise ValueError(f"a windowed KV cache takes one position at a time once it holds {capacity}; "
-                             f"refill it from the window's tokens")  # fmt: skip
-        kept = torch.arange(new - capacity, new, device=k.device)  # a first fill longer than the window
-        k_all[:, :, kept % capacity] = k[:, :, -capacity:]
-        v_all[:, :, kept % capacity] = v[:, :, -capacity:]
-        return k, v
+if TYPE_CHECKING:
+    from model.kv_cache import LayerCache
 
 
 # The common form of one attention block's projections: for "weight" and "bias", the (q, k, v)
@@ -113,12 +70,11 @@ class AttentionSpec:
 def remember(
     cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Add the new positions' k, v to the cache; return the keys and values to attend over, and the mask of
-    those visible when a static decode step attends over the whole cache (else None: the shapes say)."""
+    """Add the new positions' k, v to the cache (``model.kv_cache``); return the keys and values to attend
+    over, and the mask of those visible when a static decode step attends over the whole cache (else None)."""
     if cache is None:
         return k, v, None
-    k, v = cache.update(slot, k, v)
-    return k, v, cache.owner.mask
+    return cache.update(slot, k, v)
 
 
 def check_heads(n_embd: int, n_head: int) -> None:
@@ -186,11 +142,17 @@ class MultiHeadAttention(nn.Module):
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        return self.resid_dropout(self.c_proj(self.attend(x, cache)))
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        return self.resid_dropout(self.c_proj(self.attend(x, positions, cache)))
 
-    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        """(B, T, C) -> the heads' outputs concatenated, (B, T, C)."""
+    def attend(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute
+        positions (None: 0..T-1), computed once by the GPT (``model.positions``): the learned encoding is added
+        to the embeddings, so the layouts pass them by; an encoding of queries and keys will use them here."""
         raise NotImplementedError
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,7 +210,9 @@ class WrapperAttention(MultiHeadAttention):
             for h in range(spec.n_head)
         )
 
-    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def attend(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         group = self.n_head // self.n_kv_head
         outputs = []
         for g in range(self.n_kv_head):
@@ -319,7 +283,9 @@ class SplitHeadsAttention(MultiHeadAttention):
         """q (B, T, C), k and v (B, T, kv_width)."""
         raise NotImplementedError
 
-    def attend(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def attend(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.project(x)
         q = self.split_heads(q, self.n_head)  # (B, H, T, hd)

@@ -8,9 +8,10 @@
   replayed as CUDA graphs); compiling costs tens of seconds, so it pays for long generations.
 
 A static step takes the token and its position as tensors, writes its keys and values in place into the
-preallocated KV cache (``KVCache.position``) and attends over every slot of it with a mask of the slots
-that hold keys: the same shapes at every position, which is what a graph needs. It computes the same
-function as the eager step (tested on a CPU, where the static step runs compiled or eager).
+preallocated KV cache and attends over every slot of it with a mask of the slots that hold keys (the
+cache's own bookkeeping: ``model.kv_cache.KVCache.open_step``): the same shapes at every position, which
+is what a graph needs. It computes the same function as the eager step (tested on a CPU, where the static
+step runs compiled or eager).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import contextlib
 
 import torch
 
-from model.gpt import GPT, KVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache
 
 DECODINGS = ("auto", "eager", "graph", "compiled")
 
@@ -51,23 +53,20 @@ class StaticStep(EagerStep):
         super().__init__(model, cache)
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros((), dtype=torch.long, device=device)
-        self.slots = torch.arange(cache.capacity, device=device)
+        self.cache_tensors = cache.prepare_static_steps(device)
 
     def run(self) -> torch.Tensor:
-        cache = self.cache
-        # Slots holding keys: up to the position, or all of them once a windowed ring has filled.
-        cache.mask = ((self.slots <= self.position) | (self.position >= cache.capacity)).view(1, 1, 1, -1)
-        cache.position = self.position
+        self.cache.open_step(self.position)
         try:
-            return self.model(self.token, cache=cache)[0][:, -1]
+            return self.model(self.token, cache=self.cache)[0][:, -1]
         finally:
-            cache.position = cache.mask = None
+            self.cache.close_step()
 
     def __call__(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
         self.token.copy_(tokens)
         self.position.fill_(position)
         logits = self.step()
-        self.cache.length = position + 1
+        self.cache.stepped(position)
         return logits
 
     def step(self) -> torch.Tensor:
@@ -114,10 +113,8 @@ class CompiledStep(StaticStep):
 
     def __init__(self, model: GPT, cache: KVCache, batch: int, device: torch.device) -> None:
         super().__init__(model, cache, batch, device)
-        for layer in cache.layers:  # the cache and the step's inputs live at fixed addresses: graphs may keep them
-            for tensor in (t for pair in layer.slots.values() for t in pair):
-                torch._dynamo.mark_static_address(tensor)
-        for tensor in (self.token, self.position, self.slots):
+        # The cache and the step's inputs live at fixed addresses: graphs may keep them.
+        for tensor in (*self.cache_tensors, self.token, self.position):
             torch._dynamo.mark_static_address(tensor)
         mode = "reduce-overhead" if device.type == "cuda" else None
         self.compiled = torch.compile(self.run, mode=mode, fullgraph=True, dynamic=False)

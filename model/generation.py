@@ -1,7 +1,7 @@
 """Autoregressive generation: a batch of samples at once, a preallocated KV cache, a sliding window.
 
 With the cache each new token costs one position, not the whole context, and
-the cache is written in place (``model.attention.LayerCache``). The model has
+the cache is written in place (``model.kv_cache``). The model has
 absolute positions up to ``block_size``, so once the context is full it slides:
 the cache is rebuilt from the last ``block_size // 2`` tokens and grows again.
 Without the cache the same windows are used, so both paths predict from exactly
@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from model.decoding import choose_decoding, make_step
-from model.gpt import GPT, KVCache
+from model.gpt import GPT
+from model.kv_cache import KVCache
 from model.packed import packed_linears
 
 # Sampling's defaults, one place for sample.py and the trainer's end-of-run sample.

@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import LayerCache, build_attention
+from model.attention import build_attention
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout
-from model.packed import is_packed
+from model.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
+from model.positions import build_positions
 from model.registry import canonical_layout
 
 
@@ -39,34 +40,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), positions, cache)
         return x + self.mlp(self.ln_2(x))
-
-
-class KVCache:
-    """Keys and values of every layer for the positions processed so far (a batch of sequences).
-
-    ``capacity`` positions are preallocated per layer: unless given, the model's context, or its
-    attention window when shorter (``GPTConfig.cache_capacity``); with ``n_kv_head`` key/value heads.
-    """
-
-    def __init__(self, n_layer: int, capacity: int | None = None) -> None:
-        self.layers = [LayerCache(self) for _ in range(n_layer)]
-        self.length = 0
-        self.capacity = capacity
-        # During a static decode step (model.decoding): the new position as a 0-d tensor, and the
-        # (1, 1, 1, capacity) mask of the slots its query sees. Static shapes: a CUDA graph can replay it.
-        self.position: torch.Tensor | None = None
-        self.mask: torch.Tensor | None = None
-
-    def reset(self) -> None:
-        """Empty the cache, keeping its buffers (a captured decode step refers to them): refilled in place."""
-        self.length = 0
-
-    def nbytes(self) -> int:
-        """Bytes the cache's buffers hold."""
-        return sum(t.nbytes for layer in self.layers for pair in layer.slots.values() for t in pair)
 
 
 class GPT(nn.Module):
@@ -76,7 +54,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
+                wpe=build_positions(config),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
@@ -125,29 +103,31 @@ class GPT(nn.Module):
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
-        static = cache is not None and cache.position is not None  # a decode step with its position as a tensor
-        if static:
-            pos = cache.position.view(1)  # no Python number of it: one captured step serves every position
-        else:
-            past = cache.length if cache is not None else 0
-            seq_len = past + idx.size(1)
-            if seq_len > self.config.block_size:
-                raise ValueError(
-                    f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
-                    f"crop the input to its last {self.config.block_size} tokens"
-                )
-            if cache is not None and cache.capacity is None:
-                cache.capacity = self.config.cache_capacity
-            pos = torch.arange(past, seq_len, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        positions = self.positions_of(idx, cache)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe.to_add(positions))
         for i, block in enumerate(self.transformer.h):
-            x = block(x, cache.layers[i] if cache is not None else None)
-        if cache is not None and not static:
-            cache.length = seq_len
+            x = block(x, positions, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.advance(idx.size(1))
         if targets is None:
             h = self.transformer.ln_f(x[:, -1, :])
             return self.last_logits(h).unsqueeze(1)[..., : self.config.vocab_size], None
         return self.logits_and_loss(x, targets)
+
+    def positions_of(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """The absolute positions of ``idx``'s tokens, computed once for the embedding and every block:
+        0..T-1, or after the cached ones (the cache's bookkeeping, a static decode step's tensor included)."""
+        if cache is not None and cache.in_static_step:
+            return cache.positions(idx.size(1), idx.device, self.config.cache_capacity)
+        seq_len = (cache.length if cache is not None else 0) + idx.size(1)
+        if seq_len > self.config.block_size:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
+                f"crop the input to its last {self.config.block_size} tokens"
+            )
+        if cache is None:
+            return torch.arange(idx.size(1), device=idx.device)
+        return cache.positions(idx.size(1), idx.device, self.config.cache_capacity)
 
     def logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The last block's output -> final norm -> logits over the real vocabulary, and the mean
@@ -163,12 +143,12 @@ class GPT(nn.Module):
         Sampling, not training: on a CPU, without autograd, ``W @ h^T`` streams the large
         embedding matrix faster than ``h @ W^T`` does for a few rows (measured here: 56 vs 62 ms
         per step of a batch of 8 with GPT-2 small's shape; the same for one row). A head packed
-        for the batch (``model.packed``) is faster still.
+        for the batch (``model.packed`` installs its own forward on the head) is faster still, and is used.
         """
-        weight = self.lm_head.weight
-        if h.device.type != "cpu" or torch.is_grad_enabled() or h.size(0) > 32 or is_packed(self.lm_head):
+        replaced = "forward" in vars(self.lm_head)  # a forward installed on the head for a batch (model.packed)
+        if h.device.type != "cpu" or torch.is_grad_enabled() or h.size(0) > 32 or replaced:
             return self.lm_head(h)
-        return torch.mm(weight, h.t()).t()
+        return torch.mm(self.lm_head.weight, h.t()).t()
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, each counted once (the tied LM head is the token embedding).
@@ -219,7 +199,6 @@ class GPT(nn.Module):
                 f"state dict shapes do not fit this GPT's config ({len(wrong)} tensors): " + "; ".join(wrong[:5])
             )
         self.load_state_dict(state_dict)
-
 
 
 def _as_layout(state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int) -> dict[str, torch.Tensor]:

@@ -1,0 +1,128 @@
+"""The KV cache: every layer's keys and values, and the one place that knows which positions they hold.
+
+The GPT asks the cache for the positions of the tokens it is given (``positions``) and tells it when they
+are processed (``advance``); attention stores and reads keys and values through ``LayerCache.update``; a
+static decode step (``model.decoding``) opens and closes its step here (``open_step`` / ``close_step`` /
+``stepped``). Eager, CUDA-graph and compiled decoding share this one bookkeeping.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayerCache:
+    """One layer's keys and values for the positions processed so far (a batch of sequences).
+
+    Buffers are (batch, kv_heads, capacity, head_dim), allocated at the first write and written in place
+    (no copy of the past per token): slot 0 serves the multi-head layouts, one slot per key/value group
+    the wrapper. The capacity is the context, or the window when shorter: then the buffer is a ring
+    (position p in slot p % capacity) and one new query sees all of it, exactly its window.
+    """
+
+    def __init__(self, owner: KVCache) -> None:
+        self.owner = owner  # the KVCache: how many positions are cached, the capacity, a static step's state
+        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(
+        self, slot: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Store the new positions' k, v; return the keys and values the new queries attend over, and the
+        mask of those visible when a static decode step attends over the whole cache (else None: the shapes
+        say)."""
+        start, new, capacity = self.owner.length, k.size(2), self.owner.capacity
+        if self.owner.position is not None:  # a static decode step: one position, given as a tensor
+            k_all, v_all = self.slots[slot]
+            where = (self.owner.position % capacity).view(1)
+            k_all.index_copy_(2, where, k)
+            v_all.index_copy_(2, where, v)
+            return k_all, v_all, self.owner.mask  # every slot; the step's mask says which hold keys
+        if slot not in self.slots:
+            # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
+            # 0 x NaN would be NaN.
+            shape = (k.size(0), k.size(1), capacity, k.size(3))
+            self.slots[slot] = (k.new_zeros(shape), v.new_zeros(shape))
+        k_all, v_all = self.slots[slot]
+        if start + new <= capacity:  # in position order
+            k_all[:, :, start : start + new] = k
+            v_all[:, :, start : start + new] = v
+            return k_all[:, :, : start + new], v_all[:, :, : start + new], None
+        # Past the capacity: a windowed cache, which only ever needs the last `capacity` positions.
+        if new == 1:
+            k_all[:, :, start % capacity] = k[:, :, 0]
+            v_all[:, :, start % capacity] = v[:, :, 0]
+            return k_all, v_all, None
+        if start > 0:
+            raise ValueError(f"a windowed KV cache takes one position at a time once it holds {capacity}; "
+                             f"refill it from the window's tokens")  # fmt: skip
+        kept = torch.arange(new - capacity, new, device=k.device)  # a first fill longer than the window
+        k_all[:, :, kept % capacity] = k[:, :, -capacity:]
+        v_all[:, :, kept % capacity] = v[:, :, -capacity:]
+        return k, v, None
+
+
+class KVCache:
+    """Keys and values of every layer for the positions processed so far (a batch of sequences).
+
+    ``capacity`` positions are preallocated per layer: unless given, the model's context, or its
+    attention window when shorter (``GPTConfig.cache_capacity``); with ``n_kv_head`` key/value heads.
+    """
+
+    def __init__(self, n_layer: int, capacity: int | None = None) -> None:
+        self.layers = [LayerCache(self) for _ in range(n_layer)]
+        self.length = 0
+        self.capacity = capacity
+        # During a static decode step: the new position as a 0-d tensor, and the (1, 1, 1, capacity) mask of
+        # the slots its query sees. Static shapes: a CUDA graph can replay it.
+        self.position: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        self.slot_ids: torch.Tensor | None = None  # 0 .. capacity-1, what a static step's mask compares with
+
+    @property
+    def in_static_step(self) -> bool:
+        return self.position is not None
+
+    def positions(self, count: int, device: torch.device, capacity: int) -> torch.Tensor:
+        """The positions of ``count`` new tokens after the cached ones, (count,); in a static step its position
+        tensor (no Python number of it: one captured step serves every position). ``capacity`` sizes a cache
+        made without one."""
+        if self.in_static_step:
+            return self.position.view(1)
+        if self.capacity is None:
+            self.capacity = capacity
+        return torch.arange(self.length, self.length + count, device=device)
+
+    def advance(self, count: int) -> None:
+        """``count`` new positions were processed (a static step says its own: ``stepped``)."""
+        if not self.in_static_step:
+            self.length += count
+
+    def reset(self) -> None:
+        """Empty the cache, keeping its buffers (a captured decode step refers to them): refilled in place."""
+        self.length = 0
+
+    def nbytes(self) -> int:
+        """Bytes the cache's buffers hold."""
+        return sum(t.nbytes for t in self.buffers())
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [t for layer in self.layers for pair in layer.slots.values() for t in pair]
+
+    def prepare_static_steps(self, device: torch.device) -> list[torch.Tensor]:
+        """Before static steps (the cache filled by a prompt): make the slot numbers their masks compare with;
+        returns every tensor of the cache a step reads, which stays at its address (graphs may keep them)."""
+        self.slot_ids = torch.arange(self.capacity, device=device)
+        return [self.slot_ids, *self.buffers()]
+
+    def open_step(self, position: torch.Tensor) -> None:
+        """A static step at ``position`` (a 0-d tensor) writes its keys there and attends over every slot
+        holding keys: up to the position, or all of them once a windowed ring has filled."""
+        self.mask = ((self.slot_ids <= position) | (position >= self.capacity)).view(1, 1, 1, -1)
+        self.position = position
+
+    def close_step(self) -> None:
+        self.position = self.mask = None
+
+    def stepped(self, position: int) -> None:
+        """A static step at ``position`` has run: the cache holds every position up to it."""
+        self.length = position + 1
