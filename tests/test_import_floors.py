@@ -8,7 +8,8 @@ inside functions, fails on an arrow up a floor or sideways between neighbours on
     data      tokenizers, text sources, token files, the batch loader
     common    the run directory's files, name lookups, text tables, warm-up, wandb mode: imports none of the above
 
-A module may import its own package and any package on a lower floor.
+A module may import its own package and any package on a lower floor. Inside model/, the inference shortcuts
+(packed heads, decoding, generation) depend on the model, never the reverse.
 """
 
 from __future__ import annotations
@@ -90,6 +91,23 @@ def test_no_import_goes_up_a_floor():
     )
     stale = sorted(ALLOWED.keys() - up)
     assert not stale, f"allow-list entries no longer needed, remove them from ALLOWED: {stale}"
+
+
+# Inside model/: the inference shortcuts use the model; the model (GPT, attention, kernels, cache, positions...)
+# never imports them. The package's __init__ re-exports ``generate``, so it is the one exception.
+SHORTCUTS = {"model.packed", "model.decoding", "model.generation"}
+
+
+def test_the_model_does_not_import_its_inference_shortcuts():
+    sources = {name: path.read_text() for name, path in project_modules().items() if name.startswith("model.")}
+    reverse = sorted(
+        f"{module} -> {target}"
+        for module, source in sources.items()
+        if module not in SHORTCUTS
+        for target in imports(source, module)
+        if any(target == s or target.startswith(s + ".") for s in SHORTCUTS)
+    )
+    assert not reverse, "the model imports an inference shortcut (it should be the other way): " + ", ".join(reverse)
 
 
 def test_every_package_sits_on_a_floor():
