@@ -16,7 +16,7 @@ same generator, up to float round-off in the batched matmuls.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from model.decoding import choose_decoding, make_step
 from model.gpt import GPT
 from model.kv_cache import KVCache
-from model.packed import packed_linears
+from model.packed import packed_linears, sampling_head
 
 # Sampling's defaults, one place for sample.py and the trainer's end-of-run sample.
 DEFAULT_TEMPERATURE = 0.8
@@ -118,8 +118,11 @@ def generate_batch(
     length, start = len(prompt), max(0, len(prompt) - block)
     cache, step, refill = KVCache(model.config.n_layer), None, True  # the model sizes it: its context or window
     stopped = [False] * n
-    # Decoding multiplies n rows by every weight: on a CPU, weights packed for n rows are read faster.
-    with packed_linears(model, n) if use_cache and decoding == "eager" else nullcontext():
+    # Decoding multiplies n rows by every weight: on a CPU, weights packed for n rows are read faster, and the
+    # head's product for a few rows is faster transposed where it is not packed.
+    with ExitStack() as faster:
+        faster.enter_context(packed_linears(model, n) if use_cache and decoding == "eager" else nullcontext())
+        faster.enter_context(sampling_head(model.lm_head))
         for _ in range(max_new_tokens):
             if length - start > block:  # the context is full: slide the window
                 start, refill = length - keep, True

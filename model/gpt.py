@@ -111,7 +111,7 @@ class GPT(nn.Module):
             cache.advance(idx.size(1))
         if targets is None:
             h = self.transformer.ln_f(x[:, -1, :])
-            return self.last_logits(h).unsqueeze(1)[..., : self.config.vocab_size], None
+            return self.lm_head(h).unsqueeze(1)[..., : self.config.vocab_size], None
         return self.logits_and_loss(x, targets)
 
     def positions_of(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -136,19 +136,6 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
         return logits, loss
-
-    def last_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM-head logits of one position per sequence, (B, C) -> (B, padded vocab).
-
-        Sampling, not training: on a CPU, without autograd, ``W @ h^T`` streams the large
-        embedding matrix faster than ``h @ W^T`` does for a few rows (measured here: 56 vs 62 ms
-        per step of a batch of 8 with GPT-2 small's shape; the same for one row). A head packed
-        for the batch (``model.packed`` installs its own forward on the head) is faster still, and is used.
-        """
-        replaced = "forward" in vars(self.lm_head)  # a forward installed on the head for a batch (model.packed)
-        if h.device.type != "cpu" or torch.is_grad_enabled() or h.size(0) > 32 or replaced:
-            return self.lm_head(h)
-        return torch.mm(self.lm_head.weight, h.t()).t()
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, each counted once (the tied LM head is the token embedding).
