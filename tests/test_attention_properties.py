@@ -32,7 +32,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 HEAD_SHAPES = {"4x16": (4, 16, {"mha": 4, "gqa": 2, "mqa": 1}),
                "6x8": (6, 8, {"mha": 6, "gqa": 3, "mqa": 1})}  # fmt: skip
 WINDOWS = {"full": None, "window5": 5, "window100": 100}  # 100: shorter than the long lengths, longer than most
-LENGTHS = [1, 2, 3, 5, 8, 13, 16, 17, 31, 40, 64, 97, 127, 128, 129, 131, 200]
+# Primes, odd and even; 8 and 40 (where torch's CPU flex went wrong, 8 mod 16); below, at and past flex's block (128).
+LENGTHS = [1, 2, 3, 5, 8, 13, 17, 40, 64, 127, 128, 129, 200]
 # Every length to 40, then primes and the lengths around flex's blocks (128, 256, 384) to past three of them.
 DEEP_LENGTHS = [*range(1, 41), 41, 43, 47, 53, 59, 61, 63, 64, 65, 67, 71, 79, 89, 97, 101, 113, 127, 128, 129, 131,
                 137, 149, 157, 160, 191, 255, 256, 257, 263, 300, 383, 384, 385]  # fmt: skip
@@ -131,10 +132,10 @@ def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, de
 
 # Decoding: a tiny GPT whose context is short enough to decode to its end from every prompt length.
 DECODE_BLOCK = 24
-PROMPTS = [1, 2, 3, 5, 7, 8, 13, 17, 23]
+PROMPTS = [1, 2, 5, 8, 13, 23]
 DEEP_PROMPTS = list(range(1, DECODE_BLOCK))
 DECODE_WINDOWS = {"full": None, "window7": 7}
-COMPILED_CELLS = [("fused_qkv", "sdpa", 2, 7), ("wrapper", "manual", 1, None)]
+COMPILED_CELLS = [("fused_qkv", "sdpa", 2, 7)]
 
 
 def decode_model(layout, kernel, n_kv, window, device) -> GPT:
@@ -190,7 +191,8 @@ def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout
     assert_decodes_like_full_recomputation(model, make_step, prompts, device)
 
 
-DEEP_COMPILED_CELLS = [c for c in itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)) if c not in COMPILED_CELLS]
+DEEP_COMPILED_CELLS = [*(c for c in itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)) if c not in COMPILED_CELLS),
+                       ("wrapper", "manual", 1, None)]  # fmt: skip
 
 
 @pytest.mark.parametrize("layout,kernel,n_kv,window",
