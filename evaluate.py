@@ -44,7 +44,7 @@ from training.evaluate import Evaluator
 @dataclass
 class EvaluateConfig:
     source: str = MISSING  # a run directory, a checkpoint file, gpt2[-medium|-large|-xl], or an HF folder
-    checkpoint: str = "last.pt"  # which checkpoint of a run directory: last.pt | best.pt
+    checkpoint: str = LAST  # which checkpoint of a run directory: last.pt | best.pt
     data: DataConfig = field(default_factory=DataConfig)  # the text; its tokenizer is the model's
     windows: int | None = None  # None: the run's trainer.eval_windows (or training's default)
     batch_size: int | None = None  # None: the run's trainer.micro_batch_size (or training's default)

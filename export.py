@@ -34,7 +34,7 @@ from model.gpt2_export import export_hf_gpt2
 class ExportConfig:
     source: str = MISSING  # a run directory or a checkpoint file
     out: str = MISSING  # the folder to write (created; files in it are replaced)
-    checkpoint: str = "last.pt"  # which checkpoint of a run directory: last.pt | best.pt
+    checkpoint: str = LAST  # which checkpoint of a run directory: last.pt | best.pt
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)

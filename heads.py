@@ -52,7 +52,7 @@ from model.device import resolve_device
 @dataclass
 class HeadsConfig:
     source: str = MISSING  # a run directory, a checkpoint file, gpt2[-medium|-large|-xl], or an HF folder
-    checkpoint: str = "best.pt"  # which checkpoint of a run directory: best.pt | last.pt
+    checkpoint: str = BEST  # which checkpoint of a run directory: best.pt | last.pt
     data: DataConfig = field(default_factory=DataConfig)  # the validation text; its tokenizer is the model's
     prompt: str | None = None  # text for the attention maps; unset: the start of the validation text
     map_tokens: int = 24  # without a prompt: how many validation tokens the maps show

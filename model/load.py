@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from model import registry
-from model.checkpoint import LAST, Checkpoint, checkpoint_path, load_checkpoint
+from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.pretrained import is_pretrained_source, load_pretrained_gpt2
@@ -32,7 +32,7 @@ class LoadedModel:
         """A short label: ``<run or model>`` plus the checkpoint and step where known."""
         if self.path is None:
             return Path(self.source).name or self.source
-        label = self.path.parent.name if self.path.name in ("last.pt", "best.pt") else self.path.stem
+        label = self.path.parent.name if self.path.name in (LAST, BEST) else self.path.stem
         return f"{label}/{self.path.name}, step {self.step}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.run_files import LAST
 from model.gpt import GPT
 from model.gpt2_import import import_hf_gpt2
 
@@ -20,7 +21,7 @@ def is_pretrained_source(source: str) -> bool:
     """A hub GPT-2 name, an ``org/name`` repo id, or a folder written by ``save_pretrained``."""
     path = Path(source).expanduser()
     if path.is_dir():
-        return (path / "config.json").exists() and not (path / "last.pt").exists()
+        return (path / "config.json").exists() and not (path / LAST).exists()
     return source in HUB_GPT2 or source.startswith("openai-community/")
 
 
