@@ -8,7 +8,10 @@ A run directory (``train.py``'s output) holds::
     failure.json    why the run could not finish, e.g. out of memory (FAILURE)
     samples.txt     text generated at the end (SAMPLES)
     train.log       Hydra's copy of the console, named after train.py (TRAIN_LOG)
-    profile/        trainer.profile=true: time_by_kind.json/.md, trace.json (PROFILE, PROFILE_SUMMARY)
+    profile/        trainer.profile=true (PROFILE), holding:
+      time_by_kind.json   milliseconds per step by kind of work (PROFILE_SUMMARY)
+      time_by_kind.md     the same as a table (PROFILE_TABLE)
+      trace.json          torch.profiler's Chrome trace (PROFILE_TRACE)
     .headlab-run    the owner file: created by a new run, locked by the process writing the run (OWNER)
 
 Every file that is replaced rather than appended to is written under a temporary name beside it
@@ -34,6 +37,8 @@ SAMPLES = "samples.txt"
 TRAIN_LOG = "train.log"  # written by Hydra's job logging (configs/train.yaml), read by users
 PROFILE = "profile"
 PROFILE_SUMMARY = "time_by_kind.json"
+PROFILE_TABLE = "time_by_kind.md"
+PROFILE_TRACE = "trace.json"
 WANDB_REBUILT = "wandb-rebuilt"  # rebuild_wandb.py's offline run
 OWNER = ".headlab-run"
 

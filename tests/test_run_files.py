@@ -80,3 +80,20 @@ def test_a_run_killed_while_running_reads_as_killed_once_its_lock_is_gone(tmp_pa
         assert load_run(run_dir).state == "running"
     finally:
         held.release()
+
+
+def test_the_profile_folder_holds_exactly_the_named_files_and_no_temporary(tmp_path):
+    import torch
+
+    from training.profiling import StepProfiler
+
+    out = tmp_path / run_files.PROFILE
+    profiler = StepProfiler(torch.device("cpu"), out, first_step=0, start=0, steps=1)
+    step_ms: list[float] = []
+    with profiler.around(1, step_ms):
+        torch.randn(32, 32) @ torch.randn(32, 32)
+        step_ms.append(1.0)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [run_files.PROFILE_SUMMARY, run_files.PROFILE_TABLE, run_files.PROFILE_TRACE])
+    assert json.loads((out / run_files.PROFILE_SUMMARY).read_text()) == profiler.summary
+    assert "traceEvents" in json.loads((out / run_files.PROFILE_TRACE).read_text())

@@ -24,7 +24,6 @@ name matches, in the order above. The classification is a reading aid, not an ex
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from common.run_files import write_text
+from common.run_files import PROFILE_SUMMARY, PROFILE_TABLE, PROFILE_TRACE, write_atomically, write_json, write_text
 from common.tables import markdown_table
 
 PROFILE_STEPS = 3  # steps profiled by trainer.profile, after the warm-up
@@ -211,9 +210,10 @@ class StepProfiler:
                         "wall_ms_per_step": self._wall_ms / steps, "sdpa_backend": sdpa_backends(events),
                         "ms_per_step": time_by_kind(events, self.device, self._wall_ms, steps)}  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
-        self._prof.export_chrome_trace(str(self.out / "trace.json"))
-        (self.out / "time_by_kind.json").write_text(json.dumps(self.summary, indent=2))
-        write_text(self.out / "time_by_kind.md", summary_table(self.summary) + "\n")
+        prof = self._prof
+        write_atomically(self.out / PROFILE_TRACE, lambda tmp: prof.export_chrome_trace(str(tmp)))
+        write_json(self.out / PROFILE_SUMMARY, self.summary)
+        write_text(self.out / PROFILE_TABLE, summary_table(self.summary) + "\n")
         self._prof = None
 
 
