@@ -33,7 +33,8 @@ from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
 from training.continuation import STOP_AT_STEP, continue_command
 from training.distributed import from_environment
-from training.loop import RunFailed, plan_variants, train
+from training.loop import RunFailed, train
+from training.plan import plan_variants
 
 RENAMED = {
     "attention.layout": "attention",

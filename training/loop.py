@@ -41,7 +41,6 @@ from training.evaluate import Evaluator
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
 from training.preflight import RunSetup, preflight, with_micro_batch
-from training.preflight import plan_variants as plan_variants  # re-exported: train.py plans a sweep with it
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
 from training.run_log import RunDirClaim, claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals

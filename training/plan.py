@@ -7,19 +7,25 @@ micro-batch, tensor by tensor (see ``activation_bytes``), plus the logits'
 forward transients. It is an estimate: ``torch.compile`` usually saves less;
 the CUDA context and allocator fragmentation add some. Tested on CPU against
 the bytes autograd really saves.
+
+``plan_of`` is a run's plan and the text ``trainer.plan=true`` prints (with ``micro_batch_size=auto``'s
+note); ``plan_variants`` is a sweep's (``train.py -m ... trainer.plan=true``): a table, then each distinct plan.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from data.tokenizers import VOCAB_SIZES
 from model import registry
 from model.config import GPTConfig
-from training.config import TrainConfig, micro_batch_for
+from model.device import available_memory, resolve_device
+from training.config import TrainConfig, micro_batch_for, validate
+from training.distributed import from_environment
 
 GIB = 2**30
 ASSUMED_MFU = 0.4  # for time estimates only: a typical compiled bf16 GPT-2-small run on an H100 (an assumption)
@@ -294,3 +300,44 @@ def _with_micro(plan: Plan, micro: int) -> Plan:
     return Plan(**{**plan.__dict__, "micro_batch": micro,
                    "activations": {k: int(v * scale) for k, v in plan.activations.items()},
                    "logits_transient_bytes": int(plan.logits_transient_bytes * scale)})  # fmt: skip
+
+
+def planned_model(cfg: TrainConfig) -> GPTConfig:
+    """The model as it will be built: the vocabulary, unset, is the tokenizer's."""
+    return replace(cfg.model, vocab_size=cfg.model.vocab_size or VOCAB_SIZES[cfg.data.tokenizer])
+
+
+def plan_of(cfg: TrainConfig, planned: GPTConfig, world_size: int):
+    """The plan and its text. ``micro_batch_size=auto`` is planned for the GPU at hand, or for an 80 GiB
+    one (an H100) where there is none, with what it would pick on others."""
+    t, dtype = cfg.trainer, planned_dtype(cfg.trainer)
+    micro, note = None, ""
+    if t.micro_batch_size == "auto":
+        on_gpu = t.device != "cpu" and torch.cuda.is_available()
+        free = available_memory(resolve_device(t.device)) if on_gpu else 80 * GIB
+        micro = auto_micro_batch(cfg, planned, world_size, dtype, free)
+        where = f"this GPU's {free / GIB:.1f} GiB free" if on_gpu else "an 80 GiB GPU (an H100; none is here)"
+        note = f"\n  micro-batch auto: planned above for {where}\n" + auto_choices_text(cfg, planned, world_size, dtype)
+    plan = make_plan(cfg, planned, world_size, dtype, micro_batch=micro)
+    if planned_device(t) == "cpu":  # a run on this CPU: its time is estimated from a quick matmul measurement
+        plan = replace(plan, cpu_flops=cpu_matmul_flops())
+    return plan, plan.text() + note
+
+
+def plan_variants(configs: dict[str, TrainConfig]) -> str:
+    """The plans of a sweep's variants: a table of each one's micro-batch, memory and time, then each
+    distinct plan once, headed by the variants it covers (seeds do not change a plan)."""
+    world = from_environment().world_size
+    plans: dict[str, list[str]] = {}
+    rows = []
+    for name, cfg in configs.items():
+        validate(cfg)
+        plan, text = plan_of(cfg, planned_model(cfg), world)
+        plans.setdefault(text, []).append(name)
+        rows.append(f"| {name} | {plan.micro_batch} x {plan.grad_accum} | {plan.peak_bytes / GIB:,.1f} | "
+                    f"{plan.time_text()} |")  # fmt: skip
+    table = ["| run | micro-batch x accumulation | est. peak GiB | est. time |", "| --- | ---: | ---: | ---: |",
+             *rows]  # fmt: skip
+    parts = [f"{len(configs)} runs; estimates, as each plan below says:", "\n".join(table)]
+    parts += [f"--- {'; '.join(names)} ---\n{text}" for text, names in plans.items()]
+    return "\n\n".join(parts)

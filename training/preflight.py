@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.run_files import remove_stale_checkpoints
 from data.sources import check_source
-from data.tokenizers import GPT2_IDS, VOCAB_SIZES
+from data.tokenizers import GPT2_IDS
 from model import load_model
 from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from model.config import GPTConfig
@@ -31,16 +31,7 @@ from training.config import TrainConfig, TrainerConfig, micro_batch_for, validat
 from training.continuation import Continuation
 from training.distributed import Distributed, from_environment
 from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
-from training.plan import (
-    GIB,
-    auto_choices_text,
-    auto_micro_batch,
-    check_fits_device,
-    cpu_matmul_flops,
-    make_plan,
-    planned_device,
-    planned_dtype,
-)
+from training.plan import auto_micro_batch, check_fits_device, make_plan, plan_of, planned_model
 
 log = logging.getLogger("headlab.train")
 
@@ -99,11 +90,6 @@ def preflight(cfg: DictConfig | TrainConfig) -> RunSetup | dict:
 
 def with_micro_batch(cfg: TrainConfig, micro: int) -> TrainConfig:
     return replace(cfg, trainer=replace(cfg.trainer, micro_batch_size=micro))
-
-
-def planned_model(cfg: TrainConfig) -> GPTConfig:
-    """The model as it will be built: the vocabulary, unset, is the tokenizer's."""
-    return replace(cfg.model, vocab_size=cfg.model.vocab_size or VOCAB_SIZES[cfg.data.tokenizer])
 
 
 def found_continuation(cfg: TrainConfig, planned: GPTConfig) -> Continuation | None:
@@ -193,39 +179,3 @@ def initial_weights(cfg: TrainConfig, planned: GPTConfig) -> dict:
     weights = source.model.state_dict()
     weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: planned.block_size]
     return weights
-
-
-def plan_of(cfg: TrainConfig, planned: GPTConfig, world_size: int):
-    """The plan and its text. ``micro_batch_size=auto`` is planned for the GPU at hand, or for an 80 GiB
-    one (an H100) where there is none, with what it would pick on others."""
-    t, dtype = cfg.trainer, planned_dtype(cfg.trainer)
-    micro, note = None, ""
-    if t.micro_batch_size == "auto":
-        on_gpu = t.device != "cpu" and torch.cuda.is_available()
-        free = available_memory(resolve_device(t.device)) if on_gpu else 80 * GIB
-        micro = auto_micro_batch(cfg, planned, world_size, dtype, free)
-        where = f"this GPU's {free / GIB:.1f} GiB free" if on_gpu else "an 80 GiB GPU (an H100; none is here)"
-        note = f"\n  micro-batch auto: planned above for {where}\n" + auto_choices_text(cfg, planned, world_size, dtype)
-    plan = make_plan(cfg, planned, world_size, dtype, micro_batch=micro)
-    if planned_device(t) == "cpu":  # a run on this CPU: its time is estimated from a quick matmul measurement
-        plan = replace(plan, cpu_flops=cpu_matmul_flops())
-    return plan, plan.text() + note
-
-
-def plan_variants(configs: dict[str, TrainConfig]) -> str:
-    """The plans of a sweep's variants: a table of each one's micro-batch, memory and time, then each
-    distinct plan once, headed by the variants it covers (seeds do not change a plan)."""
-    world = from_environment().world_size
-    plans: dict[str, list[str]] = {}
-    rows = []
-    for name, cfg in configs.items():
-        validate(cfg)
-        plan, text = plan_of(cfg, planned_model(cfg), world)
-        plans.setdefault(text, []).append(name)
-        rows.append(f"| {name} | {plan.micro_batch} x {plan.grad_accum} | {plan.peak_bytes / GIB:,.1f} | "
-                    f"{plan.time_text()} |")  # fmt: skip
-    table = ["| run | micro-batch x accumulation | est. peak GiB | est. time |", "| --- | ---: | ---: | ---: |",
-             *rows]  # fmt: skip
-    parts = [f"{len(configs)} runs; estimates, as each plan below says:", "\n".join(table)]
-    parts += [f"--- {'; '.join(names)} ---\n{text}" for text, names in plans.items()]
-    return "\n\n".join(parts)
