@@ -39,6 +39,7 @@ from model.config import attention_label
 from model.decoding import choose_decoding
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate_batch
+from model.kernels import sees_every_key
 
 
 @dataclass
@@ -109,6 +110,18 @@ def prompt_ids(text: str, tokenizer, block_size: int) -> list[int]:
     return ids
 
 
+def compiles_before_first_tokens(kernel, window: int | None, prompt_len: int, use_cache: bool,
+                                 max_new_tokens: int) -> bool:  # fmt: skip
+    """Whether the kernel compiles itself on the prompt's pass or, without the cache, on the next pass (one
+    token longer): seconds of silence, said beforehand. The kernel answers for a pass (``compiles_for``)."""
+    compiles_for = getattr(kernel, "compiles_for", None)
+    if compiles_for is None:  # kernels from before AttentionKernel.compiles_for: a one-token step runs as SDPA
+        def compiles_for(q_len: int, k_len: int, window: int | None) -> bool:
+            return kernel.compiles and not sees_every_key(q_len, k_len, window)
+    lengths = [prompt_len] + ([prompt_len + 1] if not use_cache and max_new_tokens > 1 else [])
+    return any(compiles_for(n, n, window) for n in lengths)
+
+
 def run(cfg: SampleConfig) -> list[str]:
     """Generate ``num_samples`` continuations, streaming them to stdout; returns them."""
     check(cfg)
@@ -132,9 +145,9 @@ def run(cfg: SampleConfig) -> list[str]:
     prefix = "" if ids == [tokenizer.eot_id] else tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
     texts = [prefix] * cfg.num_samples
     counts = [0] * cfg.num_samples
-    # flex compiles for the first pass of more than one query (a one-token step runs as SDPA): seconds of silence
-    if registry.kernel(model.config.kernel).compiles and (len(ids) > 1 or not cfg.use_cache and cfg.max_new_tokens > 1):
-        notice(f"kernel=flex: compiling FlexAttention for this length (first call only; seconds, ~10 s on a "
+    kernel = registry.kernel(model.config.kernel)
+    if compiles_before_first_tokens(kernel, model.config.window, len(ids), cfg.use_cache, cfg.max_new_tokens):
+        notice(f"kernel={kernel.name}: compiling the kernel for this length (first call only; seconds, ~10 s on a "
                f"CPU){'' if cfg.use_cache else ', and once more for the next length'}")
     if cfg.num_samples > 1:
         print(f"--- sample 1/{cfg.num_samples} ---", flush=True)
