@@ -39,7 +39,6 @@ from model.config import attention_label
 from model.decoding import choose_decoding
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate_batch
-from model.kernels import sees_every_key
 
 
 @dataclass
@@ -114,12 +113,8 @@ def compiles_before_first_tokens(kernel, window: int | None, prompt_len: int, us
                                  max_new_tokens: int) -> bool:  # fmt: skip
     """Whether the kernel compiles itself on the prompt's pass or, without the cache, on the next pass (one
     token longer): seconds of silence, said beforehand. The kernel answers for a pass (``compiles_for``)."""
-    compiles_for = getattr(kernel, "compiles_for", None)
-    if compiles_for is None:  # kernels from before AttentionKernel.compiles_for: a one-token step runs as SDPA
-        def compiles_for(q_len: int, k_len: int, window: int | None) -> bool:
-            return kernel.compiles and not sees_every_key(q_len, k_len, window)
     lengths = [prompt_len] + ([prompt_len + 1] if not use_cache and max_new_tokens > 1 else [])
-    return any(compiles_for(n, n, window) for n in lengths)
+    return any(kernel.compiles_for(n, n, window) for n in lengths)
 
 
 def run(cfg: SampleConfig) -> list[str]:

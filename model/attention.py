@@ -24,8 +24,11 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from model.kernels import attention_probs, get_kernel, repeat_kv
-from model.registry import ATTENTION_LAYOUTS, lookup, register
+from model import registry
+from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
+from model.positions import alibi_slopes
+from model.registry import ATTENTION_LAYOUTS, KERNELS, lookup, register
+from model.score_mods import MOD_NAMES, ScoreMods
 
 if TYPE_CHECKING:
     from model.kv_cache import LayerCache
@@ -39,7 +42,8 @@ PROJECTIONS = ("query", "key", "value")
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """One attention block's shape and how it attends: what every layout is built from."""
+    """One attention block's shape and how it attends: what every layout is built from, and the one place
+    its options are checked (a GPTConfig makes one: ``GPTConfig.attention_spec``)."""
 
     n_embd: int
     n_head: int
@@ -49,11 +53,50 @@ class AttentionSpec:
     n_kv_head: int | None = None  # None: n_head (multi-head)
     window: int | None = None  # None: every earlier position
     sdpa_backend: str = "auto"
+    position: str = "learned"  # model.positions: learned | rope | alibi | none
+    rope_theta: float = 10000.0
+    qk_norm: bool = False
+    softcap: float | None = None
+    sinks: bool = False
+    block_size: int | None = None  # the model's context: what a position past it sees (``context``)
+    kv_latent: int | None = None  # attention=mla's latent width
+    rope_head_dim: int | None = None  # attention=mla's decoupled rotary key width
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"n_kv_head={self.kv_heads} does not divide n_head={self.n_head}")
+        kv = self.n_kv_head
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
+            problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
+            raise ValueError(f"model.n_kv_head={kv!r} {problem} model.n_head={self.n_head}; choose a divisor "
+                             f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
+        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
+                                        or self.window < 1):  # fmt: skip
+            raise ValueError(f"model.window={self.window!r} must be a positive number of positions, or null (all)")
+        kernel = registry.kernel(self.kernel)
+        lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
+        if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
+            takers = " or ".join(name for name, k in KERNELS.items() if self.sdpa_backend in k.backends)
+            raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel={takers}'s implementation, but "
+                             f"kernel={self.kernel}; use kernel={takers}, or model.sdpa_backend=auto")  # fmt: skip
+        if not kernel.has_dropout and self.dropout > 0:
+            others = " or ".join(name for name, k in KERNELS.items() if k.has_dropout)
+            raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
+                             f"model.dropout=0, or use kernel={others}")  # fmt: skip
+        registry.position(self.position)
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, int | float) or self.rope_theta <= 1:
+            raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a number above 1 (10000: RoFormer's, "
+                             f"Llama 2's; 500000: Llama 3's)")  # fmt: skip
+        for flag in ("qk_norm", "sinks"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"model.{flag}={getattr(self, flag)!r} must be true or false")
+        cap = self.softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0):
+            raise ValueError(f"model.softcap={cap!r} must be a positive number (Gemma 2 caps at 50), or null (none)")
+        for mod in self.score_mods:
+            if mod not in kernel.score_mods:
+                takers = " or ".join(name for name, k in KERNELS.items() if mod in k.score_mods)
+                raise ValueError(f"{MOD_OPTIONS[mod](self)} changes the scores before the softmax, which "
+                                 f"kernel={self.kernel} cannot do; use kernel={takers}")  # fmt: skip
 
     @property
     def kv_heads(self) -> int:
@@ -63,8 +106,27 @@ class AttentionSpec:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def score_mods(self) -> tuple[str, ...]:
+        """The score modifications this attention uses (``model.score_mods``), by name."""
+        used = (registry.position(self.position).biases_scores, self.softcap is not None, self.sinks)
+        return tuple(name for name, on in zip(MOD_NAMES, used) if on)
+
+    @property
+    def context(self) -> int | None:
+        """Keys a query sees at most: the window; or, for a model that reads past its ``block_size`` (no
+        position table), the block size as well (its training context); None: every earlier key."""
+        if not registry.position(self.position).runs_past_context or self.block_size is None:
+            return self.window
+        return min(self.window or self.block_size, self.block_size)
+
     def build_kernel(self):
-        return get_kernel(self.kernel, self.window, self.sdpa_backend)
+        return get_kernel(self.kernel, self.context, self.sdpa_backend)
+
+
+# How each score modification is chosen, for errors.
+MOD_OPTIONS = {"alibi": lambda s: "model.position=alibi", "softcap": lambda s: f"model.softcap={s.softcap}",
+               "sinks": lambda s: "model.sinks=true"}  # fmt: skip
 
 
 def remember(
@@ -99,10 +161,14 @@ class CausalAttentionHead(nn.Module):
         self.kernel = kernel
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
-        # A head axis of size 1 lets every kernel serve single heads too.
-        q = self.query(x).unsqueeze(1)  # (B, 1, T, hd)
-        return self.kernel(q, k, v, self.dropout, self.training, mask=mask).squeeze(1)  # (B, T, hd)
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """This head's queries, (B, 1, T, hd): a head axis of size 1 lets every kernel serve single heads too."""
+        return self.query(x).unsqueeze(1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """This head's (encoded) queries over its group's keys and values -> (B, T, hd)."""
+        return self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=mods, positions=positions).squeeze(1)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This head's group's keys and values, (B, 1, T, hd) each."""
@@ -136,37 +202,82 @@ class MultiHeadAttention(nn.Module):
         None when they do not say (converting to a layout that splits heads then needs n_head)."""
         return None
 
+    @classmethod
+    def cache_width(cls, spec: AttentionSpec) -> int:
+        """Numbers a KV cache keeps per token per layer: a key and a value per key/value head (the plan's and
+        the reports' cache bytes per token are this times the layers and the dtype's bytes)."""
+        return 2 * spec.kv_heads * spec.head_dim
+
+    @classmethod
+    def check_spec(cls, spec: AttentionSpec) -> None:
+        """Refuse what this layout cannot build (beyond the spec's own checks), naming the fix."""
+        if registry.position(spec.position).turns_queries_keys and spec.head_dim % 2:
+            raise ValueError(f"model.position={spec.position} turns pairs of a head's dimensions, but the head dim "
+                             f"n_embd/n_head = {spec.n_embd}/{spec.n_head} = {spec.head_dim} is odd; choose n_embd "
+                             f"and n_head with an even quotient")  # fmt: skip
+
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.window, self.head_dim = spec.n_head, spec.kv_heads, spec.window, spec.head_dim
+        self.context = spec.context  # the window, or a model's context once it reads past block_size
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
+        self.build_encodings(spec, spec.head_dim)
+
+    def build_encodings(self, spec: AttentionSpec, qk_dim: int) -> None:
+        """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks)."""
+        self.rotary = registry.position(spec.position).rotary(qk_dim, spec.rope_theta)
+        if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
+            self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
+        self.qk_norm, self.softcap = spec.qk_norm, spec.softcap
+        self.sinks = nn.Parameter(torch.zeros(spec.n_head)) if spec.sinks else None
+        slopes = alibi_slopes(spec.n_head) if registry.position(spec.position).biases_scores else None
+        self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
+        self.mods_span = spec.context or spec.block_size or 0
+
+    def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), then rotated (rope)."""
+        q = self.q_norm(q) if self.qk_norm else q
+        return q if self.rotary is None else self.rotary(q, positions)
+
+    def encode_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """As ``encode_queries``, for keys: before the KV cache, which then holds them encoded."""
+        k = self.k_norm(k) if self.qk_norm else k
+        return k if self.rotary is None else self.rotary(k, positions)
+
+    def score_mods(self) -> ScoreMods | None:
+        """The score modifications of this block (``model.score_mods``), or None when it has none."""
+        if self.alibi_slopes is None and self.softcap is None and self.sinks is None:
+            return None
+        return ScoreMods(self.mods_span, self.alibi_slopes, self.softcap, self.sinks)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
     ) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(x.size(1), device=x.device)
         return self.resid_dropout(self.c_proj(self.attend(x, positions, cache)))
 
-    def attend(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
-    ) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute
-        positions (None: 0..T-1), computed once by the GPT (``model.positions``): the learned encoding is added
-        to the embeddings, so the layouts pass them by; an encoding of queries and keys will use them here."""
+        positions, computed once by the GPT: a learned encoding was added to the embeddings; rotary turns the
+        queries and keys here (``encode_queries``/``encode_keys``), ALiBi biases the scores (``score_mods``)."""
         raise NotImplementedError
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each query head's queries and keys, (B, H, T, head_dim): what its attention weights come from."""
+        """Each query head's queries and keys, (B, H, T, head_dim), encoded (qk_norm, rope) at positions 0..T-1:
+        what its attention weights come from."""
         raise NotImplementedError
 
     @torch.no_grad()
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, T) attention weights of each query head, from this layout's own projections.
+        """(B, H, T, T) attention weights of each query head, from this layout's own projections, with the
+        block's score modifications (with sinks, a row sums to less than 1: the rest went to the sink).
 
         The manual kernel applies exactly these; sdpa and flex fuse the same formula, so they describe a
         model run with any kernel.
         """
-        return attention_probs(*self.queries_keys(x), self.window)
+        return attention_probs(*self.queries_keys(x), self.context, mods=self.score_mods())
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:
@@ -210,20 +321,22 @@ class WrapperAttention(MultiHeadAttention):
             for h in range(spec.n_head)
         )
 
-    def attend(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
-    ) -> torch.Tensor:
-        group = self.n_head // self.n_kv_head
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        group, mods = self.n_head // self.n_kv_head, self.score_mods()
         outputs = []
         for g in range(self.n_kv_head):
-            k, v, mask = remember(cache, g, *self.heads[g * group].keys_values(x))  # the group's notes, once
-            outputs += [head(x, k, v, mask) for head in self.heads[g * group : (g + 1) * group]]
+            k, v = self.heads[g * group].keys_values(x)  # the group's notes, once
+            k, v, mask = remember(cache, g, self.encode_keys(k, positions), v)
+            for h in range(g * group, (g + 1) * group):
+                q = self.encode_queries(self.heads[h].queries(x), positions)
+                outputs.append(self.heads[h](q, k, v, mask, None if mods is None else mods.head(h), positions))
         return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        group = self.n_head // self.n_kv_head
-        keys = torch.stack([self.heads[g * group].key(x) for g in range(self.n_kv_head)], dim=1)
-        return torch.stack([head.query(x) for head in self.heads], dim=1), repeat_kv(keys, self.n_head)
+        group, positions = self.n_head // self.n_kv_head, torch.arange(x.size(1), device=x.device)
+        keys = torch.cat([self.heads[g * group].keys_values(x)[0] for g in range(self.n_kv_head)], dim=1)
+        queries = torch.cat([head.queries(x) for head in self.heads], dim=1)
+        return self.encode_queries(queries, positions), repeat_kv(self.encode_keys(keys, positions), self.n_head)
 
     @classmethod
     def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
@@ -283,14 +396,13 @@ class SplitHeadsAttention(MultiHeadAttention):
         """q (B, T, C), k and v (B, T, kv_width)."""
         raise NotImplementedError
 
-    def attend(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
-    ) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.project(x)
-        q = self.split_heads(q, self.n_head)  # (B, H, T, hd)
-        k, v, mask = remember(cache, 0, self.split_heads(k, self.n_kv_head), self.split_heads(v, self.n_kv_head))
-        y = self.kernel(q, k, v, self.dropout, self.training, mask=mask)  # (B, H, T, hd)
+        q = self.encode_queries(self.split_heads(q, self.n_head), positions)  # (B, H, T, hd)
+        k = self.encode_keys(self.split_heads(k, self.n_kv_head), positions)
+        k, v, mask = remember(cache, 0, k, self.split_heads(v, self.n_kv_head))
+        y = self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=self.score_mods(), positions=positions)
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -299,7 +411,9 @@ class SplitHeadsAttention(MultiHeadAttention):
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, _ = self.project(x)
-        return self.split_heads(q, self.n_head), repeat_kv(self.split_heads(k, self.n_kv_head), self.n_head)
+        positions = torch.arange(x.size(1), device=x.device)
+        q = self.encode_queries(self.split_heads(q, self.n_head), positions)
+        return q, repeat_kv(self.encode_keys(self.split_heads(k, self.n_kv_head), positions), self.n_head)
 
 
 @register(ATTENTION_LAYOUTS)
@@ -376,8 +490,14 @@ class FusedQKVAttention(SplitHeadsAttention):
 
 
 def build_attention(layout: str, n_embd: int, n_head: int, kernel: str, dropout: float = 0.0, bias: bool = True,
-                    n_kv_head: int | None = None, window: int | None = None,
-                    sdpa_backend: str = "auto") -> MultiHeadAttention:  # fmt: skip
-    """Build the attention block of a layout by name (an unknown name lists the valid ones)."""
+                    **options) -> MultiHeadAttention:  # fmt: skip
+    """Build the attention block of a layout by name (an unknown name lists the valid ones); ``options`` are
+    the rest of ``AttentionSpec``'s fields (n_kv_head, window, position, ...)."""
+    return attention_of(layout, AttentionSpec(n_embd, n_head, kernel, dropout, bias, **options))
+
+
+def attention_of(layout: str, spec: AttentionSpec) -> MultiHeadAttention:
+    """The attention block of ``layout`` built from ``spec``, checked by the layout first."""
     cls = lookup(ATTENTION_LAYOUTS, "attention layout", layout)
-    return cls(AttentionSpec(n_embd, n_head, kernel, dropout, bias, n_kv_head, window, sdpa_backend))
+    cls.check_spec(spec)
+    return cls(spec)

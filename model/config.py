@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
-from model.attention import check_heads
-from model.kernels import SDPA_BACKENDS
-from model.registry import KERNELS, lookup
+from model.attention import AttentionSpec
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -56,13 +55,23 @@ class GPTConfig:
     dropout: float = field(default=0.0, metadata={"reuse": "training"})
     bias: bool = field(default=True, metadata={"reuse": "weights"})
     attention: str = field(default="fused_qkv", metadata={"reuse": "layout"})  # the QKV layout: wrapper | ...
-    kernel: str = field(default="sdpa", metadata={"reuse": "implementation"})  # manual | sdpa | flex
+    # manual | sdpa | flex, or sdpa_<backend> (read as kernel=sdpa, sdpa_backend=<backend>)
+    kernel: str = field(default="sdpa", metadata={"reuse": "implementation"})
     # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped-query
     n_kv_head: int | None = field(default=None, metadata={"reuse": "weights"})
     # sliding-window attention: each position sees this many (itself included); None: all
     window: int | None = field(default=None, metadata={"reuse": "function"})
     # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
     sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
+    # The position encoding (model.positions): learned | rope | alibi | none
+    position: str = field(default="learned", metadata={"reuse": "weights"})
+    rope_theta: float = field(default=10000.0, metadata={"reuse": "function"})  # rotary's base wavelength
+    qk_norm: bool = field(default=False, metadata={"reuse": "weights"})  # RMSNorm of each head's queries and keys
+    softcap: float | None = field(default=None, metadata={"reuse": "function"})  # scores -> c tanh(scores / c)
+    sinks: bool = field(default=False, metadata={"reuse": "weights"})  # a learned softmax sink per head
+    # attention=mla: the keys' and values' latent width, and the decoupled rotary key's width (position=rope)
+    kv_latent: int | None = field(default=None, metadata={"reuse": "weights"})
+    rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -71,28 +80,20 @@ class GPTConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        check_heads(self.n_embd, self.n_head)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
-        registry.layout(self.attention)
-        kernel = registry.kernel(self.kernel)
-        kv = self.n_kv_head
-        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
-            problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
-            raise ValueError(f"model.n_kv_head={kv!r} {problem} model.n_head={self.n_head}; choose a divisor "
-                             f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
-        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
-                                        or self.window < 1):  # fmt: skip
-            raise ValueError(f"model.window={self.window!r} must be a positive number of positions, or null (all)")
-        lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
-        if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
-            takers = " or ".join(name for name, k in KERNELS.items() if self.sdpa_backend in k.backends)
-            raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel={takers}'s implementation, but "
-                             f"kernel={self.kernel}; use kernel={takers}, or model.sdpa_backend=auto")  # fmt: skip
-        if not kernel.has_dropout and self.dropout > 0:
-            others = " or ".join(name for name, k in KERNELS.items() if k.has_dropout)
-            raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
-                             f"model.dropout=0, or use kernel={others}")  # fmt: skip
+        layout = registry.layout(self.attention)
+        self.kernel, self.sdpa_backend = one_kernel_vocabulary(self.kernel, self.sdpa_backend)
+        layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
+
+    @property
+    def attention_spec(self) -> AttentionSpec:
+        """What every attention block is built from (its checks run as it is made)."""
+        return AttentionSpec(
+            self.n_embd, self.n_head, self.kernel, self.dropout, self.bias, self.n_kv_head, self.window,
+            self.sdpa_backend, self.position, self.rope_theta, self.qk_norm, self.softcap, self.sinks,
+            self.block_size, self.kv_latent, self.rope_head_dim,
+        )  # fmt: skip
 
     @property
     def kv_heads(self) -> int:
@@ -105,6 +106,12 @@ class GPTConfig:
         return min(self.block_size, self.window or self.block_size)
 
     @property
+    def runs_past_context(self) -> bool:
+        """Whether the model reads past ``block_size`` (no position table): a forward or a KV cache then keeps
+        going, each position seeing at most ``cache_capacity`` keys (``AttentionSpec.context``)."""
+        return registry.position(self.position).runs_past_context
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
@@ -113,3 +120,17 @@ class GPTConfig:
         if self.vocab_size is None:
             raise ValueError("vocab_size is not set; set model.vocab_size or let training take it from the tokenizer")
         return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def one_kernel_vocabulary(kernel: str, sdpa_backend: str) -> tuple[str, str]:
+    """``model.kernel`` takes every ``kernel=`` spelling: ``sdpa_flash`` is kernel sdpa held to flash (the
+    config keeps the two fields); a backend given twice must agree."""
+    if not isinstance(kernel, str) or kernel in registry.KERNELS:
+        return kernel, sdpa_backend
+    name, backend = registry.split_kernel_option(kernel)
+    if backend == "auto":
+        return kernel, sdpa_backend  # no such option: refused where the kernel is looked up
+    if sdpa_backend not in ("auto", backend):
+        raise ValueError(f"model.kernel={kernel} holds sdpa to {backend}, but model.sdpa_backend={sdpa_backend}; "
+                         f"give one of them")  # fmt: skip
+    return name, backend

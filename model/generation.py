@@ -1,11 +1,14 @@
 """Autoregressive generation: a batch of samples at once, a preallocated KV cache, a sliding window.
 
 With the cache each new token costs one position, not the whole context, and
-the cache is written in place (``model.kv_cache``). The model has
-absolute positions up to ``block_size``, so once the context is full it slides:
-the cache is rebuilt from the last ``block_size // 2`` tokens and grows again.
-Without the cache the same windows are used, so both paths predict from exactly
-the same context.
+the cache is written in place (``model.kv_cache``). A model with learned
+absolute positions knows them up to ``block_size``, so once the context is full
+it slides: the cache is rebuilt from the last ``block_size // 2`` tokens and
+grows again. Without the cache the same windows are used, so both paths predict
+from exactly the same context. A model without a position table (rope, alibi,
+none: ``GPTConfig.runs_past_context``) never re-encodes: each new token is one
+more position, seeing the last ``cache_capacity`` keys (its window, or its
+block size), and the cache stays that size forever (a ring).
 
 Sampling happens on the model's device for the whole batch. Each sample has its
 own random generator, drawing one uniform number per token (inverse-CDF
@@ -115,7 +118,8 @@ def generate_batch(
     decoding = choose_decoding(decoding, device) if use_cache else "eager"
     tokens = torch.empty(n, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, device=device)
-    length, start = len(prompt), max(0, len(prompt) - block)
+    slides = not model.config.runs_past_context  # a position table ends at block_size: re-encode from there
+    length, start = len(prompt), max(0, len(prompt) - block) if slides else 0
     cache, step, refill = KVCache(model.config.n_layer), None, True  # the model sizes it: its context or window
     stopped = [False] * n
     # Decoding multiplies n rows by every weight: on a CPU, weights packed for n rows are read faster, and the
@@ -124,7 +128,7 @@ def generate_batch(
         faster.enter_context(packed_linears(model, n) if use_cache and decoding == "eager" else nullcontext())
         faster.enter_context(sampling_head(model.lm_head))
         for _ in range(max_new_tokens):
-            if length - start > block:  # the context is full: slide the window
+            if slides and length - start > block:  # the context is full: slide the window
                 start, refill = length - keep, True
             if not use_cache:
                 logits = model(tokens[:, start:length])[0][:, -1]

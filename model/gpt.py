@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import build_attention
+from model.attention import attention_of
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout
 from model.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
@@ -33,10 +33,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = build_attention(
-            config.attention, config.n_embd, config.n_head, config.kernel, config.dropout, config.bias,
-            n_kv_head=config.n_kv_head, window=config.window, sdpa_backend=config.sdpa_backend,
-        )  # fmt: skip
+        self.attn = attention_of(config.attention, config.attention_spec)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -73,7 +70,7 @@ class GPT(nn.Module):
         order, then converted to this model's layout: for a seed, all layouts
         start from exactly the same weights, so their losses differ only by
         arithmetic order. Weights ~ N(0, 0.02); the projections that write into
-        the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1.
+        the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1, sinks 0.
         """
         canonical = _as_layout(self.state_dict(), self.config.attention, canonical_layout(), self.config.n_head)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
@@ -85,7 +82,7 @@ class GPT(nn.Module):
             if template.dim() == 2:
                 std = residual_std if name.endswith("c_proj.weight") else 0.02
                 drawn[name] = torch.empty_like(template).normal_(0.0, std)
-            elif ".ln_" in name and name.endswith(".weight"):
+            elif (".ln_" in name or "_norm." in name) and name.endswith(".weight"):  # LayerNorm, QK-norm
                 drawn[name] = torch.ones_like(template)
             else:
                 drawn[name] = torch.zeros_like(template)
@@ -104,7 +101,9 @@ class GPT(nn.Module):
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
         positions = self.positions_of(idx, cache)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe.to_add(positions))
+        x = self.transformer.wte(idx)
+        added = self.transformer.wpe.to_add(positions)  # the learned table's vectors; None for the others
+        x = self.transformer.drop(x if added is None else x + added)
         for i, block in enumerate(self.transformer.h):
             x = block(x, positions, cache.layers[i] if cache is not None else None)
         if cache is not None:
@@ -120,7 +119,7 @@ class GPT(nn.Module):
         if cache is not None and cache.in_static_step:
             return cache.positions(idx.size(1), idx.device, self.config.cache_capacity)
         seq_len = (cache.length if cache is not None else 0) + idx.size(1)
-        if seq_len > self.config.block_size:
+        if seq_len > self.config.block_size and not self.config.runs_past_context:
             raise ValueError(
                 f"sequence length {seq_len} exceeds block_size={self.config.block_size}; "
                 f"crop the input to its last {self.config.block_size} tokens"
@@ -144,8 +143,12 @@ class GPT(nn.Module):
         """
         total = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            total -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+            total -= self.transformer.wte.weight.numel() + self.position_params()
         return total
+
+    def position_params(self) -> int:
+        """The learned position table's parameters (0 for an encoding without one)."""
+        return sum(p.numel() for p in self.transformer.wpe.parameters())
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs (forward + backward) per token, as in the PaLM paper's appendix B.
@@ -157,7 +160,7 @@ class GPT(nn.Module):
         """
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
-        matmul_params = self.num_params() - self.transformer.wpe.weight.numel()
+        matmul_params = self.num_params() - self.position_params()
         return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * min(seq_len, cfg.window or seq_len)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

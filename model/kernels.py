@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from model.registry import KERNELS, register
 from model.registry import kernel as kernel_class
+from model.score_mods import MOD_NAMES, ScoreMods, softmax_with_sinks
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
 
@@ -76,30 +77,57 @@ def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if t.size(1) == heads else t.repeat_interleave(heads // t.size(1), dim=1)
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """softmax(Q K^T / sqrt(d_k)) under the causal (and window) mask, or the explicit ``mask``: the weights
-    every kernel applies to V."""
+def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None, mask: torch.Tensor | None = None,
+                    mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """softmax(Q K^T / sqrt(d_k)) under the causal (and window) mask, or the explicit ``mask``, with the
+    block's score modifications (``model.score_mods``; ``positions`` are the queries', for ALiBi): the
+    weights every kernel applies to V."""
     k = repeat_kv(k, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    if mods is not None:
+        scores = mods.modify(scores, query_positions(positions, q.size(-2), k.size(-2), q.device))
     keep = visible(q.size(-2), k.size(-2), window, q.device) if mask is None else mask
-    return F.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return softmax_with_sinks(scores.masked_fill(~keep, float("-inf")), mods)
+
+
+def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """The queries' positions: as given, or (none given: keys in position order) the last q_len of k_len."""
+    return torch.arange(k_len - q_len, k_len, device=device) if positions is None else positions
 
 
 def manual_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                     mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The textbook formula: matmul, causal mask, softmax, dropout, matmul."""
-    probs = F.dropout(attention_probs(q, k, window, mask), p=dropout, training=training)
+                     mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
+                     positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The textbook formula: matmul, (score modifications,) causal mask, softmax, dropout, matmul."""
+    probs = F.dropout(attention_probs(q, k, window, mask, mods, positions), p=dropout, training=training)
     return probs @ repeat_kv(v, q.size(1))
 
 
 def sdpa_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                   backend: str = "auto", mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``)."""
+                   backend: str = "auto", mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``).
+
+    ALiBi and sinks go in as a float mask (the bias, -inf where a key is hidden; a sink is one more key of
+    zeros, with the sink's logit as its bias and zeros as its value): a float mask rules out the flash
+    implementation, so PyTorch picks the memory-efficient one on a GPU. It cannot cap scores (softcap)."""
     p = dropout if training else 0.0
     q_len, k_len = q.size(-2), k.size(-2)
     gqa = k.size(1) != q.size(1)
+    if window is not None and window >= k_len:
+        window = None  # the same mask; and a model's context held as a window keeps the causal fast path
     with sdpa_backend(backend):
+        if mods is not None and (mods.slopes is not None or mods.sinks is not None):
+            q_pos = query_positions(positions, q_len, k_len, q.device)
+            keep = visible(q_len, k_len, window, q.device) if mask is None else mask
+            bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))
+            alibi = mods.bias(q_pos, k_len)
+            bias = bias if alibi is None else bias + alibi.to(q.dtype)  # (H, q_len, k_len) or broadcastable
+            if mods.sinks is not None:
+                bias = bias.expand(*q.shape[:2], q_len, k_len)
+                bias = torch.cat((mods.sink_logits(q), bias), dim=-1)
+                k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))  # the sink's key and value: zeros
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, enable_gqa=gqa)
         if mask is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
         if window is None and q_len == k_len:
@@ -121,12 +149,17 @@ def sdpa_backend(name: str):
 
 
 def flex_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                   mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                   mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """torch.nn.attention.flex_attention with a causal (and window) block mask, compiled as flex requires.
 
     No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
     A decoding step (one query that sees every cached key) has no mask for flex to exploit: it is the
-    same function as SDPA without a mask, and runs there instead of compiling flex for every cache length.
+    same function as SDPA without a mask, and runs there instead of compiling flex for every cache length
+    (with score modifications, as the manual kernel: SDPA cannot cap scores).
+
+    Score modifications: softcap and ALiBi in flex's ``score_mod``; sinks from the log-sum-exp flex returns
+    (a sink's share of the softmax is sigmoid(sink - lse), taken off every key's weight).
 
     On a CPU, torch's compiled FlexAttention is wrong at some lengths (torch 2.13 with AVX2: NaN or wrong
     rows at every length of 8 mod 16, e.g. 8 and 40), so there queries and keys are padded to a multiple of
@@ -136,6 +169,8 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     """
     q_len, k_len = q.size(-2), k.size(-2)
     if mask is not None or sees_every_key(q_len, k_len, window):
+        if mods is not None:
+            return manual_attention(q, k, v, 0.0, False, window, mask, mods, positions)
         return sdpa_attention(q, k, v, 0.0, False, window, mask=mask)
     check_flex_runs_on(q.device)
     block_mask = _block_mask(q_len, k_len, window, q.device)
@@ -143,8 +178,31 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     if (q_pad, k_pad) != (q_len, k_len):
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
         k, v = (F.pad(t, (0, 0, 0, k_pad - k_len)) for t in (k, v))
-    out = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.size(1) != q.size(1))
-    return out[..., :q_len, :]
+    gqa = k.size(1) != q.size(1)
+    if mods is None:
+        return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
+    score_mod = _score_mod(mods.softcap, mods.slopes, k_len - q_len)
+    out, lse = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa,
+                                return_lse=True)  # fmt: skip
+    out, lse = out[..., :q_len, :], lse[..., :q_len]
+    if mods.sinks is not None:
+        out = out * torch.sigmoid(lse - mods.sinks.view(1, -1, 1).to(lse.dtype)).unsqueeze(-1).to(out.dtype)
+    return out
+
+
+def _score_mod(softcap: float | None, slopes: torch.Tensor | None, offset: int):
+    """flex's score_mod: softcap, then ALiBi by distance (keys in position order: query i is position offset + i).
+    The offset is a tensor, so one compiled graph serves every length."""
+    shift = torch.tensor(offset, device=slopes.device if slopes is not None else None)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        if slopes is not None:
+            score = score - slopes[h] * (q_idx + shift - kv_idx)
+        return score
+
+    return score_mod
 
 
 FLEX_BLOCK = 128  # FlexAttention's block size (its default): what CPU lengths are padded to
@@ -200,7 +258,8 @@ class AttentionKernel:
     of it instead of matching its name (the plan, plots, bench, loading and the scripts)."""
 
     name: ClassVar[str]
-    attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None)
+    attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None, mods=None, positions=None)
+    score_mods: ClassVar[tuple[str, ...]] = MOD_NAMES  # the score modifications it applies (model.score_mods)
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     has_dropout: ClassVar[bool] = True  # applies attention dropout (else model.dropout must be 0)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
@@ -224,6 +283,12 @@ class AttentionKernel:
     def check_runs(cls, config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
         """Refuse, before any work, what the device cannot run (see ``check_kernel_runs``)."""
 
+    @classmethod
+    def compiles_for(cls, q_len: int, k_len: int, window: int | None) -> bool:
+        """Whether a pass of ``q_len`` queries over ``k_len`` keys compiles the kernel (seconds of silence that
+        sample.py announces beforehand)."""
+        return cls.compiles
+
 
 @register(KERNELS)
 class ManualKernel(AttentionKernel):
@@ -237,6 +302,7 @@ class ManualKernel(AttentionKernel):
 class SDPAKernel(AttentionKernel):
     name = "sdpa"
     attend = staticmethod(sdpa_attention)
+    score_mods = ("alibi", "sinks")  # through a float mask; it has no step between the scores and the softmax
     backends = tuple(b for b in SDPA_BACKENDS if b != "auto")
 
     @classmethod
@@ -281,6 +347,10 @@ class FlexKernel(AttentionKernel):
                 "kernel=sdpa or kernel=manual (the same function: the checkpoint then samples and evaluates with "
                 "kernel=flex on a CPU), or on a CUDA GPU"
             )
+
+    @classmethod
+    def compiles_for(cls, q_len: int, k_len: int, window: int | None) -> bool:
+        return not sees_every_key(q_len, k_len, window)  # flex_attention runs such a step as SDPA
 
 
 def get_kernel(name: str, window: int | None = None, sdpa_backend: str = "auto") -> Kernel:

@@ -1,17 +1,35 @@
-"""Position encodings: how the model knows where a token is.
+"""Position encodings: how the model knows where a token is (``model.position``).
 
-The GPT computes its tokens' positions once (0..T-1, or after the cached ones, or a static decode step's
-position tensor) and gives them to the encoding, which says what to add to the token embeddings, and to
-every block's attention, which today passes them through: an encoding that acts on the queries and keys
-(rotary, ALiBi) uses them there. Today's one encoding is GPT-2's learned absolute embedding.
+The GPT computes its tokens' absolute positions once (0..T-1, or after the cached ones, or a static decode
+step's position tensor) and gives them to the encoding's two sides:
+
+- ``embedding``: what is added to the token embeddings (GPT-2's learned table; nothing for the others);
+- ``in_attention``: what each attention block does with them (rotary turns its queries and keys; ALiBi
+  biases its scores by distance; the learned table and NoPE do nothing there).
+
+Each encoding is a class registered in ``POSITIONS`` stating its facts (whether the model runs past
+``block_size``, whether GPT-2's format can hold it). A new encoding is one class here, plus the configs
+value it is chosen by (``model.position``) and its tests.
+
+- ``learned``: GPT-2's learned vector per absolute position, added to the embeddings; the model knows no
+  position past ``block_size``.
+- ``rope``: rotary embedding (Su et al. 2021, RoFormer): each pair of a head's query/key dimensions
+  (i, i + head_dim/2, the "rotate half" pairing of GPT-NeoX and Llama) turned by position x theta^(-2i/d),
+  so a query-key product depends on their distance only.
+- ``alibi``: attention with linear biases (Press et al. 2022): head h adds -slope_h x distance to its
+  scores, slopes a geometric sequence (``alibi_slopes``).
+- ``none``: no position signal (NoPE, Kazemnejad et al. 2023): the causal mask alone orders the tokens.
 """
 
 from __future__ import annotations
 
+import math
+from typing import ClassVar
+
 import torch
 from torch import nn
 
-from model.config import GPTConfig
+from model.registry import POSITIONS, register
 
 
 class LearnedPositions(nn.Embedding):
@@ -20,14 +38,120 @@ class LearnedPositions(nn.Embedding):
     An ``nn.Embedding`` itself, so its weight keeps GPT-2's name (``transformer.wpe.weight``).
     """
 
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__(config.block_size, config.n_embd)
+    def __init__(self, block_size: int, n_embd: int) -> None:
+        super().__init__(block_size, n_embd)
 
     def to_add(self, positions: torch.Tensor) -> torch.Tensor:
         """(T,) positions -> (T, n_embd): what the tokens at those positions get added."""
         return self(positions)
 
 
-def build_positions(config: GPTConfig) -> LearnedPositions:
-    """The position encoding of a model config (learned: the only one yet)."""
-    return LearnedPositions(config)
+class NothingAdded(nn.Module):
+    """The embedding side of an encoding that acts in attention (or nowhere): adds nothing, holds nothing."""
+
+    def to_add(self, positions: torch.Tensor) -> None:
+        return None
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding of queries and keys (RoFormer), the "rotate half" pairing.
+
+    cos and sin are computed from the positions at each call (a few element-wise ops over T x dim/2, next to
+    the projections' T x C x C): no table caps the length, so generation runs past ``block_size``, and a
+    static decode step's position tensor works in a captured graph. They are computed in float32 and cast to
+    the queries' dtype, as Llama's and nanochat's are.
+    """
+
+    def __init__(self, dim: int, theta: float) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"rotary positions turn pairs of dimensions: the head dim {dim} is odd; choose "
+                             f"n_embd / n_head even")  # fmt: skip
+        self.dim, self.theta = dim, theta
+
+    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T,) positions -> cos and sin, each (T, dim): the angle of pair i repeated for both halves. The
+        frequencies are made here in float32 (a buffer would be cast with the model's weights to bf16)."""
+        pairs = torch.arange(0, self.dim, 2, dtype=torch.float32, device=positions.device)
+        freqs = positions.to(torch.float32)[:, None] * (self.theta ** -(pairs / self.dim))[None, :]
+        freqs = torch.cat((freqs, freqs), dim=-1)
+        return freqs.cos(), freqs.sin()
+
+    def forward(self, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(..., T, dim) queries or keys at ``positions`` (T,) -> turned by their positions."""
+        cos, sin = self.angles(positions)
+        half = t.size(-1) // 2
+        rotated = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+        return t * cos.to(t.dtype) + rotated * sin.to(t.dtype)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """ALiBi's per-head slopes (Press et al. 2022): for a power of two n, 2^(-8/n), 2^(-16/n), ..., 2^(-8);
+    otherwise the slopes of the nearest lower power of two, then every other slope of the next one (the
+    paper's code)."""
+    def geometric(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    lower = 2 ** math.floor(math.log2(n_head))
+    slopes = geometric(lower)
+    if lower < n_head:
+        slopes += geometric(2 * lower)[0::2][: n_head - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class PositionEncoding:
+    """An encoding's facts and its two sides (see the module's docstring)."""
+
+    name: ClassVar[str]
+    runs_past_context: ClassVar[bool] = True  # attends by distance or not at all: no table to run out of
+    in_gpt2: ClassVar[bool] = False  # GPT-2's format (export) holds it
+    biases_scores: ClassVar[bool] = False  # adds to the attention scores (a kernel must take a score bias)
+    turns_queries_keys: ClassVar[bool] = False  # rotates queries and keys (the head dim must be even)
+
+    @classmethod
+    def embedding(cls, block_size: int, n_embd: int) -> nn.Module:
+        """The module added to the token embeddings (``transformer.wpe``): its ``to_add(positions)``."""
+        return NothingAdded()
+
+    @classmethod
+    def rotary(cls, dim: int, theta: float) -> Rotary | None:
+        """The rotation of a head's queries and keys of ``dim`` dims, or None."""
+        return None
+
+
+@register(POSITIONS)
+class Learned(PositionEncoding):
+    name = "learned"
+    runs_past_context = False
+    in_gpt2 = True
+
+    @classmethod
+    def embedding(cls, block_size: int, n_embd: int) -> nn.Module:
+        return LearnedPositions(block_size, n_embd)
+
+
+@register(POSITIONS)
+class RotaryPositions(PositionEncoding):
+    name = "rope"
+    turns_queries_keys = True
+
+    @classmethod
+    def rotary(cls, dim: int, theta: float) -> Rotary:
+        return Rotary(dim, theta)
+
+
+@register(POSITIONS)
+class ALiBi(PositionEncoding):
+    name = "alibi"
+    biases_scores = True
+
+
+@register(POSITIONS)
+class NoPositions(PositionEncoding):
+    name = "none"
+
+
+def build_positions(config) -> nn.Module:
+    """The embedding side of a model config's encoding (``transformer.wpe``)."""
+    return POSITIONS[config.position].embedding(config.block_size, config.n_embd)

@@ -16,6 +16,7 @@ from common.choices import lookup as lookup  # re-exported: model.config and mod
 # "heads.0.query" before "query" could claim it).
 ATTENTION_LAYOUTS: dict[str, type] = {}
 KERNELS: dict[str, type] = {}
+POSITIONS: dict[str, type] = {}  # model.position: filled by model.positions
 
 
 def register(registry: dict[str, type]):
@@ -36,6 +37,11 @@ def layout(name: str) -> type:
 def kernel(name: str) -> type:
     """The kernel class registered as ``name`` (an unknown name lists the valid ones)."""
     return lookup(KERNELS, "attention kernel", name)
+
+
+def position(name: str) -> type:
+    """The position encoding registered as ``name`` (an unknown name lists the valid ones)."""
+    return lookup(POSITIONS, "model.position", name)
 
 
 def canonical_layout() -> str:

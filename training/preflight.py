@@ -177,5 +177,6 @@ def initial_weights(cfg: TrainConfig, planned: GPTConfig) -> dict:
             + ". Set the model to the source's shape (e.g. model=gpt2_small for gpt2) and its tokenizer"
         )
     weights = source.model.state_dict()
-    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: planned.block_size]
+    if "transformer.wpe.weight" in weights:  # a learned position table: crop it to this run's context
+        weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: planned.block_size]
     return weights

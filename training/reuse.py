@@ -23,7 +23,7 @@ Three ways reuse a checkpoint, and each keeps the kinds ``KEPT`` names:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from training.config import TrainConfig
 
@@ -46,6 +46,16 @@ def field_kinds(schema=TrainConfig) -> dict[str, str]:
     return kinds
 
 
+def field_defaults(schema=TrainConfig) -> dict[str, object]:
+    """``group.field`` -> its default value (None where it has none)."""
+    defaults = {}
+    for group in fields(schema):
+        for f in fields(group.default_factory):
+            default = f.default if f.default is not MISSING else None
+            defaults[f"{group.name}.{f.name}"] = f.default_factory() if f.default_factory is not MISSING else default
+    return defaults
+
+
 @dataclass(frozen=True)
 class Difference:
     key: str  # group.field, as an override spells it: model.window
@@ -57,14 +67,17 @@ class Difference:
 def differences(how: str, saved: dict, now: dict) -> list[Difference]:
     """What ``how`` (init_from | resume | continue) refuses: the kept fields whose values differ between the
     checkpoint's config (``saved``: ``{"model": {...}, ...}``) and this run's (``now``), in the schema's
-    order. Only the groups both give are compared; a field one side lacks (an older checkpoint) counts as None."""
+    order. Only the groups both give are compared; a field one side lacks (an older checkpoint) counts as
+    its default."""
     kept, shorter = KEPT[how], SHORTER_ALLOWED.get(how, ())
+    defaults = field_defaults()
     found = []
     for key, kind in field_kinds().items():
         group, name = key.split(".")
         if kind not in kept or group not in saved or group not in now:
             continue
-        before, after = saved[group].get(name), now[group].get(name)
+        # A field the checkpoint lacks was added after it was written: it had the field's default.
+        before, after = saved[group].get(name, defaults[key]), now[group].get(name, defaults[key])
         if before == after or (kind in shorter and after is not None and before is not None and after < before):
             continue
         found.append(Difference(key, kind, before, after))
