@@ -158,8 +158,8 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     same function as SDPA without a mask, and runs there instead of compiling flex for every cache length
     (with score modifications, as the manual kernel: SDPA cannot cap scores).
 
-    Score modifications: softcap and ALiBi in flex's ``score_mod``; sinks from the log-sum-exp flex returns
-    (a sink's share of the softmax is sigmoid(sink - lse), taken off every key's weight).
+    Score modifications: softcap and ALiBi in flex's ``score_mod``; a sink as one more key of zeros, first,
+    whose score the score_mod sets to the sink's logit (flex returns no log-sum-exp on a CPU).
 
     On a CPU, torch's compiled FlexAttention is wrong at some lengths (torch 2.13 with AVX2: NaN or wrong
     rows at every length of 8 mod 16, e.g. 8 and 40), so there queries and keys are padded to a multiple of
@@ -173,33 +173,36 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
             return manual_attention(q, k, v, 0.0, False, window, mask, mods, positions)
         return sdpa_attention(q, k, v, 0.0, False, window, mask=mask)
     check_flex_runs_on(q.device)
-    block_mask = _block_mask(q_len, k_len, window, q.device)
+    sink = mods is not None and mods.sinks is not None
+    if sink:  # the sink is key 0: zeros (it attends to nothing), seen by every query
+        k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))
+    block_mask = _block_mask(q_len, k_len, window, q.device, sink)
     q_pad, k_pad = block_mask.seq_lengths
-    if (q_pad, k_pad) != (q_len, k_len):
+    if (q_pad, k_pad) != (q_len, k.size(-2)):
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
-        k, v = (F.pad(t, (0, 0, 0, k_pad - k_len)) for t in (k, v))
+        k, v = (F.pad(t, (0, 0, 0, k_pad - t.size(-2))) for t in (k, v))
     gqa = k.size(1) != q.size(1)
     if mods is None:
         return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
-    score_mod = _score_mod(mods.softcap, mods.slopes, k_len - q_len)
-    out, lse = _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa,
-                                return_lse=True)  # fmt: skip
-    out, lse = out[..., :q_len, :], lse[..., :q_len]
-    if mods.sinks is not None:
-        out = out * torch.sigmoid(lse - mods.sinks.view(1, -1, 1).to(lse.dtype)).unsqueeze(-1).to(out.dtype)
-    return out
+    score_mod = _score_mod(mods.softcap, mods.slopes, mods.sinks, k_len - q_len)
+    flex = _compiled_flex(dynamic=False)  # torch 2.13's dynamic-shape graph with a score_mod is wrong on a CPU
+    return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
 
 
-def _score_mod(softcap: float | None, slopes: torch.Tensor | None, offset: int):
-    """flex's score_mod: softcap, then ALiBi by distance (keys in position order: query i is position offset + i).
-    The offset is a tensor, so one compiled graph serves every length."""
-    shift = torch.tensor(offset, device=slopes.device if slopes is not None else None)
+def _score_mod(softcap: float | None, slopes: torch.Tensor | None, sinks: torch.Tensor | None, offset: int):
+    """flex's score_mod: softcap, then ALiBi by distance (keys in position order: query i is position offset + i);
+    with sinks, key 0 is the sink (a key of zeros whose score is the sink's logit) and key j + 1 is key j. The
+    offset is a tensor, so one compiled graph serves every length."""
+    device = next((t.device for t in (slopes, sinks) if t is not None), None)
+    shift, first = torch.tensor(offset, device=device), int(sinks is not None)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if softcap is not None:
             score = softcap * torch.tanh(score / softcap)
         if slopes is not None:
-            score = score - slopes[h] * (q_idx + shift - kv_idx)
+            score = score - slopes[h] * (q_idx + shift - (kv_idx - first))
+        if sinks is not None:
+            score = torch.where(kv_idx == 0, sinks[h].to(score.dtype), score)
         return score
 
     return score_mod
@@ -225,29 +228,34 @@ def check_flex_runs_on(device: torch.device) -> None:
                          f"(the same function)")  # fmt: skip
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled_flex():
+@functools.lru_cache(maxsize=2)
+def _compiled_flex(dynamic: bool | None = None):
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    return torch.compile(flex)  # a second shape compiles a dynamic graph that serves every later one
+    # dynamic=None: a second shape compiles a dynamic graph that serves every later one; False: one graph per
+    # shape (on a CPU, per multiple of FLEX_BLOCK)
+    return torch.compile(flex, dynamic=dynamic)
 
 
 @functools.lru_cache(maxsize=64)
-def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device):
-    """The block mask of ``q_len`` queries (the last of ``k_len`` positions) over ``k_len`` keys; on a CPU
-    for lengths padded to a multiple of FLEX_BLOCK, with the padded keys masked."""
+def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device, sink: bool = False):
+    """The block mask of ``q_len`` queries (the last of ``k_len`` positions) over ``k_len`` keys (after a sink
+    key 0 that every query sees, with ``sink``); on a CPU for lengths padded to a multiple of FLEX_BLOCK, with
+    the padded keys masked."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    q_pad, k_pad = q_len, k_len
+    first = int(sink)
+    q_pad, k_pad = q_len, k_len + first
     if device.type == "cpu":
-        q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_len, k_len))
+        q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_pad, k_pad))
     # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
     offset, keys = torch.tensor(k_len - q_len, device=device), torch.tensor(k_len, device=device)
     span = torch.tensor(window or k_pad + q_pad, device=device)  # no window: more than any distance
 
     def mask_mod(b, h, q_idx, kv_idx):
-        position = q_idx + offset  # query i is position offset + i
-        return (kv_idx <= position) & (position - kv_idx < span) & (kv_idx < keys)
+        position, key = q_idx + offset, kv_idx - first  # query i is position offset + i; key j is slot j + first
+        seen = (key <= position) & (position - key < span) & (key < keys) & (key >= 0)
+        return (kv_idx == 0) | seen if sink else seen
 
     with torch.inference_mode(False):  # kept across training and generation, as the masks above
         return create_block_mask(mask_mod, None, None, q_pad, k_pad, device=device)
