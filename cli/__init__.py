@@ -89,7 +89,7 @@ def with_layout_options(cfg):
 
 # Where headlab's own code lives: errors raised there carry a message written for the user.
 _OWN_CODE = tuple(str(Path(__file__).resolve().parents[1] / name) for name in
-                  ("model", "data", "training", "analysis", "cli", "train.py", "sample.py", "heads.py",
+                  ("common", "model", "data", "training", "analysis", "cli", "train.py", "sample.py", "heads.py",
                    "evaluate.py", "export.py", "compare.py", "bench.py"))  # fmt: skip
 
 
