@@ -1,9 +1,11 @@
-"""headlab's model: one GPT, three attention layouts, two kernels, one loader."""
+"""headlab's model: one GPT, three attention layouts of one function and multi-head latent attention, its
+kernels, one loader."""
 
+from model import latent as _latent  # noqa: F401  (registers attention=mla)
 from model.attention import ATTENTION_LAYOUTS, CausalAttentionHead, MultiHeadAttention, build_attention
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.config import GPTConfig
-from model.convert import convert_attention_layout, detect_attention_layout
+from model.convert import convert_attention_layout, detect_attention_layout, same_function_layouts
 from model.generation import generate, sample_next
 from model.gpt import GPT
 from model.gpt2_import import import_hf_gpt2
@@ -29,4 +31,5 @@ __all__ = [
     "load_checkpoint",
     "load_model",
     "sample_next",
+    "same_function_layouts",
 ]

@@ -187,6 +187,10 @@ class MultiHeadAttention(nn.Module):
     QKV_KEY: ClassVar[re.Pattern]
     QKV_EXAMPLE: ClassVar[str]
     canonical: ClassVar[bool] = False  # initial weights are drawn in this layout's form (one layout says so)
+    # The function it computes: layouts of one function convert exactly (model.convert); what that function is
+    function: ClassVar[str] = "mha"
+    computes: ClassVar[str] = "keys and values projected from the input per key/value head"
+    options: ClassVar[tuple[str, ...]] = ()  # AttentionSpec fields only this layout takes (attention=mla's kv_latent)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
     marker: ClassVar[str] = "o"
 
@@ -211,10 +215,22 @@ class MultiHeadAttention(nn.Module):
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
         """Refuse what this layout cannot build (beyond the spec's own checks), naming the fix."""
+        cls.check_layout_options(spec)
         if registry.position(spec.position).turns_queries_keys and spec.head_dim % 2:
             raise ValueError(f"model.position={spec.position} turns pairs of a head's dimensions, but the head dim "
                              f"n_embd/n_head = {spec.n_embd}/{spec.n_head} = {spec.head_dim} is odd; choose n_embd "
                              f"and n_head with an even quotient")  # fmt: skip
+
+    @classmethod
+    def check_layout_options(cls, spec: AttentionSpec) -> None:
+        """Refuse another layout's own options (``options``: model.kv_latent is attention=mla's), naming it."""
+        for other in ATTENTION_LAYOUTS.values():
+            for option in set(other.options) - set(cls.options):
+                value = getattr(spec, option)
+                if value is not None:
+                    raise ValueError(f"model.{option}={value!r} is an option of attention={other.name}, but "
+                                     f"attention={cls.name}; use attention={other.name}, or "
+                                     f"model.{option}=null")  # fmt: skip
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
@@ -224,9 +240,10 @@ class MultiHeadAttention(nn.Module):
         self.resid_dropout = nn.Dropout(spec.dropout)
         self.build_encodings(spec, spec.head_dim)
 
-    def build_encodings(self, spec: AttentionSpec, qk_dim: int) -> None:
-        """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks)."""
-        self.rotary = registry.position(spec.position).rotary(qk_dim, spec.rope_theta)
+    def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
+        """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).
+        The rotation turns ``rotary_dim`` dims (attention=mla's decoupled part), by default all ``qk_dim``."""
+        self.rotary = registry.position(spec.position).rotary(rotary_dim or qk_dim, spec.rope_theta)
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap = spec.qk_norm, spec.softcap

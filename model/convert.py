@@ -6,6 +6,9 @@ generic loop: find each attention module's q/k/v tensors, read them in the
 source layout's form, write them in the destination's. Biases follow their
 weights; ``c_proj`` and everything else passes through untouched. A conversion
 is a pure re-arrangement, so it works on parameters and gradients alike.
+
+Only layouts of one function convert (``MultiHeadAttention.function``): attention=mla computes another
+(keys and values through a latent), and converting to or from it is refused, naming why.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Mapping
 import torch
 
 from model import registry
-from model.attention import QKV, kv_heads_of
+from model.attention import QKV, MultiHeadAttention, kv_heads_of
 from model.registry import ATTENTION_LAYOUTS
 
 
@@ -54,6 +57,9 @@ def convert_attention_layout(
     key/value head repeated for every query head of its group (the same function; e.g. for GPT-2).
     """
     src_cls, dst_cls = registry.layout(src), registry.layout(dst)
+    if src_cls.function != dst_cls.function:
+        odd, other = (src_cls, dst_cls) if src_cls.function != MultiHeadAttention.function else (dst_cls, src_cls)
+        raise ValueError(function_refusal(odd, other.name))
     seen = detect_attention_layout(state_dict)
     if seen != src:
         raise ValueError(f"the state dict holds {seen!r} attention weights, not src={src!r}")
@@ -82,6 +88,27 @@ def convert_attention_layout(
             raise ValueError(f"attention {prefix!r}: {err}") from None
         out.update({prefix + name: tensor for name, tensor in local.items()})
     return out
+
+
+def function_refusal(odd: type, other: str) -> str:
+    """Why layout ``odd``, which computes another function than ``other``, does not convert to or from it."""
+    return (f"attention={odd.name} computes another function ({odd.computes}), so its weights do not convert "
+            f"to/from {other}; train it, or init_from an {odd.name} checkpoint")  # fmt: skip
+
+
+def same_function_layouts(layout: str) -> list[str]:
+    """The layouts that compute the same function as ``layout`` (itself included), sorted: those its weights
+    convert to exactly (attention=mla computes another function than fused_qkv, separate_qkv and wrapper)."""
+    function = registry.layout(layout).function
+    return sorted(name for name, cls in ATTENTION_LAYOUTS.items() if cls.function == function)
+
+
+def initial_form(layout: str) -> str:
+    """The layout a model of ``layout`` draws its initial weights in (``GPT.reset_parameters``): the canonical
+    one, then converted, so that every layout of a function starts from the same weights for a seed; a layout
+    of another function draws in its own form."""
+    canonical = registry.canonical_layout()
+    return canonical if canonical in same_function_layouts(layout) else layout
 
 
 def repeated_kv(qkv: QKV, n_head: int | None) -> QKV:

@@ -11,10 +11,9 @@ from torch import nn
 
 from model.attention import attention_of
 from model.config import GPTConfig
-from model.convert import convert_attention_layout, detect_attention_layout
+from model.convert import convert_attention_layout, detect_attention_layout, initial_form
 from model.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
 from model.positions import build_positions
-from model.registry import canonical_layout
 
 
 class MLP(nn.Module):
@@ -72,7 +71,8 @@ class GPT(nn.Module):
         arithmetic order. Weights ~ N(0, 0.02); the projections that write into
         the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1, sinks 0.
         """
-        canonical = _as_layout(self.state_dict(), self.config.attention, canonical_layout(), self.config.n_head)
+        form = initial_form(self.config.attention)  # the canonical layout; attention=mla's own (another function)
+        canonical = _as_layout(self.state_dict(), self.config.attention, form, self.config.n_head)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         drawn: dict[str, torch.Tensor] = {}
         for name in sorted(canonical):

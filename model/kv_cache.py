@@ -14,7 +14,8 @@ import torch
 class LayerCache:
     """One layer's keys and values for the positions processed so far (a batch of sequences).
 
-    Buffers are (batch, kv_heads, capacity, head_dim), allocated at the first write and written in place
+    Buffers are (batch, kv_heads, capacity, head_dim) (attention=mla's: (batch, 1, capacity, kv_latent)
+    latents and (batch, 1, capacity, rope_head_dim) rotary keys), allocated at the first write and written in place
     (no copy of the past per token): slot 0 serves the multi-head layouts, one slot per key/value group
     the wrapper. The capacity is the context, or the window when shorter: then the buffer is a ring
     (position p in slot p % capacity) and one new query sees all of it, exactly its window.
@@ -27,9 +28,9 @@ class LayerCache:
     def update(
         self, slot: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Store the new positions' k, v; return the keys and values the new queries attend over, and the
-        mask of those visible when a static decode step attends over the whole cache (else None: the shapes
-        say)."""
+        """Store the new positions' k, v (each its own width: attention=mla's latents and rotary keys); return
+        the keys and values the new queries attend over, and the mask of those visible when a static decode
+        step attends over the whole cache (else None: the shapes say)."""
         start, new, capacity = self.owner.length, k.size(2), self.owner.capacity
         if self.owner.position is not None:  # a static decode step: one position, given as a tensor
             k_all, v_all = self.slots[slot]
@@ -40,8 +41,8 @@ class LayerCache:
         if slot not in self.slots:
             # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
             # 0 x NaN would be NaN.
-            shape = (k.size(0), k.size(1), capacity, k.size(3))
-            self.slots[slot] = (k.new_zeros(shape), v.new_zeros(shape))
+            # Each its own width: attention=mla keeps latents and rotary keys (no rotary part: zero wide).
+            self.slots[slot] = tuple(t.new_zeros((t.size(0), t.size(1), capacity, t.size(3))) for t in (k, v))
         k_all, v_all = self.slots[slot]
         if start + new <= capacity:  # in position order
             k_all[:, :, start : start + new] = k

@@ -9,14 +9,14 @@ import torch
 from helpers import CPU_KERNELS, tiny_gpt_config
 
 from model import (
-    ATTENTION_LAYOUTS,
     GPT,
     GPTConfig,
     build_attention,
     convert_attention_layout,
+    same_function_layouts,
 )
 
-LAYOUTS = sorted(ATTENTION_LAYOUTS)
+LAYOUTS = same_function_layouts("fused_qkv")
 KERNEL_NAMES = CPU_KERNELS
 LAYOUT_PAIRS = list(itertools.permutations(LAYOUTS, 2))
 TOL = dict(rtol=0, atol=1e-5)

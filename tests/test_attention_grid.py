@@ -11,12 +11,12 @@ import pytest
 import torch
 from helpers import CPU_KERNELS, FLEX_ON_CPU_UNAVAILABLE, TINY, compose_train, read_metrics, sharp_gpt, tiny_gpt_config
 
-from model import ATTENTION_LAYOUTS, GPT, KVCache, build_attention, convert_attention_layout, generate
+from model import GPT, KVCache, build_attention, convert_attention_layout, generate, same_function_layouts
 from model.kernels import visible
 from training.loop import train
 from training.plan import make_plan, param_count
 
-LAYOUTS = sorted(ATTENTION_LAYOUTS)
+LAYOUTS = same_function_layouts("fused_qkv")
 C, H, T = 48, 4, 12
 KV_HEADS = {"multi-head": 4, "grouped-query": 2, "multi-query": 1}
 WINDOWS = {"full": None, "window 5": 5}

@@ -7,9 +7,9 @@ import torch
 from helpers import CPU_KERNELS, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
-from model import ATTENTION_LAYOUTS, GPT, KVCache, generate, sample_next
+from model import GPT, KVCache, generate, same_function_layouts, sample_next
 
-LAYOUTS, KERNEL_NAMES = sorted(ATTENTION_LAYOUTS), CPU_KERNELS
+LAYOUTS, KERNEL_NAMES = same_function_layouts("fused_qkv"), CPU_KERNELS
 
 
 def tiny_gpt(layout="fused_qkv", kernel="sdpa", block_size=16, seed=1) -> GPT:

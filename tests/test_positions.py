@@ -8,11 +8,11 @@ import pytest
 import torch
 from helpers import sharp_gpt
 
-from model import ATTENTION_LAYOUTS, GPT, KVCache
+from model import GPT, KVCache, same_function_layouts
 from model.decoding import StaticStep
 from model.gpt import KVCache as KVCacheFromGPT
 
-LAYOUTS = sorted(ATTENTION_LAYOUTS)
+LAYOUTS = same_function_layouts("fused_qkv")
 
 
 class PositionsSeen:

@@ -15,7 +15,7 @@ import export
 from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
-from model import ATTENTION_LAYOUTS, GPT, Checkpoint, load_model
+from model import GPT, Checkpoint, load_model, same_function_layouts
 from training.loop import train
 
 transformers = pytest.importorskip("transformers")
@@ -47,7 +47,7 @@ def _hidden(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
+@pytest.mark.parametrize("layout", same_function_layouts("fused_qkv"))
 def test_export_of_each_layout_loads_in_transformers_with_the_same_logits(trained_run, tmp_path, layout):
     source = checkpoint_in_layout(trained_run, layout, tmp_path)
     out = export.run(export.ExportConfig(source=str(source), out=str(tmp_path / "hf")))

@@ -1,0 +1,145 @@
+"""Multi-head latent attention (MLA: DeepSeek-V2, arXiv 2405.04434, section 2.1), ``attention=mla``.
+
+Keys and values are not projected from the input per head: the input is compressed into one latent
+``c = RMSNorm(W_DKV x)`` of ``model.kv_latent`` dims per token, and each head's keys and values are
+projected back up from it, ``k_h = W_UK,h c`` and ``v_h = W_UV,h c`` (queries as usual, ``q_h = W_Q,h x``; no
+query compression, as DeepSeek-V2-Lite). A KV cache then keeps the latent, not the heads' keys and values.
+
+Rotary positions cannot turn the up-projected keys (the rotation would sit between W_UK and the query, and
+the cached latent would no longer serve every position), so with ``model.position=rope`` a decoupled rotary
+part is added: each head's query gets ``model.rope_head_dim`` more dims, ``RoPE(W_QR x)``, and every head's
+key the SAME ``RoPE(W_KR x)``; the scores are over [content; rotary] and scaled by 1/sqrt(head_dim +
+rope_head_dim) (the kernels scale by the queries' width). Values stay head_dim wide. The cache keeps the
+latent and the rotated shared key: ``kv_latent + rope_head_dim`` numbers per token per layer.
+
+MLA is another function, not another layout of the same one: its weights do not convert to or from the
+other layouts (``model.convert`` refuses, naming this). The weights follow DeepSeek's own code:
+``wq`` stacks W_Q and W_QR by head ([content; rotary] per head), ``wkv_a`` stacks W_DKV and W_KR,
+``kv_norm`` is the latent's RMSNorm, ``wkv_b`` stacks W_UK and W_UV by head ([key; value] per head).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from model import registry
+from model.attention import QKV, AttentionSpec, MultiHeadAttention, remember
+from model.convert import function_refusal
+from model.kernels import repeat_kv
+from model.registry import ATTENTION_LAYOUTS, register
+
+if TYPE_CHECKING:
+    from model.kv_cache import LayerCache
+
+
+def positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@register(ATTENTION_LAYOUTS)
+class LatentAttention(MultiHeadAttention):
+    name, colour, marker = "mla", "tab:purple", "D"
+    function = "mla"
+    computes = "keys and values through a kv_latent-wide latent"
+    options = ("kv_latent", "rope_head_dim")
+    QKV_KEY = re.compile(r"(?P<proj>wq|wkv_a|wkv_b)\.(?P<kind>weight|bias)$")
+    QKV_EXAMPLE = "wkv_a"
+
+    @classmethod
+    def check_spec(cls, spec: AttentionSpec) -> None:
+        cls.check_layout_options(spec)
+        if not positive_int(spec.kv_latent):
+            raise ValueError(f"attention=mla needs model.kv_latent=<the keys' and values' latent width>, a positive "
+                             f"integer, not {spec.kv_latent!r}; e.g. model.kv_latent={4 * spec.head_dim} (4 head "
+                             f"dims, DeepSeek-V2's ratio)")  # fmt: skip
+        if spec.n_kv_head is not None:
+            raise ValueError(f"model.n_kv_head={spec.n_kv_head!r} groups key/value heads, but attention=mla "
+                             f"compresses keys and values its own way (model.kv_latent); set "
+                             f"model.n_kv_head=null")  # fmt: skip
+        turns = registry.position(spec.position).turns_queries_keys
+        rope = spec.rope_head_dim
+        if turns and (not positive_int(rope) or rope % 2):
+            raise ValueError(f"attention=mla with model.position={spec.position} needs model.rope_head_dim=<the "
+                             f"decoupled rotary key's width>, a positive even integer, not {rope!r}; e.g. "
+                             f"model.rope_head_dim={max(2, spec.head_dim // 4 * 2)} (half a head, as "
+                             f"DeepSeek-V2)")  # fmt: skip
+        if not turns and rope is not None:
+            raise ValueError(f"model.rope_head_dim={rope!r} is attention=mla's rotary key width, but "
+                             f"model.position={spec.position} turns nothing; set model.rope_head_dim=null, or "
+                             f"model.position=rope")  # fmt: skip
+
+    @classmethod
+    def cache_width(cls, spec: AttentionSpec) -> int:
+        """The latent and the shared rotary key: what the cache keeps per token per layer."""
+        return spec.kv_latent + (spec.rope_head_dim or 0)
+
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        return 2  # wq and wkv_a read the block's input
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        self.rope_dim = spec.rope_head_dim or 0
+        self.kv_latent = spec.kv_latent
+        self.kernel, self.dropout = spec.build_kernel(), spec.dropout
+        H, hd, r = spec.n_head, spec.head_dim, self.rope_dim
+        self.wq = nn.Linear(spec.n_embd, H * (hd + r), bias=spec.bias)  # W_Q and W_QR, per head
+        self.wkv_a = nn.Linear(spec.n_embd, spec.kv_latent + r, bias=spec.bias)  # W_DKV and W_KR
+        self.kv_norm = nn.RMSNorm(spec.kv_latent, eps=1e-6)
+        self.wkv_b = nn.Linear(spec.kv_latent, H * 2 * hd, bias=spec.bias)  # W_UK and W_UV, per head
+
+    def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
+        # QK-norm acts on the content part (head_dim); the rotation on the decoupled part alone.
+        super().build_encodings(spec, qk_dim, rotary_dim=spec.rope_head_dim)
+
+    def latent_and_rotary_key(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, C) -> the latents (B, 1, T, kv_latent) and the rotated shared keys (B, 1, T, rope_head_dim):
+        what the cache keeps (a head axis of size 1, as a key/value head)."""
+        latent, k_rope = self.wkv_a(x).split([self.kv_latent, self.rope_dim], dim=-1)
+        latent, k_rope = self.kv_norm(latent).unsqueeze(1), k_rope.unsqueeze(1)
+        return latent, (k_rope if self.rotary is None else self.rotary(k_rope, positions))
+
+    def queries(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, H, T, head_dim + rope_head_dim): the content part normalised (qk_norm), the rotary
+        part turned."""
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim + self.rope_dim).transpose(1, 2)
+        content, rotary = q.split([self.head_dim, self.rope_dim], dim=-1)
+        content = self.q_norm(content) if self.qk_norm else content
+        return content if self.rotary is None else torch.cat((content, self.rotary(rotary, positions)), dim=-1)
+
+    def keys_values(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached latents (B, 1, S, kv_latent) and rotary keys (B, 1, S, rope_head_dim) -> each head's keys
+        (B, H, S, head_dim + rope_head_dim) and values (B, H, S, head_dim): up-projected per head."""
+        B, _, S, _ = latent.shape
+        kv = self.wkv_b(latent.squeeze(1)).view(B, S, self.n_head, 2 * self.head_dim).transpose(1, 2)
+        k, v = kv.split([self.head_dim, self.head_dim], dim=-1)
+        k = self.k_norm(k) if self.qk_norm else k
+        if self.rotary is not None:
+            k = torch.cat((k, k_rope.expand(B, self.n_head, S, self.rope_dim)), dim=-1)  # one key, every head
+        return k, v
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.queries(x, positions)
+        latent, k_rope, mask = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
+        k, v = self.keys_values(latent, k_rope)
+        y = self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=self.score_mods(), positions=positions)
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(x.size(1), device=x.device)
+        k, _ = self.keys_values(*self.latent_and_rotary_key(x, positions))
+        return self.queries(x, positions), repeat_kv(k, self.n_head)
+
+    @classmethod
+    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
+        raise ValueError(function_refusal(cls, "the other layouts"))
+
+    @classmethod
+    def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
+        raise ValueError(function_refusal(cls, "the other layouts"))
