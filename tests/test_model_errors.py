@@ -29,7 +29,7 @@ def test_dropout_outside_unit_interval_is_rejected():
 
 
 def test_unknown_layout_lists_the_valid_ones():
-    expected = r"unknown attention layout 'fused'; choose one of: fused_qkv, separate_qkv, wrapper"
+    expected = r"unknown attention layout 'fused'; choose one of: fused_qkv, mla, separate_qkv, wrapper"
     with pytest.raises(ValueError, match=expected):
         config(attention="fused")
     with pytest.raises(ValueError, match=expected):

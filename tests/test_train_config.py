@@ -149,7 +149,7 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     expected = [
-        "attention: fused_qkv, separate_qkv, wrapper",
+        "attention: fused_qkv, mla, separate_qkv, wrapper",
         "kernel: flex, manual, sdpa, sdpa_cudnn, sdpa_efficient, sdpa_flash, sdpa_math",
         "model: gpt2_medium, gpt2_small, mini, nano",
         "logger: none, wandb",
