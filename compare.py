@@ -19,9 +19,9 @@ from pathlib import Path
 
 from analysis.plots import plot_throughput, plot_val_loss
 from analysis.report import (
-    COLUMNS,
     build_rows,
     check_comparable,
+    csv_columns,
     default_target,
     markdown_table,
     parameter_counts,
@@ -71,7 +71,7 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
     out = Path(args.out) if args.out else Path(args.paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
 
-    fields = [k for k, _ in COLUMNS] + ["final_train_loss_se"]
+    fields = csv_columns(rows) + ["final_train_loss_se"]
     write_csv(out / "report.csv", ["run", *fields], [[str(run.path), *(row[k] for k in fields)]
                                                      for run, row in zip(runs, rows)])  # fmt: skip
     trained = [(run, row) for run, row in zip(runs, rows) if run.failure is None]

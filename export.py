@@ -27,7 +27,7 @@ from data.hf_tokenizer import write_hf_gpt2_tokenizer
 from data.tokenizers import GPT2_IDS
 from model import load_model
 from model.checkpoint import BEST, LAST
-from model.gpt2_export import export_hf_gpt2
+from model.gpt2_export import check_gpt2_holds, export_hf_gpt2
 
 
 @dataclass
@@ -53,6 +53,7 @@ def run(cfg: ExportConfig) -> Path:
     loaded = load_model(cfg.source, checkpoint=cfg.checkpoint)
     if loaded.path is None:
         raise ValueError(f"source={cfg.source!r} is already in the Hugging Face format: nothing to export")
+    check_gpt2_holds(loaded.model.config)  # before anything is written
     out = Path(cfg.out).expanduser()
     tokenizer = loaded.tokenizer
     written = export_hf_gpt2(loaded.model, out, tokenizer.eot_id)

@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
-from model.config import attention_label
+from model.config import LABEL_AXES, attention_label
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
 from training.continuation import STOP_AT_STEP, continue_command
@@ -70,9 +70,10 @@ def swept_keys(hydra_cfg) -> list[str]:
     return [key for key in dict.fromkeys(swept) if not key.startswith("hydra")]
 
 
-# Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash); the others join a run's name.
-IN_THE_LABEL = ("attention", "kernel", "model.attention", "model.kernel", "model.sdpa_backend", "model.n_kv_head",
-                "model.window")  # fmt: skip
+# Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash, -rope; the groups score_mods and
+# kv_cache set its axes); the others join a run's name.
+IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "model.attention", "model.kernel",
+                "model.sdpa_backend", *(f"model.{axis}" for axis in LABEL_AXES))  # fmt: skip
 NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name")  # a run name also says the model
 
 
@@ -86,7 +87,7 @@ def swept_suffix(hydra_cfg, named: tuple[str, ...]) -> str:
 def swept_label(model, hydra_cfg) -> str:
     """attention_label, spelling the key/value heads and window wherever the sweep varies them (``-kv4`` too)."""
     swept = swept_keys(hydra_cfg)
-    show = [axis for axis in ("n_kv_head", "window") if f"model.{axis}" in swept]
+    show = [axis for axis in LABEL_AXES if f"model.{axis}" in swept or (axis == "n_kv_head" and "kv_cache" in swept)]
     return attention_label(model, show=show)
 
 

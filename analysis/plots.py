@@ -10,6 +10,7 @@ data; curves that lie on each other are named beside the legend.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -130,12 +131,20 @@ def halo_widths(groups: list[list[str]]) -> dict[str, float]:
     return widths
 
 
+# What each optional part of a label (model.config.attention_label) is, in its order: its pattern, its title.
+LABEL_PARTS = (
+    (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
+    (r"(no)?window\d*", "-window<positions>"), (r"learned|rope[\d.e+]*|alibi|nopos", "-<position>"),
+    (r"qknorm", "-qknorm"), (r"softcap[\d.e+]+", "-softcap<cap>"), (r"sinks", "-sinks"),
+)  # fmt: skip
+
+
 def legend_title(variants) -> str:
-    """What a label's parts are: ``layout-kernel``, then ``-kv<key/value heads>``, ``-window<positions>``."""
+    """What a label's parts are: ``layout-kernel``, then those the variants have: ``-kv<key/value heads>``,
+    ``-latent<dims>``, ``-window<positions>``, ``-<position>``, ``-qknorm``, ``-softcap<cap>``, ``-sinks``."""
     parts = [part for variant in variants for part in variant.split("-")[2:]]
-    kv = "-kv<key/value heads>" if any(p.startswith("kv") for p in parts) else ""
-    window = "-window<positions>" if any("window" in p for p in parts) else ""
-    return f"layout-kernel{kv}{window}"
+    return "layout-kernel" + "".join(title for pattern, title in LABEL_PARTS
+                                     if any(re.fullmatch(pattern, p) for p in parts))  # fmt: skip
 
 
 def coinciding_groups(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:

@@ -9,15 +9,26 @@ from collections import defaultdict
 from analysis.runs import Run
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
-# Columns a report shows only when some run departs from plain multi-head attention over the whole context.
+# Columns a report shows only when some run departs from plain multi-head attention over the whole context
+# (GPT-2's: learned positions, no score modification, no latent).
 SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get("n_head")),
-              "window": lambda row: bool(row.get("window"))}  # fmt: skip
+              "kv_latent": lambda row: row.get("kv_latent") is not None,
+              "window": lambda row: bool(row.get("window")),
+              "position": lambda row: row.get("position") not in (None, "learned"),
+              "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
+              "qk_norm": lambda row: bool(row.get("qk_norm")),
+              "softcap": lambda row: row.get("softcap") is not None,
+              "sinks": lambda row: bool(row.get("sinks"))}  # fmt: skip
+# Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent).
+SHOWN_WHEN_VARIED = ("kv_cache_bytes",)
 FLAG_SIGMAS = 3.0
 ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compute one function), never a flag
 
 COLUMNS = [
-    ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"), ("window", "window"), ("seed", "seed"),
-    ("state", "state"), ("params", "params"),
+    ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"), ("kv_latent", "kv latent"),
+    ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"), ("qk_norm", "qk norm"),
+    ("softcap", "softcap"), ("sinks", "sinks"), ("seed", "seed"), ("state", "state"), ("params", "params"),
+    ("kv_cache_bytes", "KV cache B/token"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
     ("best_val_bpb", "val bpb"), ("tokens_per_sec", "tokens/s"), ("step_ms", "step ms"),
@@ -56,11 +67,38 @@ def state_of(run: Run) -> str:
 
 
 def identity(run: Run) -> dict:
-    """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads and window."""
+    """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads (or latent width),
+    window, position encoding and score modifications (a field an older run.json lacks counts as its default),
+    and what its KV cache keeps per token."""
     m = run.info["model"]
+    latent = m.get("kv_latent")
     return {"layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
-            "n_head": m.get("n_head"), "kv_heads": m.get("n_kv_head") or m.get("n_head"),
-            "window": m.get("window")}  # fmt: skip
+            "n_head": m.get("n_head"),
+            "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
+            "kv_latent": latent, "window": m.get("window"), "position": m.get("position", "learned"),
+            "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
+            "qk_norm": bool(m.get("qk_norm")), "softcap": m.get("softcap"), "sinks": bool(m.get("sinks")),
+            "kv_cache_bytes": kv_cache_bytes(run)}  # fmt: skip
+
+
+def kv_cache_bytes(run: Run) -> int | None:
+    """Bytes sampling's KV cache keeps per token, over every layer, in the run's dtype: the layout's
+    ``cache_width`` (keys and values, or a latent); None where the run's model cannot be rebuilt here."""
+    from dataclasses import fields
+
+    import torch
+
+    from model import registry
+    from model.config import GPTConfig
+
+    m = run.info["model"]
+    try:
+        config = GPTConfig(**{f.name: m[f.name] for f in fields(GPTConfig) if f.name in m})
+        width = registry.layout(config.attention).cache_width(config.attention_spec)
+    except (ValueError, TypeError, KeyError):  # a layout or option this checkout does not know
+        return None
+    dtype = getattr(torch, str(run.info.get("dtype", "float32")), torch.float32)
+    return config.n_layer * width * (torch.finfo(dtype).bits // 8)
 
 
 def failed_row(run: Run) -> dict:
@@ -174,8 +212,12 @@ def overlapping_runs(runs: list[Run]) -> dict[int, list[int]]:
 def format_value(key: str, value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if key == "params":
+    if key in ("params", "kv_cache_bytes"):
         return f"{value:,}"
+    if isinstance(value, bool):
+        return "yes" if value else "-"
+    if key in ("softcap", "rope_theta"):
+        return f"{value:g}"
     if key == "mfu":
         return f"{100 * value:.1f}%"
     if key in ("tokens_per_sec", "peak_mem_mb"):
@@ -188,13 +230,22 @@ def format_value(key: str, value) -> str:
 
 
 def shown_columns(rows: list[dict]) -> list[tuple[str, str]]:
-    """The table's columns: every one, but key/value heads and window only when some run departs from the
-    default (then every row shows its value: 4 key/value heads of 4 too)."""
-    return [(k, t) for k, t in COLUMNS if k not in SHOWN_WHEN or any(SHOWN_WHEN[k](row) for row in rows)]
+    """The table's columns: every one, but the attention options (key/value heads, latent, window, position,
+    score modifications) only when some run departs from the default (then every row shows its value: 4
+    key/value heads of 4 too), and the KV cache's bytes per token only when the runs differ in it."""
+    return [(k, t) for k, t in COLUMNS
+            if (k not in SHOWN_WHEN or any(SHOWN_WHEN[k](row) for row in rows))
+            and (k not in SHOWN_WHEN_VARIED or len({row.get(k) for row in rows}) > 1)]  # fmt: skip
+
+
+def csv_columns(rows: list[dict]) -> list[str]:
+    """The CSV's columns: the table's, and key/value heads and window always (as the CSV always had them)."""
+    shown = {k for k, _ in shown_columns(rows)}
+    return [k for k, _ in COLUMNS if k in shown or k in ("kv_heads", "window")]
 
 
 def markdown_table(rows: list[dict]) -> str:
-    text = ("layout", "kernel", "state", "sdpa_backend", "flag")
+    text = ("layout", "kernel", "position", "qk_norm", "sinks", "state", "sdpa_backend", "flag")
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]

@@ -187,8 +187,13 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def varied_axes(runs: list[Run]) -> tuple[str, ...]:
-    """The optional axes of a label (key/value heads, window) that take more than one value among these runs:
-    each run's label spells them, as a sweep over them names its directories (``wrapper-sdpa-kv4``)."""
-    values = {"n_kv_head": {r.info["model"].get("n_kv_head") or r.info["model"].get("n_head") for r in runs},
-              "window": {r.info["model"].get("window") for r in runs}}  # fmt: skip
+    """The optional axes of a label (key/value heads, window, position encoding, rotary base) that take more
+    than one value among these runs: each run's label spells them, as a sweep over them names its directories
+    (``wrapper-sdpa-kv4``, ``fused_qkv-sdpa-learned``). On/off modifications (QK-norm, softcap, sinks) are
+    spelled only where on, varied or not."""
+    models = [r.info["model"] for r in runs]
+    values = {"n_kv_head": {m.get("n_kv_head") or m.get("n_head") for m in models},
+              "window": {m.get("window") for m in models},
+              "position": {m.get("position", "learned") for m in models},
+              "rope_theta": {m.get("rope_theta", 10000.0) for m in models if m.get("position") == "rope"}}  # fmt: skip
     return tuple(axis for axis, seen in values.items() if len(seen) > 1)

@@ -23,23 +23,50 @@ def kernel_option(model: dict) -> str:
 
 
 def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[str] = ()) -> str:
-    """How a model attends, spelled as its options are: ``<attention>-<kernel>``, then ``-kv<n>`` for fewer
-    key/value heads than query heads and ``-window<w>`` for a sliding window: ``fused_qkv-sdpa_flash``,
-    ``wrapper-sdpa-kv2``, ``fused_qkv-sdpa-window64``. The one name of a variant: run names, sweep
-    directories, report tables and plot legends all use it.
+    """How a model attends, spelled as its options are: ``<attention>-<kernel>``, then a part for each other
+    attention option set away from its default: ``-kv<n>`` for fewer key/value heads than query heads,
+    ``-latent<k>`` (and ``-ropedim<r>``) for a latent key/value width, ``-window<w>`` for a sliding window,
+    ``-rope`` (``-rope<theta>`` when theta is not 10000), ``-alibi`` or ``-nopos`` for the position encoding,
+    ``-qknorm``, ``-softcap<c>``, ``-sinks``: ``fused_qkv-sdpa_flash``, ``wrapper-sdpa-kv2``,
+    ``fused_qkv-manual-window64-rope-sinks``. The one name of a variant: run names, sweep directories, report
+    tables, plot legends and wandb tags all use it; a default model's is ``<attention>-<kernel>``.
 
-    ``model`` is a GPTConfig's fields (a dict: run.json holds them too). ``show`` names the axes
-    (``n_kv_head``, ``window``) spelled even at their default (``-kv4`` of 4 heads, ``-nowindow``): those a
-    sweep or a report varies. ``sep`` joins the parts.
+    ``model`` is a GPTConfig's fields (a dict: run.json holds them too; a field it lacks counts as its
+    default). ``show`` names the axes (``n_kv_head``, ``window``, ``position``, ``rope_theta``) spelled even at
+    their default (``-kv4`` of 4 heads, ``-nowindow``, ``-learned``, ``-rope10000``): those a sweep or a report
+    varies. ``sep`` joins the parts.
     """
     parts = [model["attention"], kernel_option(model)]
     kv = model.get("n_kv_head") or model.get("n_head")
-    if kv != model.get("n_head") or "n_kv_head" in show:
+    latent = model.get("kv_latent")
+    if latent is not None:  # keys and values kept as a latent: no key/value heads to count
+        parts.append(f"latent{latent}")
+        if model.get("rope_head_dim") is not None:
+            parts.append(f"ropedim{model['rope_head_dim']}")
+    elif kv != model.get("n_head") or "n_kv_head" in show:
         parts.append(f"kv{kv}")
     window = model.get("window")
     if window or "window" in show:
         parts.append(f"window{window}" if window else "nowindow")
+    position = model.get("position", "learned")
+    if position == "rope":
+        theta = model.get("rope_theta", 10000.0)
+        spelled = f"{int(theta)}" if float(theta).is_integer() else f"{theta:g}"  # 500000, not 5e+05
+        parts.append(f"rope{spelled}" if theta != 10000 or "rope_theta" in show else "rope")
+    elif position != "learned" or "position" in show:
+        parts.append({"none": "nopos"}.get(position, position))
+    if model.get("qk_norm"):
+        parts.append("qknorm")
+    if model.get("softcap") is not None:
+        parts.append(f"softcap{model['softcap']:g}")
+    if model.get("sinks"):
+        parts.append("sinks")
     return sep.join(parts)
+
+
+# The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", "qk_norm", "softcap",
+              "sinks")  # fmt: skip
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from model import registry
 from model.convert import convert_attention_layout
 from model.gpt import GPT
 from model.gpt2_import import CONV1D
@@ -22,12 +23,47 @@ from model.gpt2_import import CONV1D
 HF_ACTIVATION = "gelu_new"
 
 
+def what_gpt2_cannot_hold(config) -> list[str]:
+    """The options of a model (a GPTConfig) that GPT-2's format has no place for, each named with why: in
+    GPT-2's format the model would compute another function. Grouped-query heads are not among them: their
+    keys and values are written repeated per query head, the same function."""
+    problems = []
+    if config.window is not None:
+        problems.append(f"model.window={config.window} (GPT-2 has no sliding-window attention: it attends over its "
+                        f"whole context)")  # fmt: skip
+    if not registry.position(config.position).in_gpt2:
+        problems.append(f"model.position={config.position} (GPT-2 holds learned positions only: a table of "
+                        f"block_size vectors)")  # fmt: skip
+    if config.qk_norm:
+        problems.append("model.qk_norm=true (GPT-2 has no norm of the queries and keys)")
+    if config.softcap is not None:
+        problems.append(f"model.softcap={config.softcap} (GPT-2 does not cap its scores)")
+    if config.sinks:
+        problems.append("model.sinks=true (GPT-2's softmax has no sink)")
+    layout, gpt2 = registry.layout(config.attention), registry.layout(registry.canonical_layout())  # GPT-2's form
+    if getattr(layout, "function", None) != getattr(gpt2, "function", None):
+        problems.append(f"attention={config.attention} (it computes {layout.computes}: another function than "
+                        f"GPT-2's multi-head attention)")  # fmt: skip
+    return problems
+
+
+def check_gpt2_holds(config) -> None:
+    """Refuse, before anything is written, a model GPT-2's format cannot hold, naming each option and the fix."""
+    problems = what_gpt2_cannot_hold(config)
+    if problems:
+        gpt2 = getattr(registry.layout(registry.canonical_layout()), "function", None)
+        layouts = ", ".join(name for name, cls in registry.ATTENTION_LAYOUTS.items()
+                            if getattr(cls, "function", None) == gpt2)  # fmt: skip
+        raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(problems)}. Export a model trained "
+                         f"with GPT-2's attention (learned positions; no window, QK-norm, softcap or sinks; layout "
+                         f"{layouts}, grouped-query heads too); this checkpoint itself loads in sample.py, heads.py "
+                         f"and evaluate.py as it is")  # fmt: skip
+
+
 def hf_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights named and shaped as ``GPT2LMHeadModel``'s (the LM head is tied, so left out)."""
     config = model.config
-    if config.window is not None:
-        raise ValueError(f"GPT-2 has no sliding-window attention: this model (model.window={config.window}) would "
-                         f"compute another function in GPT-2's format; export a model without a window")  # fmt: skip
+    check_gpt2_holds(config)
     # Any layout -> the fused c_attn GPT-2 uses; grouped-query keys and values repeated for every query
     # head of their group: GPT-2's multi-head form of the same function.
     fused = GPT(config.__class__(**{**vars(config), "attention": "fused_qkv", "kernel": "sdpa", "n_kv_head": None,
@@ -81,6 +117,7 @@ def export_hf_gpt2(model: GPT, folder: Path, eot_id: int | None) -> list[Path]:
     """Write ``config.json`` and ``model.safetensors`` into ``folder``; returns the files written."""
     from safetensors.torch import save_file
 
+    check_gpt2_holds(model.config)  # before the folder is made
     folder.mkdir(parents=True, exist_ok=True)
     save_file(hf_gpt2_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(hf_gpt2_config(model, eot_id), indent=2) + "\n")

@@ -22,7 +22,7 @@ import torch
 
 from data.tokenizers import VOCAB_SIZES
 from model import registry
-from model.config import GPTConfig
+from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
@@ -56,15 +56,54 @@ def duration_text(minutes: float) -> str:
     return f"{minutes:,.1f} min" if minutes < 120 else f"{minutes / 60:,.1f} h"
 
 
+@functools.lru_cache(maxsize=64)
+def _counted(fields: tuple) -> tuple[int, int]:
+    """(parameters, training FLOPs per token) of the model these GPTConfig fields build, built on the meta
+    device (no memory, no arithmetic): every layout, position encoding and score modification counts its own
+    (QK-norm scales, sinks, a latent's projections, no position table without learned positions)."""
+    from model.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**dict(fields)))
+    return model.num_params(), model.flops_per_token()
+
+
+def model_counts(config: GPTConfig) -> tuple[int, int]:
+    """(parameters, FLOPs per token) as the model counts them (``GPT.num_params``, ``GPT.flops_per_token``: the
+    figures training's MFU uses): 6 per weight that multiplies a token (the position table excluded; a latent
+    attention's up-projections are weights and count), plus the score and value matmuls over the keys seen."""
+    return _counted(tuple(sorted(vars(config).items())))
+
+
 def param_count(config: GPTConfig) -> int:
-    """Parameters, each counted once (the LM head is tied to the token embedding); same for every layout."""
-    C, L = config.n_embd, config.n_layer
-    kv = config.kv_heads * config.head_dim  # the width of the keys (and of the values)
-    bias = config.bias
-    norms = (2 * L + 1) * C * (2 if bias else 1)
-    attention = L * (2 * C * C + 2 * C * kv + ((2 * C + 2 * kv) if bias else 0))  # q, c_proj; k, v
-    mlp = L * (8 * C * C + (5 * C if bias else 0))
-    return config.padded_vocab_size * C + config.block_size * C + norms + attention + mlp
+    """Parameters, each counted once (the LM head is tied to the token embedding); same for every layout of
+    one function."""
+    return model_counts(config)[0]
+
+
+def axes_text(config: GPTConfig) -> str:
+    """The attention options set away from their defaults, as the run's label spells them (``; rope, sinks``),
+    or "" for a model with none."""
+    parts = attention_label(vars(config), sep="|").split("|")[2:]
+    return f"; {', '.join(parts)}" if parts else ""
+
+
+def cache_kind(config: GPTConfig) -> str:
+    """What sampling's KV cache keeps per layer, in words: the keys and values of every head (multi-head), of
+    fewer shared heads (grouped-query, multi-query), or a latent they are made from (latent)."""
+    if config.kv_latent is not None:
+        rope = f" + a rotary key of {config.rope_head_dim}" if config.rope_head_dim else ""
+        return f"latent: {config.kv_latent} latent dims{rope}"
+    if config.kv_heads == config.n_head:
+        return "multi-head"
+    if config.kv_heads == 1:
+        return f"multi-query: 1 key/value head for {config.n_head}"
+    return f"grouped-query: {config.kv_heads} key/value heads for {config.n_head}"
+
+
+def cache_width(config: GPTConfig) -> int:
+    """Numbers sampling's KV cache keeps per token and layer, as the layout says (``cache_width(spec)``)."""
+    return registry.layout(config.attention).cache_width(config.attention_spec)
 
 
 def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) -> dict[str, int]:
@@ -99,6 +138,7 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
         "attention projections": qkv_input + qkv + heads_out,
         "attention matrices" if matrices else "attention log-sum-exp": kernel,
         "MLP": N * a + 2 * 4 * N * a,  # c_fc input, GELU input, c_proj input
+        "query/key encodings": encoding_bytes(config, N, kv_share, a),
         "dropout masks": 2 * N if drop else 0,
     }
     parts = {name: L * value for name, value in per_layer.items()}
@@ -106,6 +146,16 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     parts["final norm and LM head input"] = N * 4 + N * a
     parts["log-softmax of the logits"] = B * T * V * 4
     return {name: value for name, value in parts.items() if value}
+
+
+def encoding_bytes(config: GPTConfig, n: int, kv_share: float, a: int) -> int:
+    """Per layer, what QK-norm and rotary positions keep of the queries and keys (``n`` elements is one query
+    tensor): QK-norm's RMSNorm its float32 steps (about 2.75 copies, measured), rotary the input and its
+    rotated half (one copy in the matmul dtype, measured). 0 for a model without them."""
+    qk = (1 + kv_share) * n
+    norm = 2.75 * qk * 4 if config.qk_norm else 0
+    rotary = qk * a if registry.position(config.position).turns_queries_keys else 0
+    return int(norm + rotary)
 
 
 @dataclass
@@ -126,9 +176,9 @@ class Plan:
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
-        """What sampling's KV cache holds per position and sample: keys and values of every layer."""
-        c = self.config
-        return 2 * c.n_layer * c.kv_heads * c.head_dim * (torch.finfo(self.dtype).bits // 8)
+        """What sampling's KV cache holds per position and sample: every layer's ``cache_width`` numbers (the
+        layout's: keys and values, or a latent) in the plan's dtype."""
+        return self.config.n_layer * cache_width(self.config) * (torch.finfo(self.dtype).bits // 8)
 
     @property
     def peak_bytes(self) -> int:
@@ -174,7 +224,8 @@ class Plan:
         tokens = self.tokens_per_step * self.max_steps
         flops = self.flops_per_token * tokens
         lines = [
-            f"plan: {c.name} ({c.attention} + {c.kernel}), {self.params:,} parameters, vocab {c.vocab_size:,}",
+            f"plan: {c.name} ({c.attention} + {c.kernel}{axes_text(c)}), {self.params:,} parameters, vocab "
+            f"{c.vocab_size:,}",
             f"  {c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, context {c.block_size}, "
             f"dropout {c.dropout}",
             f"  FLOPs per token (forward + backward): {self.flops_per_token / 1e6:,.1f} M",
@@ -189,10 +240,10 @@ class Plan:
         ]
         lines += [f"    {name}: {value / GIB:,.2f} GiB" for name, value in self.activations.items()]
         lines.append(f"    logits in flight: {self.logits_transient_bytes / GIB:,.2f} GiB")
-        heads = "multi-head" if c.kv_heads == c.n_head else f"{c.kv_heads} key/value heads for {c.n_head}"
         window = f", window {c.window}: at most {c.cache_capacity} positions" if c.window else ""
         lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
-                     f"sample ({heads}{window}, {str(self.dtype).removeprefix('torch.')})")  # fmt: skip
+                     f"sample ({cache_kind(c)}; {cache_width(c):,} numbers per layer x {c.n_layer} layers{window}, "
+                     f"{str(self.dtype).removeprefix('torch.')})")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -200,10 +251,7 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
               micro_batch: int | None = None) -> Plan:  # fmt: skip
     t = cfg.trainer
     micro = micro_batch or micro_batch_for(t, world_size)
-    params = param_count(model_config)
-    matmul_params = params - model_config.block_size * model_config.n_embd
-    seen = min(model_config.block_size, model_config.window or model_config.block_size)  # keys per query
-    flops = 6 * matmul_params + 12 * model_config.n_layer * model_config.n_embd * seen
+    params, flops = model_counts(model_config)
     a = torch.finfo(dtype).bits // 8
     V = model_config.padded_vocab_size
     return Plan(

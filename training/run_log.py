@@ -41,6 +41,14 @@ def run_name(cfg: TrainConfig) -> str:
     return f"{how}-{cfg.model.name}"
 
 
+def run_tags(cfg: TrainConfig) -> list[str]:
+    """The wandb tags: layout, kernel, each other part of the run's label (``kv2``, ``rope``, ``sinks``: only
+    the options set), the model, the data and the user's tags."""
+    m = cfg.model
+    return [m.attention, m.kernel, *attention_label(vars(m), sep="|").split("|")[2:], m.name, cfg.data.name,
+            *cfg.logger.tags]  # fmt: skip
+
+
 class RunDirClaim:
     """A run directory this process writes to, held by an exclusive lock on its owner file until
     ``release`` (or the process's death: a killed run's lock goes with it)."""
@@ -179,8 +187,8 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
     if cfg.logger.kind == "wandb":
         import wandb  # imported here: runs with logger=none never pay for it
 
-        m, mode = cfg.model, wandb_mode(cfg.logger)
-        tags = [m.attention, m.kernel, m.name, cfg.data.name, *cfg.logger.tags]
+        mode = wandb_mode(cfg.logger)
+        tags = run_tags(cfg)
         run = wandb.init(
             project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
             tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
