@@ -1,0 +1,138 @@
+"""The score modifications (model.qk_norm, model.softcap, model.sinks) and the position options: what each one
+does to the attention that the formula says it must, and every bad value refused before any work, in one line
+naming the value and the fix (through GPTConfig and through train.py, a real process).
+
+The float64 formula of each (tests/attention_reference.py) holds every layout x kernel cell to it at many lengths
+(tests/test_attention_properties.py); these are the properties that follow from the formulas themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ROOT
+from helpers import tiny_gpt_config as config
+
+from model import build_attention
+
+LAYOUTS = ("fused_qkv", "separate_qkv", "wrapper")
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (dict(position="rotary"), "unknown model.position 'rotary'; choose one of: alibi, learned, none, rope"),
+    (dict(softcap=0), "model.softcap=0 must be a positive number"),
+    (dict(softcap=-2.5), "model.softcap=-2.5 must be a positive number"),
+    (dict(softcap=True), "model.softcap=True must be a positive number"),
+    (dict(kernel="sdpa", softcap=30.0), "model.softcap=30.0 changes the scores before the softmax, which kernel=sdpa "
+                                        "cannot do; use kernel=manual or flex"),
+    (dict(kernel="sdpa_math", softcap=30.0), "which kernel=sdpa cannot do; use kernel=manual or flex"),
+    (dict(position="rope", n_embd=60, n_head=4), "model.position=rope turns pairs of a head's dimensions, but the "
+                                                 "head dim n_embd/n_head = 60/4 = 15 is odd"),
+    (dict(position="rope", rope_theta=1), "model.rope_theta=1 must be a number above 1"),
+    (dict(position="rope", rope_theta=-10000.0), "model.rope_theta=-10000.0 must be a number above 1"),
+    (dict(qk_norm="yes"), "model.qk_norm='yes' must be true or false"),
+    (dict(qk_norm=1), "model.qk_norm=1 must be true or false"),
+    (dict(sinks="no"), "model.sinks='no' must be true or false"),
+])  # fmt: skip
+def test_a_bad_value_is_refused_by_the_config_naming_it(options, expected):
+    with pytest.raises(ValueError) as refused:
+        config(**{"kernel": "manual", **options})
+    message = str(refused.value)
+    assert expected in message, message
+    assert "\n" not in message
+
+
+def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:
+    """``python train.py model=nano <overrides> trainer.plan=true``, as a user runs it (no full tracebacks)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), "model=nano", *overrides, "trainer.plan=true",
+                           "logger=none"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (["model.position=rotary"], "error: unknown model.position 'rotary'; choose one of: alibi, learned, none, rope"),
+    (["kernel=sdpa", "model.softcap=30"], "error: model.softcap=30.0 changes the scores before the softmax, which "
+                                          "kernel=sdpa cannot do; use kernel=manual or flex"),
+    (["model.position=rope", "model.n_embd=60", "model.n_head=4"], "the head dim n_embd/n_head = 60/4 = 15 is odd"),
+])  # fmt: skip
+def test_train_plan_refuses_a_bad_value_in_one_line_before_any_work(overrides, expected, tmp_path):
+    result = train_plan(*overrides, cwd=tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert result.stdout == "", "refused before the plan"
+    written = sorted(p.name for p in tmp_path.rglob("*") if p.is_file() and ".hydra" not in p.parts)
+    assert written in ([], ["train.log"]), f"nothing but Hydra's own folder: {written}"
+
+
+def test_train_plan_takes_the_new_values(tmp_path):
+    result = train_plan("model.position=rope", "model.qk_norm=true", "model.softcap=30", "kernel=manual",
+                        "model.sinks=true", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "parameters" in result.stdout, result.stdout
+
+
+def block_with(layout: str, seed: int = 0, **options) -> torch.nn.Module:
+    block = build_attention(layout, 32, 4, "manual", block_size=64, **options).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return block
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_softcap_bounds_the_odds_between_any_two_keys_a_query_sees(layout):
+    # Capped scores lie in (-c, c): two weights of a row differ by a factor e^(2c) at most, however sharp the
+    # attention is without the cap (it is: the weights' ratio passes e^2 there).
+    x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(1)) * 3
+    for cap, bounded in ((None, False), (1.0, True)):
+        weights = block_with(layout, softcap=cap).attention_weights(x)
+        seen = torch.ones(20, 20, dtype=torch.bool).tril()
+        odds = weights.masked_fill(~seen, 0.0).amax(-1) / weights.masked_fill(~seen, float("inf")).amin(-1)
+        assert bool((odds <= torch.e**2 * (1 + 1e-5)).all()) is bounded, (cap, odds.max().item())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_sink_takes_weight_from_every_key_alike_and_more_the_larger_it_is(layout):
+    x = torch.randn(1, 12, 32, generator=torch.Generator().manual_seed(2))
+    block = block_with(layout, sinks=True)
+    with torch.no_grad():
+        block.sinks.fill_(float("-inf"))  # e^-inf = 0 in the denominator: no sink
+    plain = block.attention_weights(x)
+    torch.testing.assert_close(plain.sum(-1), torch.ones(1, 4, 12))
+    totals = []
+    for logit in (-100.0, 0.0, 2.0, 200.0):  # the scores here reach about 30
+        with torch.no_grad():
+            block.sinks.fill_(logit)
+        weights = block.attention_weights(x)
+        total = weights.sum(-1, keepdim=True)  # the keys' share; the sink took the rest
+        torch.testing.assert_close(weights, plain * total, atol=1e-6, rtol=1e-5)  # each key's share alike
+        totals.append(total)
+    assert torch.allclose(totals[0], torch.ones_like(totals[0])), "a sink at -100 takes nothing"
+    for smaller, larger in zip(totals[1:], totals[2:]):  # a larger sink leaves the keys less (where it shows)
+        assert bool((larger <= smaller).all()) and bool((larger < smaller).any())
+    assert totals[3].max().item() < 1e-6, "a sink at +200 takes everything"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(layout):
+    # RMSNorm divides out each head's query and key length: scaling their projections changes nothing (up to
+    # eps); without QK-norm the same scaling sharpens the attention.
+    x = torch.randn(2, 15, 32, generator=torch.Generator().manual_seed(3))
+    for qk_norm in (True, False):
+        block = block_with(layout, qk_norm=qk_norm)
+        before = block(x)
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                if any(part in name for part in ("query", "key", "c_attn")):
+                    p.mul_(5.0)
+            if layout == "fused_qkv":  # c_attn holds the values too: leave them as they were
+                block.c_attn.weight[-32:] /= 5.0
+                block.c_attn.bias[-32:] /= 5.0
+        same = torch.allclose(block(x), before, atol=1e-5, rtol=1e-4)
+        assert same is qk_norm, f"qk_norm={qk_norm}"
