@@ -24,6 +24,7 @@ import re
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model import registry
@@ -86,6 +87,10 @@ class LatentAttention(MultiHeadAttention):
         self.rope_dim = spec.rope_head_dim or 0
         self.kv_latent = spec.kv_latent
         self.kernel, self.dropout = spec.build_kernel(), spec.dropout
+        # PyTorch's flash implementation takes values only as wide as the queries (head_dim + rope_head_dim here):
+        # for a kernel that may use it, values are padded with zeros and the padding cut from the output (what
+        # DeepSeek's own code does); on a CPU that is faster than the math implementation SDPA falls back to.
+        self.pad_values = bool(self.rope_dim) and "flash" in registry.kernel(spec.kernel).backends
         H, hd, r = spec.n_head, spec.head_dim, self.rope_dim
         self.wq = nn.Linear(spec.n_embd, H * (hd + r), bias=spec.bias)  # W_Q and W_QR, per head
         self.wkv_a = nn.Linear(spec.n_embd, spec.kv_latent + r, bias=spec.bias)  # W_DKV and W_KR
@@ -128,8 +133,9 @@ class LatentAttention(MultiHeadAttention):
         q = self.queries(x, positions)
         latent, k_rope, mask = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
         k, v = self.keys_values(latent, k_rope)
+        v = F.pad(v, (0, self.rope_dim)) if self.pad_values else v
         y = self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=self.score_mods(), positions=positions)
-        return y.transpose(1, 2).contiguous().view(B, T, C)
+        return y[..., : self.head_dim].transpose(1, 2).contiguous().view(B, T, C)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(x.size(1), device=x.device)

@@ -126,6 +126,18 @@ def test_the_module_computes_the_papers_formula_at_every_length(name, kernel):
             torch.testing.assert_close(attn.attention_weights(x), probs, atol=1e-12, rtol=0)
 
 
+def test_sdpa_held_to_flash_takes_the_wider_queries_and_keys():
+    # PyTorch's flash implementation wants values as wide as queries: mla pads them (and cuts the padding off)
+    torch.manual_seed(0)
+    attn = build_attention("mla", WIDTH, 3, "sdpa", kv_latent=10, rope_head_dim=6, position="rope", block_size=BLOCK,
+                           sdpa_backend="flash").eval()  # fmt: skip
+    attn.load_state_dict(mla_module("3heads-rope", "manual", dtype=torch.float32).state_dict())
+    x = torch.randn(2, 33, WIDTH)
+    with torch.no_grad():
+        want, _ = reference(attn, "3heads-rope", x.double())
+        torch.testing.assert_close(attn(x).double(), want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("name,kernel", [("3heads-rope", "sdpa"), ("4heads-rope-qknorm-window", "manual"),
                                          ("2heads-alibi-sinks", "sdpa")])  # fmt: skip
 def test_gradients_of_every_weight_and_the_input_are_the_formulas(name, kernel):
@@ -177,14 +189,19 @@ def decodes_like_full_recomputation(model: GPT, length: int, prompt: int, static
             torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], atol=1e-4, rtol=0, msg=f"position {t}")
 
 
-@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
-@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
-@pytest.mark.parametrize("options", [{}, {"window": 5}, {"position": "learned", "rope_head_dim": None},
-                                     {"position": "alibi", "rope_head_dim": None, "sinks": True}],
-                         ids=["rope", "rope-window5", "learned", "alibi-sinks"])  # fmt: skip
-def test_cached_decoding_is_a_full_recomputation_past_block_size(kernel, static, options):
-    model = mla_gpt(kernel=kernel, **options)
-    length = 16 if options.get("position") == "learned" else 30  # a position table ends at block_size (16)
+DECODE_OPTIONS = {"rope": {}, "rope-window5": {"window": 5}, "learned": {"position": "learned", "rope_head_dim": None},
+                  "alibi-sinks": {"position": "alibi", "rope_head_dim": None, "sinks": True}}  # fmt: skip
+# Each option set with both kernels and both kinds of step, in two cells
+DECODE_CELLS = [(name, kernel, static) for i, name in enumerate(DECODE_OPTIONS)
+                for kernel, static in ((("manual", False), ("sdpa", True)), (("manual", True), ("sdpa", False)))[i % 2]]
+
+
+@pytest.mark.parametrize("options,kernel,static", DECODE_CELLS,
+                         ids=[f"{o}-{k}-{'static' if s else 'eager'}" for o, k, s in DECODE_CELLS])  # fmt: skip
+def test_cached_decoding_is_a_full_recomputation_past_block_size(options, kernel, static):
+    options = DECODE_OPTIONS[options]
+    model = mla_gpt(kernel=kernel, n_layer=1, **options)
+    length = 16 if options.get("position") == "learned" else 28  # a position table ends at block_size (16)
     for prompt in (1, 7):
         decodes_like_full_recomputation(model, length, prompt, static)
 
