@@ -3,13 +3,20 @@
     python bench.py                                      # attention block, eager, CPU (CUDA when present)
     python bench.py --seq-len 128 256 512 1024 --compile eager compiled
     python bench.py --mode gpt --n-layer 12 --n-head 12 --n-embd 768 --seq-len 1024 --dtype bfloat16
+    python bench.py --position learned rope alibi --qk-norm off on --kernels manual   # the new axes
+    python bench.py --layouts fused_qkv mla --kv-latent 64                             # latent keys/values
+    python bench.py --mode decode --position learned rope --window 64 --seq-len 128 --context-multiples 1 4 16
 
-Grid: layout x kernel x (eager, compiled) x sequence length. Block mode times
-forward and forward+backward of one attention block; gpt mode times the
-forward and a full training step (forward, backward, AdamW) of a GPT. Times
-are medians from torch.utils.benchmark (which synchronises CUDA), after
-warm-up calls; peak memory is measured on CUDA. Writes bench.csv, bench.md
-and bench.png (time against sequence length) to --out, and prints the table.
+Grid: layout x kernel x (eager, compiled) x sequence length, and the attention
+options (--kv-heads, --window, --position, --qk-norm, --softcap, --sinks; attention=mla's --kv-latent).
+Block mode times forward and forward+backward of one attention block; gpt mode
+times the forward and a full training step (forward, backward, AdamW) of a
+GPT. Times are medians from torch.utils.benchmark (which synchronises CUDA),
+after warm-up calls; peak memory is measured on CUDA. Decode mode generates
+(model.generation, with the KV cache, as sample.py does) up to the largest
+--context-multiples x block_size (--seq-len) tokens and reports tokens/s over
+the block_size tokens that end at each multiple: the median over --repeats
+generations. Writes bench.csv, bench.md and bench.png to --out, and prints the table.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ from tqdm import tqdm
 
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
 from cli import OneLineErrorParser
-from model import ATTENTION_LAYOUTS, GPT, GPTConfig, build_attention, registry
+from model import ATTENTION_LAYOUTS, GPT, GPTConfig, registry
+from model.attention import attention_of
 from model.config import attention_label
+from model.decoding import DECODINGS, choose_decoding
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
+from model.generation import generate_batch
 from model.kernels import check_kernel_runs
 from training.optim import fused_adamw
 from training.profiling import sdpa_backends, without_profiler_notices
@@ -39,14 +49,48 @@ COMPILE_MODES = ("eager", "compiled")
 FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
           "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
           "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
+# The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
+# their defaults: a default grid's CSV has exactly FIELDS.
+OPTION_DEFAULTS = {"position": "learned", "qk_norm": False, "softcap": None, "sinks": False, "kv_latent": None,
+                   "rope_head_dim": None}  # fmt: skip
+DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
+                 "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
+                 "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes"]  # fmt: skip
+SWITCHES = {"off": False, "on": True, "false": False, "true": True}
+
+
+def default_layouts() -> list[str]:
+    """The layouts of the canonical layout's function (fused_qkv, separate_qkv, wrapper): those that compute the
+    same function; another function (attention=mla) is benchmarked when --layouts names it."""
+    function = getattr(ATTENTION_LAYOUTS[registry.canonical_layout()], "function", None)
+    return sorted(name for name, cls in ATTENTION_LAYOUTS.items() if getattr(cls, "function", None) == function)
+
+
+def takes_latent(layout: str) -> bool:
+    """Whether the layout keeps keys and values as a latent (its options include model.kv_latent)."""
+    return "kv_latent" in getattr(ATTENTION_LAYOUTS[layout], "options", ())
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["block", "gpt"], default="block")
-    p.add_argument("--layouts", nargs="+", default=sorted(ATTENTION_LAYOUTS))
+    p.add_argument("--mode", choices=["block", "gpt", "decode"], default="block")
+    p.add_argument("--layouts", nargs="+", default=default_layouts(),
+                   help=f"from {', '.join(sorted(ATTENTION_LAYOUTS))} (default: {', '.join(default_layouts())})")
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
                    help=f"from {', '.join(registry.kernel_options())}{forward_only()}")
     p.add_argument("--kv-heads", nargs="+", type=int, help="key/value heads (default: --n-head, multi-head)")
     p.add_argument("--window", nargs="+", default=["none"], help="sliding windows: positions, or none")
+    p.add_argument("--position", nargs="+", default=["learned"],
+                   help=f"position encodings (model.position): {', '.join(registry.POSITIONS)}")
+    p.add_argument("--rope-theta", type=float, default=10000.0, help="rotary's base (model.rope_theta)")
+    p.add_argument("--qk-norm", nargs="+", default=["off"], help="QK-norm (model.qk_norm): off and/or on")
+    p.add_argument("--softcap", nargs="+", default=["none"], help="score caps (model.softcap): numbers, or none")
+    p.add_argument("--sinks", nargs="+", default=["off"], help="attention sinks (model.sinks): off and/or on")
+    p.add_argument("--kv-latent", nargs="+", type=int,
+                   help="attention=mla's latent widths (model.kv_latent; default n_embd / 2)")
+    p.add_argument("--rope-head-dim", type=int,
+                   help="attention=mla's rotary key width with --position rope (default head dim / 2)")
+    p.add_argument("--context-multiples", nargs="+", type=int, default=[1, 4, 16],
+                   help="--mode decode: measure at these multiples of block_size (--seq-len)")
     p.add_argument("--compile", nargs="+", default=["eager"], dest="compile_modes", help="eager and/or compiled")
     p.add_argument("--seq-len", nargs="+", type=int, default=[256])
     p.add_argument("--batch", type=int, default=8)
@@ -62,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
     p.add_argument("--repeats", type=int, default=1,
                    help="passes over the grid; a cell reports the median over passes and its range")  # fmt: skip
+    p.add_argument("--decoding", choices=DECODINGS, default="auto",
+                   help="--mode decode: how a cached step runs (auto: a CUDA graph on CUDA, eager on a CPU)")
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
     for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
@@ -72,7 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 p.error(f"{option}: unknown {what} {name!r}; choose from {', '.join(sorted(valid))}")
     for option, values in (("--seq-len", args.seq_len), ("--batch", [args.batch]), ("--n-embd", [args.n_embd]),
                            ("--n-head", [args.n_head]), ("--n-layer", [args.n_layer]),
-                           ("--vocab-size", [args.vocab_size]), ("--repeats", [args.repeats])):  # fmt: skip
+                           ("--vocab-size", [args.vocab_size]), ("--repeats", [args.repeats]),
+                           ("--kv-latent", args.kv_latent or []), ("--context-multiples", args.context_multiples),
+                           ("--rope-head-dim", [args.rope_head_dim or 1])):  # fmt: skip
         for value in values:
             if value < 1:
                 p.error(f"{option} {value} must be at least 1")
@@ -96,23 +144,77 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--window {w}: give a positive number of positions, or none")
         windows.append(None if w.lower() == "none" else int(w))
     args.window = windows
-    try:  # an SDPA backend the device cannot run is refused here, not after the first cells
-        check_backends(args)
+    args.qk_norm = [switch(p, "--qk-norm", v) for v in args.qk_norm]
+    args.sinks = [switch(p, "--sinks", v) for v in args.sinks]
+    args.softcap = [cap_of(p, v) for v in args.softcap]
+    for position in args.position:
+        if position not in registry.POSITIONS:
+            p.error(f"--position: unknown position encoding {position!r}; choose from {', '.join(registry.POSITIONS)}")
+    args.kv_latent = args.kv_latent or [args.n_embd // 2]
+    try:  # a cell the model refuses (softcap with sdpa, an odd head dim with rope, ...) or an SDPA backend the
+        check_cells(args)  # device cannot run is refused here, not after the first cells
     except ValueError as err:
         p.error(str(err))
     return args
 
 
-def check_backends(args: argparse.Namespace) -> None:
-    """Refuse a --kernels sdpa_<backend> that cannot run some cell's attention on the device, naming those that can."""
+def switch(p: argparse.ArgumentParser, option: str, value: str) -> bool:
+    if value.lower() not in SWITCHES:
+        p.error(f"{option} {value}: give off and/or on")
+    return SWITCHES[value.lower()]
+
+
+def cap_of(p: argparse.ArgumentParser, value: str) -> float | None:
+    if value.lower() == "none":
+        return None
+    try:
+        cap = float(value)
+    except ValueError:
+        cap = -1.0
+    if not cap > 0:
+        p.error(f"--softcap {value}: give a positive number (Gemma 2 caps at 50), or none")
+    return cap
+
+
+def attention_cells(args: argparse.Namespace) -> list[dict]:
+    """The grid's attention variants, in order: layout x kernel x key/value heads (attention=mla: its latent
+    widths instead) x window x position x QK-norm x softcap x sinks."""
+    cells = []
+    for layout, kernel in itertools.product(args.layouts, args.kernels):
+        latent = takes_latent(layout)
+        shared = [(None, k) for k in args.kv_latent] if latent else [(kv, None) for kv in args.kv_heads]
+        for (kv, k), window, position, qk, cap, sinks in itertools.product(shared, args.window, args.position,
+                                                                           args.qk_norm, args.softcap, args.sinks):
+            rope_dim = None
+            if latent and registry.position(position).turns_queries_keys:
+                rope_dim = args.rope_head_dim or max(2, args.n_embd // args.n_head // 4 * 2)
+            cells.append(dict(layout=layout, kernel=kernel, kv_heads=kv, window=window, position=position,
+                              qk_norm=qk, softcap=cap, sinks=sinks, kv_latent=k, rope_head_dim=rope_dim))
+    return cells
+
+
+def config_of(args: argparse.Namespace, cell: dict, seq_len: int) -> GPTConfig:
+    """The GPT of a cell (its attention block, in block mode), checked as training checks it."""
+    kernel, backend = split_kernel(cell["kernel"])
+    return GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer, n_head=args.n_head,
+                     n_embd=args.n_embd, attention=cell["layout"], kernel=kernel, sdpa_backend=backend,
+                     n_kv_head=cell["kv_heads"], window=cell["window"], position=cell["position"],
+                     rope_theta=args.rope_theta, qk_norm=cell["qk_norm"], softcap=cell["softcap"],
+                     sinks=cell["sinks"], kv_latent=cell["kv_latent"], rope_head_dim=cell["rope_head_dim"])  # fmt: skip
+
+
+def check_cells(args: argparse.Namespace) -> None:
+    """Refuse a cell the model refuses, naming it and the reason; and a --kernels sdpa_<backend> that cannot run
+    some cell's attention on the device, naming those that can."""
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
-    for name, kv, window, seq_len in itertools.product(args.kernels, args.kv_heads, args.window, args.seq_len):
-        kernel, backend = split_kernel(name)
-        if backend != "auto":
-            config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_head=args.n_head, n_embd=args.n_embd,
-                               kernel=kernel, sdpa_backend=backend, n_kv_head=kv, window=window)  # fmt: skip
-            check_kernel_runs(config, device, dtype, training=True)
+    for cell, seq_len in itertools.product(attention_cells(args), args.seq_len):
+        try:
+            config = config_of(args, cell, seq_len)
+        except ValueError as err:
+            raise ValueError(f"cell {cell_label({**cell, 'n_head': args.n_head}, [])}: {err}") from None
+        if split_kernel(cell["kernel"])[1] != "auto":
+            check_kernel_runs(config, device, dtype, training=args.mode != "decode")
 
 
 def split_kernel(name: str) -> tuple[str, str]:
@@ -131,14 +233,12 @@ def kernel_of(name: str):
     return registry.kernel(split_kernel(name)[0])
 
 
-def make_cell(args: argparse.Namespace, layout: str, kernel_name: str, compiled: bool, seq_len: int, device,
-              kv_heads: int | None = None, window: int | None = None):  # fmt: skip
+def make_cell(args: argparse.Namespace, cell: dict, compiled: bool, seq_len: int, device):
     """(forward, step) closures for one cell: step is forward+backward (block) or a training step (gpt)."""
     torch.manual_seed(0)
-    kernel, backend = split_kernel(kernel_name)
-    attends = dict(n_kv_head=kv_heads, window=window, sdpa_backend=backend)
+    config = config_of(args, cell, seq_len)
     if args.mode == "block":
-        module = build_attention(layout, args.n_embd, args.n_head, kernel, **attends).to(device)
+        module = attention_of(config.attention, config.attention_spec).to(device)
         x = torch.randn(args.batch, seq_len, args.n_embd, device=device, requires_grad=True)
         optimizer = None
         inputs = (x,)
@@ -146,8 +246,6 @@ def make_cell(args: argparse.Namespace, layout: str, kernel_name: str, compiled:
         def loss_of(out):
             return out.float().square().mean()
     else:
-        config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer, n_head=args.n_head,
-                           n_embd=args.n_embd, attention=layout, kernel=kernel, **attends)  # fmt: skip
         module = GPT(config).to(device)
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=fused_adamw(device))
         idx = torch.randint(0, args.vocab_size, (args.batch, seq_len), device=device)
@@ -219,17 +317,19 @@ def sdpa_backend(fn) -> str:
 def measure(args: argparse.Namespace) -> list[dict]:
     """Time every cell; with repeats, the passes interleave so slow drifts of a shared machine hit every cell."""
     device = resolve_device(args.device)
-    cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels, args.kv_heads,
-                                   args.window))  # fmt: skip
+    attention = attention_cells(args)
+    cells = list(itertools.product(args.seq_len, args.compile_modes, range(len(attention))))
     times: dict[tuple, list[dict]] = {cell: [] for cell in cells}
     with tqdm(total=len(cells) * args.repeats, desc=f"benchmark ({args.mode})") as bar:
         for _ in range(args.repeats):
-            for cell in cells:
-                times[cell].append(time_cell(args, cell, device))
+            for seq_len, compile_mode, i in cells:
+                times[seq_len, compile_mode, i].append(time_cell(args, (seq_len, compile_mode, attention[i]), device))
                 bar.update()
     dtype = str(resolve_dtype(args.dtype, device, option="--dtype")).removeprefix("torch.")
     rows = []
-    for (seq_len, compile_mode, layout, kernel, kv_heads, window), runs in times.items():
+    for (seq_len, compile_mode, i), runs in times.items():
+        cell = attention[i]
+        layout, kernel, kv_heads, window = cell["layout"], cell["kernel"], cell["kv_heads"], cell["window"]
         step = [r["step_ms"] for r in runs]
         step_ms = statistics.median(step)  # NaN where the device cannot take the step (flex's backward on a CPU)
         peaks = [r["peak_mem_mb"] for r in runs if r["peak_mem_mb"] is not None]
@@ -242,21 +342,28 @@ def measure(args: argparse.Namespace) -> list[dict]:
                          step_ms_min=min(step), step_ms_max=max(step),
                          tokens_per_sec=args.batch * seq_len / (step_ms / 1e3),
                          peak_mem_mb=max(peaks) if peaks else None, sdpa_backend=runs[0]["sdpa_backend"],
-                         compile_s=compile_s, warnings=noise_warnings(runs, step_label(args.mode))),
+                         compile_s=compile_s, warnings=noise_warnings(runs, step_label(args.mode)),
+                         **options_set(cell)),
                     )  # fmt: skip
     return rows
 
 
+def options_set(cell: dict) -> dict:
+    """The cell's issue-30 options, each only where it departs from its default (a default row is as before)."""
+    return {k: cell[k] for k, default in OPTION_DEFAULTS.items() if cell[k] != default}
+
+
 def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
     """Forward and step ms, peak MB (CUDA), the SDPA backend that ran, compile seconds and warnings of one cell."""
-    seq_len, compile_mode, layout, kernel, kv_heads, window = cell
+    seq_len, compile_mode, attention = cell
+    kernel = attention["kernel"]
     torch._dynamo.reset()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
         torch.backends.cudnn.allow_tf32 = args.tf32
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    forward, step = make_cell(args, layout, kernel, compile_mode == "compiled", seq_len, device, kv_heads, window)
+    forward, step = make_cell(args, attention, compile_mode == "compiled", seq_len, device)
     forward_ms, forward_first_s, forward_spread = median_ms(forward, args.min_run_time, device)
     if device.type == "cpu" and not kernel_of(kernel).trains_on_cpu:  # flex: no backward on a CPU, forward only
         step_ms, step_first_s, step_spread, step = math.nan, 0.0, 0.0, forward
@@ -273,17 +380,41 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
 
 
 def varied(rows: list[dict]) -> list[str]:
-    """The optional axes (key/value heads, window) that take more than one value in these rows."""
-    return [key for key in ("kv_heads", "window") if len({r[key] for r in rows}) > 1]
+    """The optional axes (key/value heads, window, position encoding) that take more than one value in these
+    rows: a label spells them even at their default."""
+    heads = {r["kv_heads"] for r in rows if r.get("kv_latent") is None}  # a latent has no key/value heads
+    axes = [key for key, seen in (("kv_heads", heads), ("window", {r["window"] for r in rows})) if len(seen) > 1]
+    return axes + (["position"] if len({r.get("position", "learned") for r in rows}) > 1 else [])
+
+
+def option_columns(rows: list[dict]) -> list[str]:
+    """The issue-30 options some row sets (each a column of the table): position, qk_norm, softcap, ..."""
+    return [k for k in OPTION_DEFAULTS if any(r.get(k, OPTION_DEFAULTS[k]) != OPTION_DEFAULTS[k] for r in rows)]
 
 
 def cell_label(r: dict, axes: list[str]) -> str:
     """The cell's attention as training names its runs (model.config.attention_label): ``wrapper-sdpa_flash-kv2``,
-    spelling the key/value heads and window wherever the grid varies them."""
+    ``fused_qkv-manual-rope-sinks``, spelling the key/value heads, window and position wherever the grid varies
+    them."""
     kernel, backend = split_kernel(r["kernel"])
     model = {"attention": r["layout"], "kernel": kernel, "sdpa_backend": backend, "n_head": r["n_head"],
-             "n_kv_head": r["kv_heads"], "window": r["window"]}  # fmt: skip
+             "n_kv_head": r["kv_heads"], "window": r["window"],
+             **{k: r.get(k, default) for k, default in OPTION_DEFAULTS.items()}}  # fmt: skip
     return attention_label(model, show=[{"kv_heads": "n_kv_head"}.get(axis, axis) for axis in axes])
+
+
+def axis_text(r: dict, axis: str) -> str:
+    """A key/value-heads or window cell: its value, none (every key), or - (a latent has no key/value heads)."""
+    if axis == "kv_heads" and r.get("kv_latent") is not None:
+        return "-"
+    return str(r[axis] or "none")
+
+
+def option_text(value) -> str:
+    """A table cell of an option: on/off for a switch, the value otherwise ("-" where unset)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def readable_log_ticks(low: float, high: float) -> list[float]:
@@ -299,15 +430,17 @@ def readable_log_ticks(low: float, high: float) -> list[float]:
 
 
 def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
-    axes = varied(rows)
-    header = ["layout", "kernel", *(("kv heads" if a == "kv_heads" else "window") for a in axes), "compile",
-              "seq_len", "forward ms", f"{step_name} ms"]  # fmt: skip
+    axes, options = [a for a in varied(rows) if a != "position"], option_columns(rows)
+    header = ["layout", "kernel", *(("kv heads" if a == "kv_heads" else "window") for a in axes),
+              *(o.replace("_", " ") for o in options), "compile", "seq_len", "forward ms",
+              f"{step_name} ms"]  # fmt: skip
     header += ["range over passes"] if repeats > 1 else []  # no range to show from one pass
     header += ["tokens/s", "peak MB", "SDPA backend", "compile s"]
     table = []
     for r in rows:
         step = "-" if r["step_ms"] != r["step_ms"] else f"{r['step_ms']:.3f}"  # NaN: not on this device
-        cells = [r["layout"], r["kernel"], *(str(r[a] or "none") for a in axes), r["compile"], str(r["seq_len"]),
+        cells = [r["layout"], r["kernel"], *(axis_text(r, a) for a in axes),
+                 *(option_text(r.get(o, OPTION_DEFAULTS[o])) for o in options), r["compile"], str(r["seq_len"]),
                  f"{r['forward_ms']:.3f}", step]  # fmt: skip
         cells += ([step if step == "-" else f"{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}"]
                   if repeats > 1 else [])  # fmt: skip
@@ -315,11 +448,11 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
         cells += [speed, "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}",
                   r["sdpa_backend"], "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"]  # fmt: skip
         table.append(cells)
-    right = [i >= 3 + len(axes) and name != "SDPA backend" for i, name in enumerate(header)]
+    right = [i >= 3 + len(axes) + len(options) and name != "SDPA backend" for i, name in enumerate(header)]
     lines = [title, "", markdown_table(header, table, right)]
     notes = []
     for r in rows:
-        cell = f"{cell_label(r, axes)}, {r['compile']}, seq {r['seq_len']}"
+        cell = f"{cell_label(r, varied(rows))}, {r['compile']}, seq {r['seq_len']}"
         if r["step_ms"] != r["step_ms"]:
             notes.append(f"- {cell}: forward only (FlexAttention has no backward on a CPU)")
         if r["warnings"]:
@@ -343,6 +476,7 @@ def figure(rows: list[dict], title: str, step_name: str):
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     from analysis.plots import colour, line_style
+    from analysis.plots import legend_title as variant_parts
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     axes = varied(rows)
@@ -352,6 +486,7 @@ def figure(rows: list[dict], title: str, step_name: str):
     rows = [r for r in rows if r[timed] == r[timed]]
     labels = sorted({cell_label(r, axes) for r in rows})
     palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors  # a colour per series
+    by_series = len(labels) > len({(r["layout"], r["kernel"]) for r in rows})  # more than layout x kernel varies
     for (label, compile_mode), group in itertools.groupby(
         sorted(rows, key=lambda r: (cell_label(r, axes), r["compile"], r["seq_len"])),
         key=lambda r: (cell_label(r, axes), r["compile"]),
@@ -359,7 +494,7 @@ def figure(rows: list[dict], title: str, step_name: str):
         group = list(group)
         marker = "o" if compile_mode == "eager" else "s"
         kernel = split_kernel(group[0]["kernel"])[0]
-        tint = colour(group[0]["layout"]) if not axes else palette[labels.index(label) % len(palette)]
+        tint = colour(group[0]["layout"]) if not by_series else palette[labels.index(label) % len(palette)]
         ax.plot([r["seq_len"] for r in group], [r[timed] for r in group], line_style(kernel),
                 marker=marker, color=tint, label=f"{label}, {compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
@@ -378,8 +513,7 @@ def figure(rows: list[dict], title: str, step_name: str):
     ax.set_ylabel(f"{step_name if timed == 'step_ms' else 'forward'} time (ms, median)")
     ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    legend_title = "layout-kernel" + "".join("-kv<key/value heads>" if a == "kv_heads" else "-window<positions>"
-                                             for a in axes) + ", compile"  # fmt: skip
+    legend_title = f"{variant_parts(labels)}, compile"
     kernels = sorted({split_kernel(r["kernel"])[0] for r in rows})
     if len({line_style(k) for k in kernels}) > 1:  # the line styles tell the kernels apart: say which is which
         legend_title += "\n(" + ", ".join(f"{registry.kernel(k).line_name}: {k} kernel" for k in kernels) + ")"
@@ -393,8 +527,133 @@ def figure(rows: list[dict], title: str, step_name: str):
     return fig
 
 
+def decode_times(args: argparse.Namespace, config: GPTConfig, device, dtype) -> list[float]:
+    """One greedy generation of ``max(--context-multiples) x block_size`` tokens for --batch samples, as
+    sample.py generates (``model.generation``, the KV cache): the clock after each token."""
+    torch.manual_seed(0)
+    model = GPT(config).to(device).eval()
+    n_tokens = max(args.context_multiples) * config.block_size
+    clock = []
+    with torch.no_grad(), autocast(device, dtype):
+        for _ in generate_batch(model, [0], n_tokens, [None] * args.batch, temperature=0.0, decoding=args.decoding):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            clock.append(time.perf_counter())
+    return clock
+
+
+def window_speed(clock: list[float], end: int, span: int, batch: int) -> tuple[float, float]:
+    """Over the ``span`` tokens generated up to token ``end`` (1-based): tokens/s (every sample counted; the
+    steps that re-encode the context included) and the median step's ms (what a typical step costs, steady
+    against other work on a shared machine)."""
+    start = max(0, end - span)
+    steps = [b - a for a, b in zip(clock[start : end - 1], clock[start + 1 : end])]
+    return batch * len(steps) / sum(steps), 1e3 * statistics.median(steps)
+
+
+def measure_decode(args: argparse.Namespace) -> list[dict]:
+    """Generation tokens/s at each context multiple: over the block_size tokens that end at multiple x
+    block_size (a learned-position model re-encodes its context in there, every block_size/2 tokens), the
+    median over --repeats generations, interleaved so that a shared machine's drifts hit every cell."""
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    cells = list(itertools.product(args.seq_len, attention_cells(args)))
+    clocks: dict[int, list[list[float]]] = {i: [] for i in range(len(cells))}
+    with tqdm(total=len(cells) * args.repeats, desc="benchmark (decode)") as bar:
+        for _ in range(args.repeats):
+            for i, (seq_len, cell) in enumerate(cells):
+                clocks[i].append(decode_times(args, config_of(args, cell, seq_len), device, dtype))
+                bar.update()
+    decoding = choose_decoding(args.decoding, device)
+    rows = []
+    for i, (seq_len, cell) in enumerate(cells):
+        for multiple in args.context_multiples:
+            measured = [window_speed(clock, multiple * seq_len, seq_len, args.batch) for clock in clocks[i]]
+            speeds = [speed for speed, _ in measured]
+            speed = statistics.median(speeds)
+            rows.append(dict(mode="decode", layout=cell["layout"], kernel=cell["kernel"], kv_heads=cell["kv_heads"],
+                             window=cell["window"], **{k: cell[k] for k in OPTION_DEFAULTS}, decoding=decoding,
+                             seq_len=seq_len, context_multiple=multiple, position_at=multiple * seq_len,
+                             batch=args.batch, n_embd=args.n_embd, n_head=args.n_head, n_layer=args.n_layer,
+                             dtype=str(dtype).removeprefix("torch."), ms_per_token=1e3 * args.batch / speed,
+                             median_step_ms=statistics.median(ms for _, ms in measured),
+                             tokens_per_sec=speed, tokens_per_sec_min=min(speeds), tokens_per_sec_max=max(speeds),
+                             passes=len(speeds)))  # fmt: skip
+    return rows
+
+
+def decode_markdown(rows: list[dict], title: str) -> str:
+    """A row per cell and context multiple; then, per cell, tokens/s at the largest multiple against 1x."""
+    axes = varied(rows)
+    header = ["variant", "block_size", "context multiple", "position", "tokens/s", "range over passes",
+              "ms per step", "median step ms"]
+    table = [[cell_label(r, axes), str(r["seq_len"]), f"{r['context_multiple']}x", f"{r['position_at']:,}",
+              f"{r['tokens_per_sec']:,.0f}", f"{r['tokens_per_sec_min']:,.0f}-{r['tokens_per_sec_max']:,.0f}",
+              f"{r['ms_per_token']:.2f}", f"{r['median_step_ms']:.2f}"] for r in rows]  # fmt: skip
+    lines = [title, "", markdown_table(header, table, [i >= 1 for i in range(len(header))]), ""]
+    for (label, seq_len), group in itertools.groupby(rows, key=lambda r: (cell_label(r, axes), r["seq_len"])):
+        group = sorted(group, key=lambda r: r["context_multiple"])
+        first, last = group[0], group[-1]
+        if first is not last:
+            ratio = last["tokens_per_sec"] / first["tokens_per_sec"]
+            lines.append(f"- {label}, block_size {seq_len}: tokens/s at {last['context_multiple']}x block_size is "
+                         f"{ratio:.2f} x that at {first['context_multiple']}x")  # fmt: skip
+    return "\n".join(lines)
+
+
+def decode_figure(rows: list[dict], title: str):
+    """Tokens/s against the position generated (multiples of block_size), a line per variant."""
+    plt = pyplot()
+    from analysis.plots import legend_title as variant_parts
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    axes = varied(rows)
+    labels = sorted({(cell_label(r, axes), r["seq_len"]) for r in rows})
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
+    for i, (label, seq_len) in enumerate(labels):
+        group = sorted((r for r in rows if (cell_label(r, axes), r["seq_len"]) == (label, seq_len)),
+                       key=lambda r: r["context_multiple"])  # fmt: skip
+        xs = [r["context_multiple"] for r in group]
+        ax.plot(xs, [r["tokens_per_sec"] for r in group], marker="o", color=palette[i % len(palette)],
+                label=f"{label}, block {seq_len}")  # fmt: skip
+        ax.fill_between(xs, [r["tokens_per_sec_min"] for r in group], [r["tokens_per_sec_max"] for r in group],
+                        color=palette[i % len(palette)], alpha=0.15, lw=0)  # fmt: skip
+    multiples = sorted({r["context_multiple"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(multiples, [f"{m}x" for m in multiples])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
+    ax.set_xlabel("position generated (multiples of block_size; tokens/s over the block_size tokens up to it)")
+    ax.set_ylabel("generation tokens/s (median over passes; band: range)")
+    ax.set_title(textwrap.fill(title, 80), fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=variant_parts([lb for lb, _ in labels]),
+              title_fontsize=7)  # fmt: skip
+    return fig
+
+
+def main_decode(args: argparse.Namespace) -> list[dict]:
+    rows = measure_decode(args)
+    device = resolve_device(args.device)
+    title = (f"decode on {device_name(device)}, torch {torch.__version__}, {rows[0]['dtype']}, {rows[0]['decoding']} "
+             f"steps, batch={args.batch}, n_layer={args.n_layer}, n_embd={args.n_embd}, n_head={args.n_head}, "
+             f"vocab={args.vocab_size}; medians over {args.repeats} generation(s)")  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "bench.csv", DECODE_FIELDS, [[row[k] for k in DECODE_FIELDS] for row in rows])
+    table = decode_markdown(rows, title)
+    write_text(out / "bench.md", table + "\n")
+    save_figure(decode_figure(rows, title), out / "bench.png")
+    print("\n" + table)
+    print(f"\nwritten to {out}/ (bench.csv, bench.md, bench.png)")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.mode == "decode":
+        return main_decode(args)
     rows = measure(args)
     device = resolve_device(args.device)
     shape = f"batch={args.batch}, n_embd={args.n_embd}, n_head={args.n_head}"
@@ -405,7 +664,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
              f"medians over {args.repeats} pass(es)")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "bench.csv", FIELDS, [[row[k] for k in FIELDS] for row in rows])
+    fields = FIELDS + option_columns(rows)  # the issue-30 options only where some cell sets them
+    write_csv(out / "bench.csv", fields, [[row.get(k, OPTION_DEFAULTS.get(k)) for k in fields] for row in rows])
     table = markdown(rows, title, step_label(args.mode), args.repeats)
     write_text(out / "bench.md", table + "\n")
     plot(rows, out / "bench.png", title, step_label(args.mode))

@@ -47,7 +47,7 @@ def test_compiled_cells_run(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--layouts", "fused"], "unknown layout 'fused'; choose from fused_qkv, separate_qkv, wrapper"),
+        (["--layouts", "fused"], "unknown layout 'fused'; choose from fused_qkv, mla, separate_qkv, wrapper"),
         (["--kernels", "flash"], "unknown kernel 'flash'; choose from flex, manual, sdpa, sdpa_cudnn, "
                                  "sdpa_efficient, sdpa_flash, sdpa_math"),
         (["--kernels", "sdpa_efficient", "--device", "cpu"],
