@@ -57,9 +57,7 @@ def convert_attention_layout(
     key/value head repeated for every query head of its group (the same function; e.g. for GPT-2).
     """
     src_cls, dst_cls = registry.layout(src), registry.layout(dst)
-    if src_cls.function != dst_cls.function:
-        odd, other = (src_cls, dst_cls) if src_cls.function != MultiHeadAttention.function else (dst_cls, src_cls)
-        raise ValueError(function_refusal(odd, other.name))
+    check_converts(src, dst)
     seen = detect_attention_layout(state_dict)
     if seen != src:
         raise ValueError(f"the state dict holds {seen!r} attention weights, not src={src!r}")
@@ -88,6 +86,15 @@ def convert_attention_layout(
             raise ValueError(f"attention {prefix!r}: {err}") from None
         out.update({prefix + name: tensor for name, tensor in local.items()})
     return out
+
+
+def check_converts(src: str, dst: str) -> None:
+    """Refuse, in one line, converting between layouts that compute different functions (attention=mla and the
+    three QKV layouts): before any weights are read or a model is built."""
+    src_cls, dst_cls = registry.layout(src), registry.layout(dst)
+    if src_cls.function != dst_cls.function:
+        odd, other = (src_cls, dst_cls) if src_cls.function != MultiHeadAttention.function else (dst_cls, src_cls)
+        raise ValueError(function_refusal(odd, other.name))
 
 
 def function_refusal(odd: type, other: str) -> str:

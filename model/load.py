@@ -14,6 +14,7 @@ from pathlib import Path
 from model import registry
 from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint
 from model.config import GPTConfig
+from model.convert import check_converts
 from model.gpt import GPT
 from model.pretrained import is_pretrained_source, load_pretrained_gpt2
 
@@ -48,6 +49,8 @@ def load_model(
     from data.tokenizers import get_tokenizer
 
     if is_pretrained_source(source):
+        if attention is not None:
+            check_converts(registry.canonical_layout(), attention)  # GPT-2's weights are in the canonical layout
         model = load_pretrained_gpt2(source, attention or GPTConfig.attention, kernel or GPTConfig.kernel)
         return LoadedModel(model, get_tokenizer(exported_tokenizer(source) or "gpt2"), source)
     path = checkpoint_path(source, checkpoint)
@@ -72,6 +75,8 @@ def model_from_checkpoint(
     changes speed only), and a kernel without attention dropout (flex) gets none unless asked.
     """
     config = ckpt.config
+    if attention is not None:
+        check_converts(config.attention, attention)  # attention=mla's weights are another function's
     kernel = kernel or config.kernel
     if dropout is None:
         dropout = config.dropout if registry.kernel(kernel).has_dropout else 0.0

@@ -10,7 +10,15 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, build_attention, convert_attention_layout, detect_attention_layout
+from model import (
+    GPT,
+    GPTConfig,
+    KVCache,
+    build_attention,
+    convert_attention_layout,
+    detect_attention_layout,
+    load_model,
+)
 from model.decoding import CompiledStep, StaticStep
 from model.latent import LatentAttention
 from model.positions import alibi_slopes
@@ -299,8 +307,15 @@ def test_a_short_training_run_through_train_py_lowers_the_loss(tmp_path, data_ca
     losses = train_losses(run)
     assert sorted(losses) == list(range(1, 11))
     assert sum(losses[s] for s in (8, 9, 10)) / 3 < losses[1] - 0.3
-    checkpoint = torch.load(run / "last.pt", weights_only=True, map_location="cpu")
-    assert detect_attention_layout(checkpoint["model"]) == "mla"
+    loaded = load_model(str(run))  # what sample.py and evaluate.py load: mla, no conversion
+    assert isinstance(loaded.model.transformer.h[0].attn, LatentAttention)
+    with pytest.raises(ValueError, match=r"^attention=mla computes another function .* to/from wrapper; train it"):
+        load_model(str(run), attention="wrapper")  # sample.py attention=wrapper: refused before a model is built
+
+
+def test_gpt2_weights_are_refused_as_mla_before_any_download():
+    with pytest.raises(ValueError, match=r"^attention=mla computes another function .* to/from fused_qkv"):
+        load_model("gpt2", attention="mla")
 
 
 def test_dynamo_traces_an_mla_gpt_in_one_graph():
