@@ -7,9 +7,17 @@ batch sizes 1 to 3, two head counts (4 of 16, 6 of 8), in training mode (forward
 eval mode. Cached decoding (the eager step and the static step a CUDA graph replays, eager and compiled) is held
 to a full recomputation from prompts of many lengths, past the window.
 
+The values of issue 30 are cells too: each position encoding (rope, alibi, none) and score modification
+(qk_norm, softcap, sinks), alone and combined, in every layout and every kernel that takes it (sdpa refuses
+softcap, naming manual and flex), held to the formula from their papers at lengths past the block size (each
+query then sees at most block_size keys), in cached and static decoding, and in generation past block_size
+(to 4 x block_size, with and without a window: every step's logits those of a full forward over the whole
+sequence, the cache never growing).
+
 The default run holds every cell to a fixed sample of shapes; ``pytest --deep`` (CI runs it too) sweeps
-every length from 1 to 40, then primes and block boundaries to 385, both head shapes and more windows. On a
-CUDA machine every cell also runs there, flex with gradients.
+every length from 1 to 40, then primes and block boundaries to 385, both head shapes and more windows, and
+every layout x kernel x key/value heads of each new value. On a CUDA machine every cell also runs there, flex
+with gradients.
 """
 
 from __future__ import annotations
@@ -23,8 +31,11 @@ from helpers import tiny_gpt_config
 
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, KVCache, build_attention, kernels
 from model.decoding import CompiledStep, StaticStep
+from model.registry import canonical_layout
 
-LAYOUTS = sorted(ATTENTION_LAYOUTS)
+# The layouts of one function, GPT-2's (the canonical layout's): attention=mla computes another (tests/test_mla.py).
+GPT2_FUNCTION = getattr(ATTENTION_LAYOUTS[canonical_layout()], "function", None)
+LAYOUTS = sorted(name for name, cls in ATTENTION_LAYOUTS.items() if getattr(cls, "function", None) == GPT2_FUNCTION)
 KERNEL_NAMES = sorted(KERNELS)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -74,17 +85,21 @@ def cells(deep: bool):
 
 
 def pytest_generate_tests(metafunc):
-    if "cell" in metafunc.fixturenames:
-        deep = metafunc.config.getoption("--deep")
-        metafunc.parametrize("cell", [p.values for p in cells(deep)], ids=[p.id for p in cells(deep)])
+    deep = metafunc.config.getoption("--deep")
+    for name, make in (("cell", cells), ("encoding_cell", encoding_cells),
+                       ("encoding_decode_cell", encoding_decode_cells), ("past_context_cell", past_context_cells)):
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(name, [p.values for p in make(deep)], ids=[p.id for p in make(deep)])
 
 
-def seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, seed=0):
-    block = build_attention(layout, n_head * head_dim, n_head, kernel, n_kv_head=n_kv, window=window).to(device)
+def seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, seed=0, **options):
+    block = build_attention(layout, n_head * head_dim, n_head, kernel, n_kv_head=n_kv, window=window,
+                            **options).to(device)  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in block.parameters():  # larger than the 0.02 init: sharp attention, so a wrong mask shows
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        for name, p in block.named_parameters():  # larger than the 0.02 init: sharp attention, so a wrong mask shows
+            # sinks as large as the scores: a sink that took no weight would prove nothing
+            p.copy_(torch.randn(p.shape, generator=gen) * (3.0 if name == "sinks" else 0.3))
     return block
 
 
@@ -96,7 +111,14 @@ def lengths(config) -> list[int]:
 def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, device, request):
     layout, kernel, n_head, head_dim, n_kv, window = cell
     block = seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device)
-    C = n_head * head_dim
+    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, window, device, lengths(request.config))
+
+
+def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, device, sample, **options):
+    """The block against the float64 formula at each length of ``sample`` (batch 1-3 in turn), in eval mode and
+    in training mode with the gradients of the input and of every parameter (not flex's on a CPU); ``seen`` is
+    the keys a query sees at most (the window, or a model's context past its block size)."""
+    C = block.c_proj.in_features
     if kernel == "flex" and flex_unavailable(device):
         with pytest.raises(ValueError, match="kernel=flex cannot run on this CPU"), torch.no_grad():
             block.eval()(torch.randn(1, 3, C, device=device))
@@ -104,12 +126,12 @@ def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, de
     grads = kernel != "flex" or device == "cuda"  # a CPU has no FlexAttention backward (torch 2.13)
     gen = torch.Generator(device=device).manual_seed(1)
     params = list(block.parameters())
-    for i, T in enumerate(lengths(request.config)):
+    for i, T in enumerate(sample):
         B = 1 + i % 3
         x = torch.randn(B, T, C, device=device, generator=gen)
         where = f"T={T}, batch {B}"
         with torch.no_grad():
-            expected = reference_attention(block, layout, x, n_head, n_kv, window)
+            expected = reference_attention(block, layout, x, n_head, n_kv, seen, **options)
             assert_near(block.eval()(x), expected, f"eval, {where}")
         block.train()  # dropout 0: the training path (sdpa's dropout argument, flex's) computes the same
         if not grads:
@@ -121,13 +143,88 @@ def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, de
         assert_near(out, expected, f"train, {where}")
         weights = torch.randn(out.shape, device=device, generator=gen)
         got = torch.autograd.grad((out * weights).sum(), [x, *params])
-        ref = reference_attention(block, layout, x, n_head, n_kv, window)
+        ref = reference_attention(block, layout, x, n_head, n_kv, seen, **options)
         want = torch.autograd.grad((ref * weights.double()).sum(), [x, *params])
         # One scale for every gradient: some are zero in exact arithmetic (a key bias shifts a whole row of scores,
         # which softmax ignores) and in float32 keep the round-off of the terms that cancel.
         scale = max(w.abs().max().item() for w in want)
         for (name, _), g, w in zip([("x", x), *block.named_parameters()], got, want):
             assert_near(g, w, f"d/d{name}, {where}", scale)
+
+
+# The values of issue 30: position encodings (model.position) and score modifications (model.qk_norm, softcap,
+# sinks), alone and together. A small rope_theta in the combination turns the pairs fast: a wrong pairing or
+# frequency shows within a few positions.
+ENCODINGS = {
+    "rope": dict(position="rope"),
+    "alibi": dict(position="alibi"),
+    "nope": dict(position="none"),
+    "qk_norm": dict(qk_norm=True),
+    "softcap": dict(softcap=3.0),
+    "sinks": dict(sinks=True),
+    "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
+    "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
+}
+PAST_CONTEXT = ("rope", "alibi", "none")  # the encodings without a position table: they read past block_size
+# The encoding cells' block size: the longest default length (200) and the deep ones past it read past the
+# context, where each query sees at most ENCODING_BLOCK keys; window100 stays shorter than it.
+ENCODING_BLOCK = 150
+ENCODING_LENGTHS = [1, 2, 5, 8, 17, 40, 127, 129, 200]
+
+
+def takes(kernel: str, options: dict) -> bool:
+    """Whether the kernel accepts the options (sdpa cannot cap scores: it has no step before the softmax)."""
+    return not (kernel == "sdpa" and options.get("softcap") is not None)
+
+
+def keys_seen(options: dict, window: int | None) -> int | None:
+    """The keys a query sees at most: the window; past the context, no more than the block size."""
+    if options.get("position", "learned") not in PAST_CONTEXT:
+        return window
+    return min(window or ENCODING_BLOCK, ENCODING_BLOCK)
+
+
+def encoding_cells(deep: bool):
+    """``--deep``: each encoding x every layout x every kernel that takes it (key/value heads, windows and head
+    shapes turning with them), at every deep length. By default each encoding meets every layout once, with
+    manual or sdpa in turn (key/value heads, windows, head shapes turning); flex, whose compilation per
+    score_mod and padded shape costs seconds on a CPU, meets the two combinations by default (every
+    modification in its score_mod) and each single value with --deep."""
+    windows = list({**WINDOWS, **(DEEP_WINDOWS if deep else {})}.items())
+    shapes = list(HEAD_SHAPES.items())
+    for e, (name, options) in enumerate(ENCODINGS.items()):
+        kernels_ = [k for k in KERNEL_NAMES if takes(k, options)]
+        if deep:
+            combos = itertools.product(LAYOUTS, kernels_)
+        else:
+            eager = [k for k in kernels_ if k != "flex"]
+            combos = [(layout, "flex" if "+" in name and i == e % 3 else eager[(i + e) % len(eager)])
+                      for i, layout in enumerate(LAYOUTS)]  # fmt: skip
+        for c, (layout, kernel) in enumerate(combos):
+            kv_name = ("mha", "gqa", "mqa")[(c + 2 * e) % 3]
+            (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
+            yield pytest.param(name, layout, kernel, n_head, head_dim, kvs[kv_name], window,
+                               id=f"{name}-{layout}-{kernel}-{shape}-{kv_name}-{w_name}")  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_encoding_cell_is_the_formula_at_every_length_in_training_and_eval(encoding_cell, device, request):
+    name, layout, kernel, n_head, head_dim, n_kv, window = encoding_cell
+    options = ENCODINGS[name]
+    block = seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, block_size=ENCODING_BLOCK,
+                         **options)  # fmt: skip
+    sample = DEEP_LENGTHS if request.config.getoption("--deep") else ENCODING_LENGTHS
+    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, keys_seen(options, window), device, sample,
+                                **options)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sdpa_refuses_softcap_naming_the_kernels_that_can(layout):
+    with pytest.raises(ValueError) as refused:
+        build_attention(layout, 64, 4, "sdpa", softcap=3.0)
+    message = str(refused.value)
+    assert "model.softcap=3.0" in message and "kernel=sdpa" in message, message
+    assert "use kernel=manual or flex" in message, message
 
 
 # Decoding: a tiny GPT whose context is short enough to decode to its end from every prompt length.
@@ -138,14 +235,18 @@ DECODE_WINDOWS = {"full": None, "window7": 7}
 COMPILED_CELLS = [("fused_qkv", "sdpa", 2, 7)]
 
 
-def decode_model(layout, kernel, n_kv, window, device) -> GPT:
+def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, **options) -> GPT:
     torch.manual_seed(0)
-    config = tiny_gpt_config(vocab_size=64, block_size=DECODE_BLOCK, n_layer=2, n_head=4, n_embd=32, attention=layout,
-                             kernel=kernel, n_kv_head=n_kv, window=window)  # fmt: skip
+    config = tiny_gpt_config(vocab_size=64, block_size=block_size, n_layer=2, n_head=4, n_embd=32, attention=layout,
+                             kernel=kernel, n_kv_head=n_kv, window=window, **options)  # fmt: skip
     model = GPT(config).to(device).eval()
+    gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4.0 if p.dim() > 1 else 1.0)
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):  # zeros at initialisation: logits of the scores' size instead
+                p.copy_(torch.randn(p.shape, generator=gen) * 2.0)
+            else:
+                p.mul_(4.0 if p.dim() > 1 else 1.0)
     return model
 
 
@@ -155,22 +256,35 @@ def decode_cells():
         yield pytest.param(layout, kernel, n_kv, window, id=f"{layout}-{kernel}-{n_kv}kv-{w_name}")
 
 
-def assert_decodes_like_full_recomputation(model, make_step, prompts, device):
-    """From each prompt length, fill the cache, then decode one position at a time to the end of the context;
-    every step's logits must be those of the full sequence at that position."""
+def assert_decodes_like_full_recomputation(model, make_step, prompts, device, total=DECODE_BLOCK):
+    """From each prompt length, fill the cache, then decode one position at a time to ``total`` positions (the
+    end of the context, or past it for a model without a position table); every step's logits must be those of
+    a full forward over the whole sequence at that position. A cache never holds more than its capacity."""
     gen = torch.Generator(device=device).manual_seed(2)
     for i, prompt in enumerate(prompts):
         B = 1 + i % 3
-        idx = torch.randint(0, 64, (B, DECODE_BLOCK), device=device, generator=gen)
+        idx = torch.randint(0, 64, (B, total), device=device, generator=gen)
         with torch.inference_mode():
             full, _ = model(idx, idx)
             cache = KVCache(model.config.n_layer)
             first = model(idx[:, :prompt], cache=cache)[0][:, -1]
             torch.testing.assert_close(first, full[:, prompt - 1], atol=1e-4, rtol=0, msg=f"prompt {prompt}")
+            bounded = cache.nbytes()
             step = make_step(model, cache, B)
-            for t in range(prompt, DECODE_BLOCK):
+            for t in range(prompt, total):
                 torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], atol=1e-4, rtol=0,
                                            msg=f"prompt {prompt}, position {t}")  # fmt: skip
+            assert cache.nbytes() == bounded, f"prompt {prompt}: the cache grew past its capacity"
+
+
+def eager_or_static(static: bool, device: str):
+    """The cached step to hold: the eager one (the model with the cache) or the static one a CUDA graph replays."""
+    def make_step(model, cache, batch):
+        if static:
+            return StaticStep(model, cache, batch, torch.device(device))
+        return lambda tokens, t: model(tokens, cache=cache)[0][:, -1]
+
+    return make_step
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -181,14 +295,73 @@ def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout
     if kernel == "flex" and flex_unavailable(device):
         pytest.skip(flex_unavailable(device))
     model = decode_model(layout, kernel, n_kv, window, device)
-
-    def make_step(model, cache, batch):
-        if static:
-            return StaticStep(model, cache, batch, torch.device(device))
-        return lambda tokens, t: model(tokens, cache=cache)[0][:, -1]
-
     prompts = DEEP_PROMPTS if request.config.getoption("--deep") else PROMPTS
-    assert_decodes_like_full_recomputation(model, make_step, prompts, device)
+    assert_decodes_like_full_recomputation(model, eager_or_static(static, device), prompts, device)
+
+
+def encoding_decode_cells(deep: bool):
+    """Each encoding with every layout (default: manual or sdpa in turn, flex for the combinations; ``--deep``:
+    every kernel that takes it), key/value heads and window turning with them."""
+    windows = list(DECODE_WINDOWS.items())
+    for e, (name, options) in enumerate(ENCODINGS.items()):
+        kernels_ = [k for k in KERNEL_NAMES if takes(k, options)]
+        if deep:
+            combos = itertools.product(LAYOUTS, kernels_)
+        else:
+            eager = [k for k in kernels_ if k != "flex"]
+            combos = [(layout, "flex" if "+" in name and i == (e + 1) % 3 else eager[(i + e) % len(eager)])
+                      for i, layout in enumerate(LAYOUTS)]  # fmt: skip
+        for i, (layout, kernel) in enumerate(combos):
+            n_kv, (w_name, window) = (4, 2, 1)[(i + 2 * e) % 3], windows[(i + e) % 2]
+            yield pytest.param(name, layout, kernel, n_kv, window, id=f"{name}-{layout}-{kernel}-{n_kv}kv-{w_name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+def test_cached_decoding_with_each_encoding_is_a_full_recomputation(encoding_decode_cell, static, device, request):
+    name, layout, kernel, n_kv, window = encoding_decode_cell
+    if kernel == "flex" and flex_unavailable(device):
+        pytest.skip(flex_unavailable(device))
+    model = decode_model(layout, kernel, n_kv, window, device, **ENCODINGS[name])
+    prompts = DEEP_PROMPTS if request.config.getoption("--deep") else [1, 5, 13, 23]
+    assert_decodes_like_full_recomputation(model, eager_or_static(static, device), prompts, device)
+
+
+# Generation past block_size: a model without a position table (rope, alibi, none) keeps going with no
+# re-encoding, each position seeing at most cache_capacity keys (the window, or the block size), the cache a ring.
+PAST_BLOCK = 16
+PAST_TOTAL = 4 * PAST_BLOCK
+PAST_PROMPTS = [1, 7, 16, 21]  # below, at and past block_size (a first fill longer than the cache)
+PAST_WINDOWS = {"full": None, "window6": 6}
+
+
+def past_context_cells(deep: bool):
+    """rope, alibi, none x no window, a window (default: the layout and kernel turning with them; ``--deep``:
+    every layout x kernel, with no score modification, sinks, or softcap and sinks in turn)."""
+    combos = list(itertools.product(PAST_CONTEXT, PAST_WINDOWS.items()))
+    mod_sets = ({}, {"sinks": True}, {"softcap": 3.0, "sinks": True})
+    for c, (position, (w_name, window)) in enumerate(combos):
+        if deep:
+            grid = [(layout, kernel, mod_sets[(i + c) % 3])
+                    for i, (layout, kernel) in enumerate(itertools.product(LAYOUTS, KERNEL_NAMES))]  # fmt: skip
+        else:
+            grid = [(LAYOUTS[c % 3], KERNEL_NAMES[(c + c // 3) % 3], {})]
+        for layout, kernel, mods in grid:
+            if not takes(kernel, mods):
+                mods = {"sinks": True}
+            mod_id = "".join(f"+{k}" for k in mods)
+            yield pytest.param(position, layout, kernel, window, mods,
+                               id=f"{position}{mod_id}-{layout}-{kernel}-{w_name}")  # fmt: skip
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+def test_generation_past_block_size_is_a_full_forward_over_the_whole_sequence(past_context_cell, static):
+    position, layout, kernel, window, mods = past_context_cell
+    if kernel == "flex" and flex_unavailable("cpu"):
+        pytest.skip(flex_unavailable("cpu"))
+    model = decode_model(layout, kernel, 2, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
+    assert model.config.cache_capacity == min(window or PAST_BLOCK, PAST_BLOCK)
+    assert_decodes_like_full_recomputation(model, eager_or_static(static, "cpu"), PAST_PROMPTS, "cpu", PAST_TOTAL)
 
 
 DEEP_COMPILED_CELLS = [*(c for c in itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)) if c not in COMPILED_CELLS),
@@ -203,3 +376,22 @@ def test_the_compiled_static_step_is_a_full_recomputation(layout, kernel, n_kv, 
     model = decode_model(layout, kernel, n_kv, window, "cpu")
     assert_decodes_like_full_recomputation(
         model, lambda m, cache, batch: CompiledStep(m, cache, batch, torch.device("cpu")), [1, 5, 8], "cpu")
+
+
+# The compiled static step past block_size: a rope model with a window (its ring wraps many times), and with
+# --deep alibi and none, and rope with sinks and softcap.
+COMPILED_PAST_CELLS = [("rope", "fused_qkv", "sdpa", 6, {})]
+DEEP_COMPILED_PAST_CELLS = [("alibi", "separate_qkv", "manual", None, {"sinks": True}),
+                            ("none", "wrapper", "sdpa", 6, {}),
+                            ("rope", "fused_qkv", "flex", 6, {"softcap": 3.0, "sinks": True})]  # fmt: skip
+
+
+@pytest.mark.parametrize("position,layout,kernel,window,mods",
+                         COMPILED_PAST_CELLS + [pytest.param(*c, marks=pytest.mark.deep)
+                                                for c in DEEP_COMPILED_PAST_CELLS])  # fmt: skip
+def test_the_compiled_static_step_past_block_size_is_a_full_forward(position, layout, kernel, window, mods):
+    if kernel == "flex" and flex_unavailable("cpu"):
+        pytest.skip(flex_unavailable("cpu"))
+    model = decode_model(layout, kernel, 2, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
+    assert_decodes_like_full_recomputation(
+        model, lambda m, cache, batch: CompiledStep(m, cache, batch, torch.device("cpu")), [3, 21], "cpu", PAST_TOTAL)
