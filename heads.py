@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
-from analysis.heads import STATS, ablation, attention_maps, check_head, greedy_pruning, head_statistics
+from analysis.heads import SINK, ablation, attention_maps, check_head, greedy_pruning, head_statistics, stats_of
 from analysis.tables import write_table
 from cli import (
     check_at_least,
@@ -46,6 +46,7 @@ from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
 from model import load_model
 from model.checkpoint import BEST, LAST
+from model.config import attention_label
 from model.device import resolve_device
 
 
@@ -77,6 +78,11 @@ def validation_windows(data_cfg: DataConfig, n: int, block_size: int, device) ->
     val = data.tokens["val"]
     data.check_fits(block_size, vocab_size=data.vocab_size)
     return windows(val, validation_starts(len(val), block_size, n), block_size, device)
+
+
+def sink_caption(maps: torch.Tensor) -> str:
+    """For a model with sinks: a row of a map sums to less than 1; the mean weight the sinks took."""
+    return f"\n(with sinks: rows sum to < 1; mean weight on the sink {(1 - maps.sum(-1)).mean():.3f})"
 
 
 def default_out(cfg: HeadsConfig, path: Path | None) -> Path:
@@ -114,22 +120,28 @@ def run(cfg: HeadsConfig) -> Path:
     x, y = validation_windows(replace(cfg.data, tokenizer=tokenizer.name), cfg.windows, block, device)
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{loaded.name} ({model.config.attention})"
+    # how it attends: its layout, and the options set that change what a head attends to (-rope, -sinks, ...)
+    name = f"{loaded.name} ({'-'.join([model.config.attention, *attention_label(vars(model.config)).split('-')[2:]])})"
+    sinks = model.config.sinks
 
     # Attention maps of one text.
     ids = tokenizer.encode(cfg.prompt)[-block:] if cfg.prompt is not None else x[0, : cfg.map_tokens].tolist()
     maps = attention_maps(model, torch.tensor([ids], device=device))[:, 0].cpu()  # (L, H, T, T)
     labels = [token_label(tokenizer.decode_bytes([t]).decode("utf-8", errors="replace")) for t in ids]
-    plot_map_grid(maps, labels, out / "maps.png", f"attention maps, {name}")
-    plot_single_map(maps[cfg.layer, cfg.head], labels, out / f"head_L{cfg.layer}_H{cfg.head}.png",
-                    f"layer {cfg.layer}, head {cfg.head}: {name}")  # fmt: skip
+    sink_note = sink_caption(maps) if sinks else ""
+    plot_map_grid(maps, labels, out / "maps.png", f"attention maps, {name}{sink_note}",
+                  sink_share=(1 - maps.sum(-1)).mean(-1) if sinks else None)  # fmt: skip
+    one = maps[cfg.layer, cfg.head]
+    plot_single_map(one, labels, out / f"head_L{cfg.layer}_H{cfg.head}.png",
+                    f"layer {cfg.layer}, head {cfg.head}: {name}{sink_caption(one) if sinks else ''}")  # fmt: skip
 
     # Statistics over validation windows, one window at a time (maps are T x T per head).
-    per_window = [head_statistics(attention_maps(model, x[i : i + 1]).cpu()) for i in range(len(x))]
-    stats = {k: torch.stack([w[k] for w in per_window]).mean(0) for k in STATS}
+    per_window = [head_statistics(attention_maps(model, x[i : i + 1]).cpu(), sinks) for i in range(len(x))]
+    names = stats_of(model.config)
+    stats = {k: torch.stack([w[k] for w in per_window]).mean(0) for k in names}
     every_head = [(layer, head) for layer in range(model.config.n_layer) for head in range(model.config.n_head)]
-    stat_rows = [[layer, head, *(stats[k][layer, head].item() for k in STATS)] for layer, head in every_head]
-    write_table(out / "stats", ["layer", "head", *STATS], stat_rows)
+    stat_rows = [[layer, head, *(stats[k][layer, head].item() for k in names)] for layer, head in every_head]
+    write_table(out / "stats", ["layer", "head", *names], stat_rows)
     plot_head_heatmaps(stats, out / "stats.png", f"per-head statistics over {len(x)} validation windows, {name}")
 
     # Ablation: the loss increase when each head alone is removed.
@@ -150,15 +162,19 @@ def run(cfg: HeadsConfig) -> Path:
     print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads, over {len(x)} windows of "
           f"{block} tokens spread evenly over the validation split of data={cfg.data.name}", file=sys.stderr)
     print("most important heads (loss increase when removed): "
-          + ", ".join(f"L{layer}H{head} +{increase[layer, head]:.4f}" for layer, head in ranked[:5]),
+          + ", ".join(f"L{layer}H{head} {increase[layer, head]:+.4f}" for layer, head in ranked[:5]),
           file=sys.stderr)  # fmt: skip
+    if sinks:
+        print(f"sinks: a row of each map sums to less than 1, the rest went to the head's sink: {SINK} in stats.md "
+              f"(mean {stats[SINK].mean():.3f}, per head {stats[SINK].min():.3f} to {stats[SINK].max():.3f})",
+              file=sys.stderr)  # fmt: skip
     print(f"written to {out}/", file=sys.stderr)
     if cfg.wandb:
         from analysis.wandb_report import log_report
 
         logger = (loaded.checkpoint.train_config or {}).get("logger", {}) if loaded.checkpoint else {}
         log_report("heads", f"heads-{loaded.name}", out,
-                   {"head_stats": (["layer", "head", *STATS], stat_rows), "ablation": (ablation_header, ablation_rows)},
+                   {"head_stats": (["layer", "head", *names], stat_rows), "ablation": (ablation_header, ablation_rows)},
                    sorted(out.glob("*.png")), logger)  # fmt: skip
     return out
 

@@ -31,8 +31,10 @@ def _label_axes(ax, labels: list[str] | None, fontsize: int) -> None:
     ax.set_yticks(ticks, labels, fontsize=fontsize)
 
 
-def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
-    """maps: (n_layer, n_head, T, T) for one text."""
+def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, title: str,
+                  sink_share: torch.Tensor | None = None) -> Path:  # fmt: skip
+    """maps: (n_layer, n_head, T, T) for one text; ``sink_share`` (n_layer, n_head), for a model with sinks: the
+    mean weight each head's sink took, in the head's title."""
     n_layer, n_head = maps.shape[:2]
     labeled = labels is not None and len(labels) <= GRID_LABELED_TOKENS
     size = 3.0 if labeled else 2.2
@@ -44,7 +46,8 @@ def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, titl
             ax = axes[layer][head]
             image = ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
             _label_axes(ax, labels if labeled else None, fontsize=5)
-            ax.set_title(f"L{layer} H{head}", fontsize=8)
+            sink = f", sink {sink_share[layer, head]:.2f}" if sink_share is not None else ""
+            ax.set_title(f"L{layer} H{head}{sink}", fontsize=8)
     for layer in range(n_layer):
         axes[layer][0].set_ylabel("query", fontsize=7)
     for head in range(n_head):

@@ -17,6 +17,12 @@ from tqdm import tqdm
 from model import GPT
 
 STATS = ("entropy", "mean_distance", "prev_token", "first_token")
+SINK = "sink_weight"  # with model.sinks: the share of each row the sink took (a row of the map sums to 1 - it)
+
+
+def stats_of(config) -> tuple[str, ...]:
+    """The statistics of a model's heads: ``STATS``, and the sink's weight for a model with sinks."""
+    return (*STATS, SINK) if config.sinks else STATS
 
 
 def check_head(model: GPT, layer: int, head: int) -> None:
@@ -41,14 +47,16 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     return torch.stack([block.attn.attention_weights(x) for block, x in zip(model.transformer.h, inputs)])
 
 
-def head_statistics(maps: torch.Tensor) -> dict[str, torch.Tensor]:
+def head_statistics(maps: torch.Tensor, sinks: bool = False) -> dict[str, torch.Tensor]:
     """(n_layer, n_head) tensors of each statistic, averaged over batch and query positions.
 
     ``maps`` is (n_layer, B, n_head, T, T), as ``attention_maps`` returns.
 
     entropy: nats of each attention row; mean_distance: expected (query - key) offset;
-    prev_token: weight on the previous token; first_token: weight on position 0 (the "sink").
-    The first and prev/first scores skip query 0, which can only attend to itself.
+    prev_token: weight on the previous token; first_token: weight on position 0 (the "sink" a model without
+    learned sinks makes of its first token). The first and prev/first scores skip query 0, which can only
+    attend to itself. With ``sinks`` (model.sinks), also sink_weight: what the learned sink took of each row,
+    1 - the row's sum (the other statistics are over the weights the keys got).
     """
     T = maps.size(-1)
     offsets = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # query - key
@@ -61,7 +69,13 @@ def head_statistics(maps: torch.Tensor) -> dict[str, torch.Tensor]:
         "mean_distance": distance.mean(dim=(1, 3)),
         "prev_token": prev.mean(dim=(1, 3)) if T > 1 else torch.zeros(maps.shape[0], maps.shape[2]),
         "first_token": first.mean(dim=(1, 3)) if T > 1 else torch.ones(maps.shape[0], maps.shape[2]),
+        **({SINK: sink_weight(maps)} if sinks else {}),
     }
+
+
+def sink_weight(maps: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head): the mean share of a row the sinks took (1 - the row's sum), over batch and queries."""
+    return (1 - maps.sum(-1)).mean(dim=(1, 3))
 
 
 @contextlib.contextmanager
