@@ -160,13 +160,17 @@ def coinciding_groups(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[
 
 
 def coincide_note(groups: list[list[str]], n_curves: int) -> str:
-    """The note beside the legend that says which curves lie on each other ("" when none do)."""
+    """The note beside the legend that says which curves lie on each other ("" when none do), and why: layouts
+    of the same options compute the same function; variants whose options differ (a softcap no score reached)
+    computed the same numbers here, but are not the same function."""
     if not groups:
         return ""
+    same = all(len({tuple(v.split("-")[2:]) for v in g}) == 1 for g in groups)
+    why = "the same function" if same else "options that changed\nnothing in these runs"
     if len(groups) == 1 and len(groups[0]) == n_curves:
-        return f"all {n_curves} curves coincide:\nsame initial weights,\nthe same function"
+        return f"all {n_curves} curves coincide:\nsame initial weights,\n{why}"
     pairs = "\n".join(" = ".join(g) for g in groups)
-    return f"curves that coincide (same initial\nweights, the same function),\ndrawn on each other:\n{pairs}"
+    return f"curves that coincide (same initial\nweights, {why}),\ndrawn on each other:\n{pairs}"
 
 
 def curves_coincide(curves: list[tuple[np.ndarray, np.ndarray]], tolerance: float = 1e-4) -> bool:

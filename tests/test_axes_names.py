@@ -137,3 +137,13 @@ def test_a_default_report_has_exactly_the_columns_it_had(tmp_path, data_cache):
     table_header = (out / "report.md").read_text().split("\n\n")[2].splitlines()[0]
     titles = dict(COLUMNS)
     assert table_header == "| " + " | ".join(titles[k] for k in before if k not in ("kv_heads", "window")) + " |"
+
+
+def test_curves_of_different_options_that_coincide_are_not_called_the_same_function():
+    from analysis.plots import coincide_note
+
+    same = coincide_note([["fused_qkv-sdpa-kv2", "wrapper-sdpa-kv2"]], 4)
+    assert "same initial\nweights, the same function" in same, "layouts of one function: as before"
+    capped = coincide_note([["fused_qkv-manual", "fused_qkv-manual-softcap20"]], 4)
+    assert "the same function" not in capped and "options that changed\nnothing in these runs" in capped
+    assert capped.endswith("fused_qkv-manual = fused_qkv-manual-softcap20")
