@@ -102,3 +102,19 @@ def test_each_preset_plans_its_four_variants(experiment, tmp_path):
         caches = re.findall(r"sampling's KV cache: ([\d.]+) KiB", out)
         expected = ["4.0", "2.0", "1.0", "1.3"] if experiment == "compare_latent" else ["36.0", "12.0", "3.0", "12.0"]
         assert caches == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "options",
+    [dict(position="rope"), dict(qk_norm=True), dict(position="rope", qk_norm=True),
+     dict(attention="mla", kv_latent=32), dict(attention="mla", kv_latent=32, position="rope", rope_head_dim=8)],
+)  # fmt: skip
+def test_the_memory_estimate_of_the_new_axes_is_within_25_percent_of_what_autograd_saves(options, dtype):
+    from test_gpu_readiness import saved_tensor_bytes
+
+    config = GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=4, n_embd=64, **options)
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        measured = saved_tensor_bytes(GPT(config), torch.randint(0, 257, (4, 64)))
+    estimated = sum(activation_bytes(config, 4, dtype).values())
+    assert abs(estimated - measured) / measured < 0.25, (estimated, measured)
