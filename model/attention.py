@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model import registry
@@ -139,6 +140,12 @@ def remember(
     return cache.update(slot, k, v)
 
 
+def rms_normed(norm: nn.RMSNorm, t: torch.Tensor) -> torch.Tensor:
+    """``norm`` applied in ``t``'s dtype: under autocast the queries are bf16 and the learned scale float32, which
+    nn.RMSNorm would compute unfused (with a warning)."""
+    return F.rms_norm(t, norm.normalized_shape, norm.weight.to(t.dtype), norm.eps)
+
+
 def check_heads(n_embd: int, n_head: int) -> None:
     if n_embd % n_head != 0:
         raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head")
@@ -207,6 +214,12 @@ class MultiHeadAttention(nn.Module):
         return None
 
     @classmethod
+    def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
+        """The widths, over all query heads, of the score matmul (queries . keys) and the value matmul: what
+        the attention's FLOPs per key scale with (``GPT.flops_per_token``)."""
+        return spec.n_embd, spec.n_embd
+
+    @classmethod
     def cache_width(cls, spec: AttentionSpec) -> int:
         """Numbers a KV cache keeps per token per layer: a key and a value per key/value head (the plan's and
         the reports' cache bytes per token are this times the layers and the dtype's bytes)."""
@@ -254,12 +267,12 @@ class MultiHeadAttention(nn.Module):
 
     def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), then rotated (rope)."""
-        q = self.q_norm(q) if self.qk_norm else q
+        q = rms_normed(self.q_norm, q) if self.qk_norm else q
         return q if self.rotary is None else self.rotary(q, positions)
 
     def encode_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """As ``encode_queries``, for keys: before the KV cache, which then holds them encoded."""
-        k = self.k_norm(k) if self.qk_norm else k
+        k = rms_normed(self.k_norm, k) if self.qk_norm else k
         return k if self.rotary is None else self.rotary(k, positions)
 
     def score_mods(self) -> ScoreMods | None:

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model import registry
 from model.attention import attention_of
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout, initial_form
@@ -155,13 +156,15 @@ class GPT(nn.Module):
 
         6 per weight that multiplies the token (all but the position embedding;
         the tied token embedding counts as the LM head's matmul) plus the attention
-        score and value matmuls, 12 * n_layer * n_embd * (keys each query sees: seq_len, or the window).
-        Grouped-query heads shrink the key/value projections, not the attention matmuls.
+        score and value matmuls, 6 * n_layer * (their widths: 2 * n_embd, or the layout's ``score_widths``) *
+        (keys each query sees: seq_len, or the window). Grouped-query heads shrink the key/value projections, not
+        the attention matmuls.
         """
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = self.num_params() - self.position_params()
-        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * min(seq_len, cfg.window or seq_len)
+        widths = sum(registry.layout(cfg.attention).score_widths(cfg.attention_spec))
+        return 6 * matmul_params + 6 * cfg.n_layer * widths * min(seq_len, cfg.window or seq_len)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load a GPT state dict of any attention layout, converting it to this model's.

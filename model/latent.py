@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import QKV, AttentionSpec, MultiHeadAttention, remember
+from model.attention import QKV, AttentionSpec, MultiHeadAttention, remember, rms_normed
 from model.convert import function_refusal
 from model.kernels import repeat_kv
 from model.registry import ATTENTION_LAYOUTS, register
@@ -74,6 +74,10 @@ class LatentAttention(MultiHeadAttention):
                              f"model.position=rope")  # fmt: skip
 
     @classmethod
+    def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
+        return spec.n_head * (spec.head_dim + (spec.rope_head_dim or 0)), spec.n_head * spec.head_dim
+
+    @classmethod
     def cache_width(cls, spec: AttentionSpec) -> int:
         """The latent and the shared rotary key: what the cache keeps per token per layer."""
         return spec.kv_latent + (spec.rope_head_dim or 0)
@@ -105,7 +109,7 @@ class LatentAttention(MultiHeadAttention):
         """(B, T, C) -> the latents (B, 1, T, kv_latent) and the rotated shared keys (B, 1, T, rope_head_dim):
         what the cache keeps (a head axis of size 1, as a key/value head)."""
         latent, k_rope = self.wkv_a(x).split([self.kv_latent, self.rope_dim], dim=-1)
-        latent, k_rope = self.kv_norm(latent).unsqueeze(1), k_rope.unsqueeze(1)
+        latent, k_rope = rms_normed(self.kv_norm, latent).unsqueeze(1), k_rope.unsqueeze(1)
         return latent, (k_rope if self.rotary is None else self.rotary(k_rope, positions))
 
     def queries(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -114,7 +118,7 @@ class LatentAttention(MultiHeadAttention):
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim + self.rope_dim).transpose(1, 2)
         content, rotary = q.split([self.head_dim, self.rope_dim], dim=-1)
-        content = self.q_norm(content) if self.qk_norm else content
+        content = rms_normed(self.q_norm, content) if self.qk_norm else content
         return content if self.rotary is None else torch.cat((content, self.rotary(rotary, positions)), dim=-1)
 
     def keys_values(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +127,7 @@ class LatentAttention(MultiHeadAttention):
         B, _, S, _ = latent.shape
         kv = self.wkv_b(latent.squeeze(1)).view(B, S, self.n_head, 2 * self.head_dim).transpose(1, 2)
         k, v = kv.split([self.head_dim, self.head_dim], dim=-1)
-        k = self.k_norm(k) if self.qk_norm else k
+        k = rms_normed(self.k_norm, k) if self.qk_norm else k
         if self.rotary is not None:
             k = torch.cat((k, k_rope.expand(B, self.n_head, S, self.rope_dim)), dim=-1)  # one key, every head
         return k, v
