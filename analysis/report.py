@@ -151,10 +151,18 @@ def time_to_target(run: Run, target: float | None) -> float | None:
 
 
 def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
-    """Mark variants whose loss differs from the others' median by more than the noise; say how."""
+    """Mark variants whose loss differs by more than the noise from the median of the variants that compute the
+    same function (``Run.function``: layouts and kernels of one function should agree); say how. Variants of
+    different functions (another position encoding, a softcap, a latent) are compared by the table, not flagged."""
     by_variant: dict[str, list[int]] = defaultdict(list)
     for i, run in enumerate(runs):
         by_variant[run.variant].append(i)
+    groups: dict[tuple, list[str]] = defaultdict(list)
+    for variant, ix in by_variant.items():
+        groups[runs[ix[0]].function].append(variant)
+    if all(len(variants) == 1 for variants in groups.values()):
+        return (f"a loss differing from the variants of its function, and none here computes the same function as "
+                f"another (the {len(by_variant)} variants' losses differ by design)")  # fmt: skip
     replicated = [ix for ix in by_variant.values() if len(ix) > 1]
     if replicated:  # several seeds of a variant: the noise is their spread
         metric = "best_val_loss"
@@ -169,14 +177,16 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
             "add seeds with `-m ... trainer.seed=1,2,3` to measure run-to-run noise"
         )
     means = {v: statistics.fmean(rows[i][metric] for i in ix) for v, ix in by_variant.items()}
-    center = statistics.median(means.values())
     limit = max(FLAG_SIGMAS * noise, ROUND_OFF)  # no noise measured (one final step): round-off is the floor
-    for variant, ix in by_variant.items():
-        diff = means[variant] - center
-        if abs(diff) > limit:
-            for i in ix:
-                rows[i]["flag"] = f"{metric} {diff:+.4f} vs median"
-    return (f"{metric} differing from the median of the variants by more than {FLAG_SIGMAS:g} x {noise:.4f} "
+    for variants in groups.values():
+        center = statistics.median(means[v] for v in variants)
+        for variant in variants:
+            diff = means[variant] - center
+            if abs(diff) > limit:
+                for i in by_variant[variant]:
+                    rows[i]["flag"] = f"{metric} {diff:+.4f} vs median"
+    among = "the variants" if len(groups) == 1 else "the variants of its function"
+    return (f"{metric} differing from the median of {among} by more than {FLAG_SIGMAS:g} x {noise:.4f} "
             f"(and {ROUND_OFF:g}, round-off), {how}")
 
 

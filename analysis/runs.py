@@ -8,12 +8,16 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from common.run_files import FAILURE, METRICS, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
-from model.config import attention_label, kernel_option
+from model.config import GPTConfig, attention_label, kernel_option
+from model.registry import ATTENTION_LAYOUTS
+
+NOT_THE_FUNCTION = ("label", "layout", "implementation")  # GPTConfig reuse kinds that leave the numbers alone
+GPT_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}  # a field a run.json lacks (older runs) had these
 
 
 @dataclass
@@ -43,6 +47,18 @@ class Run:
     def variant(self) -> str:
         """The run's label, as its directory and wandb name spell it: ``wrapper-sdpa-kv2`` (attention_label)."""
         return attention_label(self.info["model"], show=self.shown)
+
+    @property
+    def function(self) -> tuple:
+        """What the run's model computes, apart from how (layout of one function, kernel, backend) and its name:
+        the model fields whose change changes the numbers (``metadata["reuse"]`` in ``GPTConfig``), with the
+        layout's function (attention=mla's latent is another function than the three layouts of multi-head
+        attention). Runs of one function should reach the same loss for a seed."""
+        model = self.info["model"]
+        layout = ATTENTION_LAYOUTS.get(model.get("attention"))
+        same = (f.name for f in fields(GPTConfig) if f.metadata.get("reuse") not in NOT_THE_FUNCTION)
+        return (layout.function if layout else model.get("attention"),
+                *((name, model.get(name, GPT_DEFAULTS[name])) for name in same))  # fmt: skip
 
     @property
     def seed(self) -> int:

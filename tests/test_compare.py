@@ -113,3 +113,26 @@ def test_where_no_noise_is_measured_round_off_is_not_flagged(sweep, tmp_path, di
     with open(out / "report.csv") as f:
         flags = {r["layout"]: r["flag"] for r in csv.DictReader(f)}
     assert bool(flags["fused_qkv"]) == flagged and bool(flags["wrapper"]) == flagged, flags
+
+
+def test_variants_of_different_functions_are_not_flagged_for_their_loss(sweep, tmp_path):
+    """A sweep over what the model computes (a position encoding) differs in loss by design: no flag. The same
+    loss gap between two layouts of one function is flagged (the test above)."""
+    import shutil
+
+    for name in ("0_wrapper", "1_fused_qkv"):
+        shutil.copytree(sweep / name, tmp_path / name)
+    info = json.loads((tmp_path / "0_wrapper" / "run.json").read_text())
+    info["model"]["position"] = "rope"  # as if this run had rotary positions: another function
+    (tmp_path / "0_wrapper" / "run.json").write_text(json.dumps(info))
+    metrics = tmp_path / "0_wrapper" / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for m in lines:
+        if "train/loss" in m:
+            m["train/loss"] += 1.0
+    metrics.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    out = compare.main([str(tmp_path), "--out", str(tmp_path / "report")])
+    with open(out / "report.csv") as f:
+        flags = {r["layout"]: r["flag"] for r in csv.DictReader(f)}
+    assert flags == {"wrapper": "", "fused_qkv": ""}
+    assert "none here computes the same function as another" in (out / "report.md").read_text()
