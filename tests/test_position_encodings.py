@@ -132,6 +132,24 @@ def test_a_model_without_a_position_table_reads_past_block_size_with_a_bounded_c
     assert not torch.allclose(other[:, 1], logits[:, 1]), "within its reach a token does change the logits"
 
 
+@pytest.mark.parametrize(("position", "kernel"), [("rope", "sdpa"), ("alibi", "manual"), ("alibi", "sdpa"),
+                                                  ("none", "manual")])  # fmt: skip
+def test_a_prompt_fed_in_chunks_then_decoded_past_block_size_is_one_forward(position, kernel):
+    # The cache's later chunks attend over the earlier ones at their positions (rotated keys, ALiBi distances).
+    model = position_model(position, kernel=kernel, sinks=True, n_layer=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    idx = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        full, _ = model(idx, idx)
+        cache, at = KVCache(model.config.n_layer), 0
+        for chunk in (5, 4, 7, *[1] * 24):  # the context filled in three chunks, then one position at a time
+            logits = model(idx[:, at : at + chunk], cache=cache)[0][:, -1]
+            at += chunk
+            torch.testing.assert_close(logits, full[:, at - 1], atol=1e-4, rtol=0, msg=f"after {at} tokens")
+
+
 ENCODINGS = {"rope": dict(position="rope"), "alibi": dict(position="alibi"), "none": dict(position="none"),
              "qk_norm": dict(qk_norm=True), "softcap": dict(softcap=30.0), "sinks": dict(sinks=True),
              "all": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=30.0, sinks=True)}  # fmt: skip
