@@ -28,7 +28,8 @@ class ScoreMods:
 
     ``span`` turns a key's slot into its distance from a query: keys are held in slot = position mod span
     (the attention's context, which is the KV cache's capacity: in position order until it wraps, a ring
-    after), so distance = (query position - slot) mod span for every key a query sees.
+    after), so distance = (query position - slot) mod span for every key a query sees. 0: an attention block
+    built alone, with no context or window, whose keys are always in position order.
     """
 
     span: int
@@ -51,7 +52,8 @@ class ScoreMods:
     def distances(self, positions: torch.Tensor, k_len: int) -> torch.Tensor:
         """(q_len, k_len): each query's distance to each key slot (meaningful where the query sees it)."""
         slots = torch.arange(k_len, device=positions.device)
-        return (positions[:, None] - slots[None, :]).remainder(self.span)
+        distance = positions[:, None] - slots[None, :]
+        return distance.remainder(self.span) if self.span else distance  # span 0: keys in position order, no ring
 
     def bias(self, positions: torch.Tensor, k_len: int) -> torch.Tensor | None:
         """(H, q_len, k_len) ALiBi's -slope x distance, or None without ALiBi."""
