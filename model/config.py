@@ -106,9 +106,9 @@ class GPTConfig:
             if name == "vocab_size" and value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+                raise ValueError(f"model.{name}={value!r} must be a positive integer")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+            raise ValueError(f"model.dropout={self.dropout!r} must be in [0, 1)")
         layout = registry.layout(self.attention)
         self.kernel, self.sdpa_backend = one_kernel_vocabulary(self.kernel, self.sdpa_backend)
         layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
