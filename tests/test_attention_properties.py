@@ -184,6 +184,18 @@ def keys_seen(options: dict, window: int | None) -> int | None:
     return min(window or ENCODING_BLOCK, ENCODING_BLOCK)
 
 
+def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_turn: int):
+    """The (layout, kernel) pairs of the ``e``-th encoding: with ``deep`` every layout x every kernel that takes
+    it; by default each layout once, manual or sdpa in turn, and flex for the layout at ``flex_turn`` when the
+    encoding is a combination (its name has a "+")."""
+    kernels = [k for k in KERNEL_NAMES if takes(k, options)]
+    if deep:
+        return list(itertools.product(LAYOUTS, kernels))
+    eager = [k for k in kernels if k != "flex"]
+    return [(layout, "flex" if "+" in name and i == flex_turn else eager[(i + e) % len(eager)])
+            for i, layout in enumerate(LAYOUTS)]  # fmt: skip
+
+
 def encoding_cells(deep: bool):
     """``--deep``: each encoding x every layout x every kernel that takes it (key/value heads, windows and head
     shapes turning with them), at every deep length. By default each encoding meets every layout once, with
@@ -193,14 +205,7 @@ def encoding_cells(deep: bool):
     windows = list({**WINDOWS, **(DEEP_WINDOWS if deep else {})}.items())
     shapes = list(HEAD_SHAPES.items())
     for e, (name, options) in enumerate(ENCODINGS.items()):
-        kernels_ = [k for k in KERNEL_NAMES if takes(k, options)]
-        if deep:
-            combos = itertools.product(LAYOUTS, kernels_)
-        else:
-            eager = [k for k in kernels_ if k != "flex"]
-            combos = [(layout, "flex" if "+" in name and i == e % 3 else eager[(i + e) % len(eager)])
-                      for i, layout in enumerate(LAYOUTS)]  # fmt: skip
-        for c, (layout, kernel) in enumerate(combos):
+        for c, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep, flex_turn=e % 3)):
             kv_name = ("mha", "gqa", "mqa")[(c + 2 * e) % 3]
             (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
             yield pytest.param(name, layout, kernel, n_head, head_dim, kvs[kv_name], window,
@@ -304,14 +309,7 @@ def encoding_decode_cells(deep: bool):
     every kernel that takes it), key/value heads and window turning with them."""
     windows = list(DECODE_WINDOWS.items())
     for e, (name, options) in enumerate(ENCODINGS.items()):
-        kernels_ = [k for k in KERNEL_NAMES if takes(k, options)]
-        if deep:
-            combos = itertools.product(LAYOUTS, kernels_)
-        else:
-            eager = [k for k in kernels_ if k != "flex"]
-            combos = [(layout, "flex" if "+" in name and i == (e + 1) % 3 else eager[(i + e) % len(eager)])
-                      for i, layout in enumerate(LAYOUTS)]  # fmt: skip
-        for i, (layout, kernel) in enumerate(combos):
+        for i, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep, flex_turn=(e + 1) % 3)):
             n_kv, (w_name, window) = (4, 2, 1)[(i + 2 * e) % 3], windows[(i + e) % 2]
             yield pytest.param(name, layout, kernel, n_kv, window, id=f"{name}-{layout}-{kernel}-{n_kv}kv-{w_name}")
 
