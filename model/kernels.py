@@ -182,11 +182,32 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
         k, v = (F.pad(t, (0, 0, 0, k_pad - t.size(-2))) for t in (k, v))
     gqa = k.size(1) != q.size(1)
-    if mods is None:
-        return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
-    score_mod = _score_mod(mods.softcap, mods.slopes, mods.sinks, k_len - q_len)
-    flex = _compiled_flex(dynamic=False)  # torch 2.13's dynamic-shape graph with a score_mod is wrong on a CPU
-    return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
+    score_mod = None if mods is None else _score_mod(mods.softcap, mods.slopes, mods.sinks, k_len - q_len)
+    if q.device.type != "cpu" or torch.compiler.is_compiling():  # inside a compiled model, its compilation decides
+        # A GPU: with a score_mod one graph per shape, else a second shape compiles a graph for every later one
+        flex = _compiled_flex(dynamic=False if mods is not None else None)
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
+    # A CPU: one memory layout whatever the layout's projection gave, and one graph for every size; with a
+    # score_mod, one for every batch size (torch 2.13 fails to build some CPU graphs of a score_mod whose lengths
+    # are dynamic), so one per multiple of FLEX_BLOCK.
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    batch_only = contextlib.nullcontext()
+    if mods is not None:
+        for t in (q, k, v):
+            torch._dynamo.mark_dynamic(t, 0)
+        batch_only = torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+    with _sizes_of_one_in_general(), batch_only:
+        flex = _compiled_flex(dynamic=None if mods is not None else True)
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
+
+
+def _sizes_of_one_in_general():
+    """Compile flex on a CPU for sizes in general, those of 1 (a batch, a key/value head, one block) included:
+    torch would otherwise compile one more graph for each size that is 1 (about 6 s each on a 2-core CPU: a test
+    of every attention cell compiled 49 graphs, where this compiles 15)."""
+    import torch.fx.experimental._config as shapes_config
+
+    return shapes_config.patch(backed_size_oblivious=True)
 
 
 def _score_mod(softcap: float | None, slopes: torch.Tensor | None, sinks: torch.Tensor | None, offset: int):
@@ -228,12 +249,12 @@ def check_flex_runs_on(device: torch.device) -> None:
                          f"(the same function)")  # fmt: skip
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def _compiled_flex(dynamic: bool | None = None):
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    # dynamic=None: a second shape compiles a dynamic graph that serves every later one; False: one graph per
-    # shape (on a CPU, per multiple of FLEX_BLOCK)
+    # None: a second shape compiles a dynamic graph that serves every later one (or only the dimensions marked
+    # dynamic); True: dynamic from the first call; False: one graph per shape
     return torch.compile(flex, dynamic=dynamic)
 
 
