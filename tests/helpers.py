@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from warm_python import run_python
 
 import training.config  # noqa: F401  (registers the config schema)
 from model import KERNELS, GPTConfig
@@ -88,5 +89,20 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    """``python train.py *args`` in a process of its own (forked from the warm interpreter: tests/warm_python.py)."""
+    return run_python([str(ROOT / "train.py"), *args], cwd=cwd, env=env, timeout=timeout)
+
+
+def user_env(**changes: str) -> dict[str, str]:
+    """The environment a user's shell gives a script: without the suite's HYDRA_FULL_ERROR=1, so errors are the
+    lines a user sees; plus ``changes``."""
+    return {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, **changes}
+
+
+def run_script(script: str, *args: str, cwd: Path = ROOT, env: dict | None = None, input: str | None = None,
+               timeout: int = 300, umask: int | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python <script> *args`` (a file of the project, or ``-m data``) as a user runs it (``user_env`` unless
+    ``env`` is given), in a process of its own forked from the warm interpreter (tests/warm_python.py)."""
+    target = ["-m", *script.split()[1:]] if script.startswith("-m ") else [str(ROOT / script)]
+    return run_python([*target, *args], cwd=cwd, env=user_env() if env is None else env, input=input,
+                      timeout=timeout, umask=umask)  # fmt: skip

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, save_tiny_hf_gpt2, write_text_corpus
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, run_script, save_tiny_hf_gpt2, write_text_corpus
 
 import heads
 from data.config import DataConfig
@@ -26,8 +26,7 @@ from training.loop import train
     ],
 )
 def test_old_spellings_are_a_one_line_error_naming_the_new_one(tmp_path, script, arg, message):
-    result = subprocess.run([sys.executable, str(ROOT / script), arg], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    result = run_script(script, arg, cwd=tmp_path, env=dict(os.environ), timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip() == f"error: {message}"
 

@@ -4,12 +4,8 @@ learned table, QK-norm, softcap, sinks, a latent, a window), naming each option 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from helpers import ROOT, TINY, compose_train, tiny_gpt_config
+from helpers import TINY, compose_train, run_script, tiny_gpt_config
 
 from model import GPT
 from model.gpt2_export import check_gpt2_holds, export_hf_gpt2, what_gpt2_cannot_hold
@@ -60,9 +56,7 @@ def rope_run(tmp_path_factory, data_cache):
 
 def test_export_of_a_rope_model_is_one_line_and_writes_nothing(rope_run, tmp_path):
     out = tmp_path / "hf"
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    result = subprocess.run([sys.executable, str(ROOT / "export.py"), f"source={rope_run}", f"out={out}"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = run_script("export.py", f"source={rope_run}", f"out={out}", cwd=tmp_path)
     assert result.returncode != 0
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "GPT-2's format cannot hold" in line]

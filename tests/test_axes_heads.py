@@ -4,13 +4,11 @@ the block's own encodings; with sinks a row sums to less than 1 and the rest is 
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train
+from helpers import TINY, compose_train, run_script
 
 from analysis.heads import SINK, STATS, attention_maps, head_statistics
 from model import load_model
@@ -31,10 +29,8 @@ def sinks_run(tmp_path_factory, data_cache):
 
 
 def heads_cli(run, data_cache, tmp_path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    result = subprocess.run([sys.executable, str(ROOT / "heads.py"), f"source={run}", f"data.cache_dir={data_cache}",
-                             "windows=2", f"out={tmp_path / 'heads'}"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    result = run_script("heads.py", f"source={run}", f"data.cache_dir={data_cache}", "windows=2",
+                        f"out={tmp_path / 'heads'}", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

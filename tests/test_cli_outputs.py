@@ -6,17 +6,14 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
+from helpers import run_script
 
 
 def script(name: str, *args: str, cwd: Path, umask: int = 0o022) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run([sys.executable, str(ROOT / name), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300, preexec_fn=lambda: os.umask(umask))  # fmt: skip
+    return run_script(name, *args, cwd=cwd, umask=umask)
 
 
 def modes(folder: Path) -> dict[str, int]:

@@ -1,31 +1,26 @@
 """A mistyped option, in any script, is one line naming what was typed and the nearest valid names, before any work.
 
-Every case runs the real script in a subprocess with real Hydra: the check reads the script's own schema and
+Every case runs the real script in a process of its own with real Hydra: the check reads the script's own schema and
 config groups, so a typo in train.py, sample.py, evaluate.py, export.py, heads.py or ``python -m data`` is
 caught the same way; ``+key=value`` for a key the schema does not know is refused, not silently added.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
-from helpers import CONFIGS, ROOT
+from helpers import CONFIGS, ROOT, run_script
 
 SCRIPTS = {
     "train": ["train.py"], "sample": ["sample.py", "source=x"], "evaluate": ["evaluate.py", "source=x"],
-    "export": ["export.py", "source=x", "out=y"], "heads": ["heads.py", "source=x"], "data": ["-m", "data"],
+    "export": ["export.py", "source=x", "out=y"], "heads": ["heads.py", "source=x"], "data": ["-m data"],
 }  # fmt: skip
 
 
-def run_script(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+def run(script: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     command, *fixed = SCRIPTS[script]
-    target = [command] if command == "-m" else [str(ROOT / command)]
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # the lines a user sees
-    return subprocess.run([sys.executable, *target, *fixed, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return run_script(command, *fixed, *args, cwd=cwd, timeout=120)
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -49,7 +44,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     ("data", "data.pth=corpus/", ["data.path"]),
 ])  # fmt: skip
 def test_a_mistyped_key_names_the_nearest_valid_one(script, typed, nearest, tmp_path):
-    line = one_line_error(run_script(script, typed, cwd=tmp_path if script != "data" else ROOT))
+    line = one_line_error(run(script, typed, cwd=tmp_path if script != "data" else ROOT))
     assert typed in line and "no such option" in line
     for name in nearest:
         assert f"did you mean {name}" in line, line
@@ -58,12 +53,12 @@ def test_a_mistyped_key_names_the_nearest_valid_one(script, typed, nearest, tmp_
 
 def test_an_appended_key_the_schema_does_not_know_is_refused_not_ignored(tmp_path):
     """Hydra's own advice for a typo is ``+trainer.max_step=50``, which then ran 1,000 steps, the typo ignored."""
-    line = one_line_error(run_script("train", "+trainer.max_step=50", "trainer.plan=true", cwd=tmp_path))
+    line = one_line_error(run("train", "+trainer.max_step=50", "trainer.plan=true", cwd=tmp_path))
     assert "+trainer.max_step=50" in line and "+ cannot add an option" in line and "trainer.max_steps" in line
 
 
 def test_an_appended_key_that_exists_says_to_drop_the_plus(tmp_path):
-    line = one_line_error(run_script("sample", "+top_k=5", cwd=tmp_path))
+    line = one_line_error(run("sample", "+top_k=5", cwd=tmp_path))
     assert "set it without the +: top_k=5" in line
 
 
@@ -71,14 +66,14 @@ def test_an_appended_key_that_exists_says_to_drop_the_plus(tmp_path):
                                            ("kernel=sdpa_flsh", "kernel=sdpa_flash")])  # fmt: skip
 def test_a_wrong_group_option_lists_the_valid_ones(typed, nearest, tmp_path):
     group = typed.partition("=")[0]
-    line = one_line_error(run_script("train", typed, "trainer.plan=true", cwd=tmp_path))
+    line = one_line_error(run("train", typed, "trainer.plan=true", cwd=tmp_path))
     assert line.startswith(f"error: {typed} is not an option of {group}") and f"did you mean {nearest}" in line
     every = sorted(path.stem for path in (CONFIGS / group).glob("*.yaml"))
     assert line.endswith(f"({group}: {', '.join(every)})"), line
 
 
 def test_a_data_source_typo_in_a_script_with_a_data_group(tmp_path):
-    line = one_line_error(run_script("evaluate", "data=tinyshakspeare", cwd=tmp_path))
+    line = one_line_error(run("evaluate", "data=tinyshakspeare", cwd=tmp_path))
     assert "did you mean data=tinyshakespeare" in line
 
 
@@ -86,44 +81,44 @@ def test_a_data_source_typo_in_a_script_with_a_data_group(tmp_path):
                                                   ("heads", "kernel=flexx", "flex")])  # fmt: skip
 def test_a_scripts_own_attention_and_kernel_options_name_the_nearest(script, typed, nearest, tmp_path):
     """sample.py, evaluate.py and heads.py take attention=/kernel= as plain options: checked before loading."""
-    line = one_line_error(run_script(script, typed, cwd=tmp_path))
+    line = one_line_error(run(script, typed, cwd=tmp_path))
     assert typed.partition("=")[2] in line and f"did you mean {nearest}?" in line
 
 
 def test_a_group_of_train_py_is_not_an_option_of_sample_py(tmp_path):
-    line = one_line_error(run_script("sample", "data=files", cwd=tmp_path))
+    line = one_line_error(run("sample", "data=files", cwd=tmp_path))
     assert "data=files: no such option" in line and "source, prompt" in line
 
 
 def test_a_value_of_the_wrong_type_is_one_line(tmp_path):
-    line = one_line_error(run_script("train", "trainer.max_steps=many", cwd=tmp_path))
+    line = one_line_error(run("train", "trainer.max_steps=many", cwd=tmp_path))
     assert "trainer.max_steps=many" in line and "Integer" in line
 
 
 def test_several_values_without_multirun_say_add_m(tmp_path):
-    line = one_line_error(run_script("train", "kernel=manual,sdpa", cwd=tmp_path))
+    line = one_line_error(run("train", "kernel=manual,sdpa", cwd=tmp_path))
     assert "kernel=manual,sdpa is several values: add -m" in line
 
 
 def test_a_value_hydra_cannot_read_says_how_to_quote_it(tmp_path):
-    line = one_line_error(run_script("export", "checkpoint=best(1).pt", cwd=tmp_path))
+    line = one_line_error(run("export", "checkpoint=best(1).pt", cwd=tmp_path))
     assert "Hydra cannot read this value" in line and "checkpoint=\"'best(1).pt'\"" in line
 
 
 def test_valid_overrides_hydras_own_and_multirun_still_work(tmp_path):
     """What the check must let through: hydra.* keys and groups, ``++`` on an existing key, ``-m`` sweeps."""
-    result = run_script("train", "++trainer.max_steps=7", "hydra.run.dir=" + str(tmp_path / "run"),
+    result = run("train", "++trainer.max_steps=7", "hydra.run.dir=" + str(tmp_path / "run"),
                         "hydra/launcher=basic", "trainer.plan=true", "logger=none", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "run: 7 steps" in result.stdout, result.stdout
-    swept = run_script("train", "-m", "kernel=manual,sdpa", "trainer.plan=true", "logger=none",
+    swept = run("train", "-m", "kernel=manual,sdpa", "trainer.plan=true", "logger=none",
                        f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)  # fmt: skip
     assert swept.returncode == 0, swept.stderr
     assert "error" not in swept.stderr
 
 
 def test_python_m_data_help_names_itself_and_lists_only_its_options():
-    result = run_script("data", "--help")
+    result = run("data", "--help")
     assert result.returncode == 0, result.stderr
     assert "python -m data" in result.stdout and "__main__" not in result.stdout
     assert "attention" not in result.stdout and "kernel" not in result.stdout, "train.py's groups, refused here"

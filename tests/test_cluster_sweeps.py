@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TINY, compose_train, read_metrics, train_losses
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
 
 import compare
 from training import slurm as slurm_support
@@ -144,8 +144,7 @@ def test_a_batch_that_does_not_split_in_a_slurm_job_is_the_one_line_a_local_run_
     args = [*TINY, "trainer.micro_batch_size=3"]
     code, _, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"),
                           timeout=120)  # fmt: skip
-    local = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "logger=none"], cwd=tmp_path,
-                           env={**os.environ, "HYDRA_FULL_ERROR": "0"}, capture_output=True, text=True)  # fmt: skip
+    local = run_cli(*args, "logger=none", cwd=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "0"})
     line = local.stderr.strip().splitlines()[-1]
     assert line.startswith("error: trainer.micro_batch_size=3 does not divide a rank's share of the batch")
     assert code != 0 and err.strip().splitlines()[-1] == line and "Traceback" not in err

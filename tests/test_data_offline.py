@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from helpers import ROOT, TINY, compose_train, run_cli, write_text_corpus
+from helpers import TINY, compose_train, run_cli, run_script, write_text_corpus
 
 from data.tokenizers import get_tokenizer
 
@@ -31,9 +29,8 @@ def test_data_files_defaults_to_the_offline_bytes_tokenizer():
 
 def test_data_files_prepares_with_no_download(tmp_path):
     corpus = write_text_corpus(tmp_path / "texts", 12, TEXT)
-    result = subprocess.run([sys.executable, "-m", "data", "data=files", f"data.path={corpus}",
-                             f"data.cache_dir={tmp_path / 'cache'}"], cwd=ROOT, env=user_env(tmp_path),
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = run_script("-m data", "data=files", f"data.path={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+                        env=user_env(tmp_path))  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     (meta,) = (tmp_path / "cache").glob("*/meta.json")
     assert json.loads(meta.read_text())["tokenizer"] == "bytes"
@@ -55,9 +52,8 @@ def test_a_wrong_path_is_named_before_the_tokenizer_download_fails(tmp_path):
 def test_a_tokenizer_that_needs_a_download_says_how_in_one_line(tmp_path):
     corpus = write_text_corpus(tmp_path / "texts", 12, TEXT)
     env = user_env(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "data", "data=files", f"data.path={corpus}",
-                             "data.tokenizer=cl100k_base", f"data.cache_dir={tmp_path / 'cache'}"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = run_script("-m data", "data=files", f"data.path={corpus}", "data.tokenizer=cl100k_base",
+                        f"data.cache_dir={tmp_path / 'cache'}", env=env)  # fmt: skip
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: tokenizer 'cl100k_base' needs its rank file, which tiktoken downloads once")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -161,14 +162,11 @@ def test_interrupted_preparation_leaves_nothing_that_looks_complete(tmp_path):
 
 
 def test_cli_prepares_and_reports_counts(tmp_path):
-    import subprocess
-    import sys
+    from helpers import run_script
 
     write_corpus(tmp_path / "corpus", n_docs=10)
-    cmd = [sys.executable, "-m", "data", "data=files", f"data.path={tmp_path / 'corpus'}",
-           "data.tokenizer=bytes", "data.val_fraction=0.3",
-           f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    result = run_script("-m data", "data=files", f"data.path={tmp_path / 'corpus'}", "data.tokenizer=bytes",
+                        "data.val_fraction=0.3", f"data.cache_dir={tmp_path / 'cache'}", env=dict(os.environ))
     assert result.returncode == 0, result.stderr
     folder = Path(result.stdout.split("prepared: ")[1].splitlines()[0])
     meta = json.loads((folder / "meta.json").read_text())

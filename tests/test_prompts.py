@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from helpers import ROOT
+from helpers import run_script
 
 from model import load_model
 
 
 def sample_cli(run, *args: str, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}  # the lines a user sees
-    return subprocess.run([sys.executable, str(ROOT / "sample.py"), f"source={run}", "max_new_tokens=6",
-                           "device=cpu", *args], input=stdin, capture_output=True, text=True, env=env,
-                          timeout=120, cwd=cwd)  # fmt: skip
+    return run_script("sample.py", f"source={run}", "max_new_tokens=6", "device=cpu", *args, input=stdin,
+                      timeout=120, cwd=cwd or os.getcwd())  # fmt: skip
 
 
 def prompt_tokens(run, text: str) -> int:
@@ -69,10 +66,8 @@ def test_a_prompt_and_a_prompt_file_together_are_one_line(trained_run, tmp_path)
 
 
 def test_heads_takes_a_prompt_of_code(trained_run, tmp_path, data_cache):
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    result = subprocess.run([sys.executable, str(ROOT / "heads.py"), f"source={trained_run}", "windows=2",
-                             "prompt=for i in range(3):", f"out={tmp_path / 'heads'}", "device=cpu",
-                             f"data.cache_dir={data_cache}"], capture_output=True, text=True, env=env,
-                            timeout=300)  # fmt: skip
+    result = run_script("heads.py", f"source={trained_run}", "windows=2", "prompt=for i in range(3):",
+                        f"out={tmp_path / 'heads'}", "device=cpu", f"data.cache_dir={data_cache}",
+                        cwd=os.getcwd())  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "heads" / "maps.png").is_file()

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helpers import TINY, compose_train
+from warm_python import run_python
 
 from analysis.runs import load_run
 from common import run_files
@@ -48,7 +47,7 @@ def test_a_figure_temporary_keeps_its_suffix_for_the_format():
 
 
 def test_only_a_dead_process_s_temporaries_are_removed(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = run_python(["-c", "import os; print(os.getpid())"], cwd=tmp_path)
     gone = tmp_path / f".last.pt{run_files.TMP_MARK}{int(dead.stdout)}"
     mine = tmp_path / f".best.pt{run_files.TMP_MARK}{os.getpid()}"
     for path in (gone, mine):

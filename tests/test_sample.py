@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import FLEX_ON_CPU_UNAVAILABLE, ROOT
+from helpers import FLEX_ON_CPU_UNAVAILABLE, run_script
 from same_choices import Step, Trace, assert_same_choices, record_choices
 
 import sample
@@ -21,9 +20,8 @@ def config(**fields) -> sample.SampleConfig:
 
 
 def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
-    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt='import '",
-           "max_new_tokens=30", "num_samples=2", "seed=3", "device=cpu"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=trained_run)
+    result = run_script("sample.py", f"source={trained_run}", "prompt='import '", "max_new_tokens=30",
+                        "num_samples=2", "seed=3", "device=cpu", cwd=trained_run, env=dict(os.environ))  # fmt: skip
     assert result.returncode == 0, result.stderr
     samples = result.stdout.split("--- sample ")[1:]
     assert len(samples) == 2
@@ -48,9 +46,8 @@ def test_a_first_decode_step_that_sets_up_is_said_apart_from_the_rate(second, sa
 
 
 def test_cli_reads_the_prompt_from_stdin(trained_run):
-    cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", "prompt=-", "max_new_tokens=10",
-           "device=cpu"]  # fmt: skip
-    result = subprocess.run(cmd, input="while True:", capture_output=True, text=True, timeout=120)
+    result = run_script("sample.py", f"source={trained_run}", "prompt=-", "max_new_tokens=10", "device=cpu",
+                        input="while True:", cwd=os.getcwd(), env=dict(os.environ))  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("while True:") and len(result.stdout) > len("while True:")
 
@@ -167,9 +164,8 @@ def test_flex_sampling_says_once_that_it_compiles_before_its_first_token(trained
         pytest.skip(FLEX_ON_CPU_UNAVAILABLE)
     lines = {}
     for kernel in ("flex", "sdpa"):
-        cmd = [sys.executable, str(ROOT / "sample.py"), f"source={trained_run}", f"kernel={kernel}", "prompt=def f",
-               "max_new_tokens=3", "device=cpu"]  # fmt: skip
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        result = run_script("sample.py", f"source={trained_run}", f"kernel={kernel}", "prompt=def f",
+                            "max_new_tokens=3", "device=cpu", cwd=os.getcwd(), env=dict(os.environ))  # fmt: skip
         assert result.returncode == 0, result.stderr
         lines[kernel] = result.stderr.splitlines()
     notice = "[sample] kernel=flex: compiling the kernel"

@@ -8,13 +8,11 @@ The float64 formula of each (tests/attention_reference.py) holds every layout x 
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import run_script
 from helpers import tiny_gpt_config as config
 
 from model import build_attention
@@ -48,9 +46,7 @@ def test_a_bad_value_is_refused_by_the_config_naming_it(options, expected):
 
 def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:
     """``python train.py model=nano <overrides> trainer.plan=true``, as a user runs it (no full tracebacks)."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), "model=nano", *overrides, "trainer.plan=true",
-                           "logger=none"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    return run_script("train.py", "model=nano", *overrides, "trainer.plan=true", "logger=none", cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TINY, compose_train, read_metrics, train_losses
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
 
 import compare
 from training.loop import train
@@ -43,8 +44,7 @@ def test_a_signal_stops_the_whole_sweep_and_its_one_command_continues_it_to_the_
 
     command = shlex.split(err.split("the rest start:\n")[1].strip().splitlines()[0])
     assert command[:3] == ["python", "train.py", "-m"] and command[-1] == "trainer.resume=auto"
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *command[2:]], cwd=tmp_path, text=True,
-                            capture_output=True, timeout=300)  # fmt: skip
+    result = run_cli(*command[2:], cwd=tmp_path, env=dict(os.environ))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"continuing {first} from step" in result.stdout
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, run_script
 
 import rebuild_wandb
 from analysis.plots import val_loss_figure
@@ -132,13 +132,10 @@ def test_a_sweep_preset_without_multirun_is_refused_naming_m(tmp_path):
 
 @pytest.mark.parametrize("script", ["sample.py", "heads.py", "evaluate.py", "export.py"])
 def test_each_script_helps_with_its_own_options_and_names_a_missing_one_in_one_line(tmp_path, script):
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    help_text = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True,
-                               cwd=tmp_path, env=env, timeout=120).stdout  # fmt: skip
+    help_text = run_script(script, "--help", cwd=tmp_path, timeout=120).stdout
     assert f"Usage: python {script} source=" in help_text and "source: ???" in help_text
     assert "attention: fused_qkv, separate_qkv, wrapper" not in help_text, "not train.py's groups"
-    result = subprocess.run([sys.executable, str(ROOT / script)], capture_output=True, text=True, cwd=tmp_path,
-                            env=env, timeout=120)  # fmt: skip
+    result = run_script(script, cwd=tmp_path, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"error: source is required; usage: python {script} source="
                                                   + result.stderr.split(f"python {script} source=", 1)[1].strip()]

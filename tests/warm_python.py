@@ -1,0 +1,203 @@
+"""Run ``python <script> ...`` as a real process without paying for the interpreter's start each time.
+
+A test of a script's command line wants what a user gets: a process of its own, its exit code, what it wrote
+to stdout and stderr, and the files it left. Starting ``python train.py`` costs about 4 s on a 2-core CPU
+before the script's first line (torch, Hydra, datasets, wandb...), and the suite runs a few hundred of them.
+
+So each pytest process starts one *warm interpreter* once: a Python that imports those libraries and
+headlab's packages, computes nothing, and then waits. For each command it forks a child, which sets the
+command's argv, working directory, environment, stdin, stdout and stderr, and runs the script as ``__main__``
+(``runpy``, as ``python script.py`` and ``python -m package`` do); the child ends as any Python process ends
+(atexit handlers, its exit code or signal). Its stdout and stderr are files the caller reads back.
+
+What a fork cannot give, a real ``subprocess.run`` gives instead (``run_python`` chooses): an environment
+that differs from the warm interpreter's in a variable that libraries read when they are imported (torch's
+CPU capability and threads, Hugging Face's offline switch and caches, tqdm's and matplotlib's defaults), or
+``HEADLAB_COLD_START=1`` (every command a fresh interpreter, as before). Tests of what only a whole process
+shows (signals while it runs, torchrun, SLURM, the README's lines as typed) start real subprocesses themselves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Variables some library reads once, when it is imported: a command that sets them differently needs its own
+# interpreter (the warm one imported those libraries under the test session's values).
+READ_AT_IMPORT = ("ATEN_", "CUDA", "HF_", "HUGGINGFACE", "MKL", "MPL", "OMP_", "PYTHON", "PYTORCH", "TORCH",
+                  "TQDM_", "TRANSFORMERS", "XDG_", "HOME", "LD_", "PATH")  # fmt: skip
+# What the warm interpreter imports before it forks: what every script imports anyway.
+PRELOAD = ("torch", "numpy", "omegaconf", "hydra", "hydra.main", "tqdm", "tiktoken", "wandb",
+           "matplotlib", "model", "data", "training.loop", "training.config", "analysis.report", "cli")  # fmt: skip
+
+
+def needs_cold_start(env: dict[str, str]) -> str | None:
+    """Why a command with environment ``env`` must start its own interpreter, or None."""
+    if os.environ.get("HEADLAB_COLD_START") == "1":
+        return "HEADLAB_COLD_START=1"
+    for key in set(env) | set(os.environ):
+        if key.startswith(READ_AT_IMPORT) and env.get(key) != os.environ.get(key):
+            return f"{key} differs"
+    return None
+
+
+class WarmPython:
+    """The warm interpreter of this pytest process: started on first use, one command at a time."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.scratch = Path(tempfile.mkdtemp(prefix="headlab-warm-"))
+        self.count = 0
+        self.silent = True  # the imports printed nothing (else forks would hide it: commands start cold)
+
+    def ready(self) -> bool:
+        """Started (now, if not yet), and its imports printed nothing."""
+        with self.lock:
+            self.start()
+        return self.silent
+
+    def start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            imports_said = self.scratch / "imports.stderr"
+            with open(imports_said, "w") as stderr:
+                self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, text=True)  # fmt: skip
+            ready = self.proc.stdout.readline()
+            if ready.strip() != "ready":
+                raise RuntimeError(f"the warm interpreter did not start: {imports_said.read_text()[-3000:]}")
+            # A fresh process would print what the imports printed (a warning, say) before its own lines: a
+            # fork cannot, so then every command starts cold.
+            self.silent = not imports_said.read_text()
+        return self.proc
+
+    def run(self, args: list[str], cwd, env: dict[str, str], input: str | None, timeout: float | None,
+            umask: int | None) -> subprocess.CompletedProcess:  # fmt: skip
+        with self.lock:
+            self.count += 1
+            files = {name: self.scratch / f"{self.count}.{name}" for name in ("stdin", "stdout", "stderr")}
+            files["stdin"].write_text(input or "")
+            proc = self.start()
+            request = {"args": args, "cwd": str(cwd), "env": env, "umask": umask,
+                       **{k: str(v) for k, v in files.items()}}  # fmt: skip
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            pid = int(proc.stdout.readline())
+            timed_out = threading.Event()
+
+            def kill() -> None:
+                timed_out.set()
+                os.kill(pid, 9)
+
+            timer = threading.Timer(timeout, kill) if timeout else None
+            if timer:
+                timer.start()
+            try:
+                returncode = int(proc.stdout.readline())
+            finally:
+                if timer:
+                    timer.cancel()
+            stdout, stderr = (files[name].read_text(errors="replace") for name in ("stdout", "stderr"))
+            for path in files.values():
+                path.unlink()
+            if timed_out.is_set():
+                raise subprocess.TimeoutExpired([sys.executable, *args], timeout, stdout, stderr)
+            return subprocess.CompletedProcess([sys.executable, *args], returncode, stdout, stderr)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+_WARM = WarmPython()
+atexit.register(lambda: _WARM.close())
+
+
+def run_python(args: list[str], cwd, env: dict[str, str] | None = None, input: str | None = None,
+               timeout: float | None = None, umask: int | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``subprocess.run([python, *args], cwd=cwd, env=env, input=input, capture_output=True, text=True,
+    timeout=timeout)`` (with ``umask`` set in the process, if given), forked from the warm interpreter where that
+    is the same thing (see the module's doc). ``args`` start with a script's path, ``-m package`` or ``-c code``."""
+    env = dict(os.environ if env is None else env)
+    if not needs_cold_start(env) and (args[0] in ("-m", "-c") or not args[0].startswith("-")) and _WARM.ready():
+        return _WARM.run(list(args), cwd, env, input, timeout, umask)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, input=input, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=None if umask is None else lambda: os.umask(umask))
+
+
+# The warm interpreter's side.
+
+
+def _serve() -> None:
+    """Import, say ready, then for each request line: fork a child that runs it; reply its pid, then its exit
+    code (negative: the signal that ended it)."""
+    import importlib
+
+    sys.path[:] = [str(ROOT), *(p for p in sys.path[1:] if Path(p).resolve() != ROOT / "tests")]
+    for module in PRELOAD:
+        importlib.import_module(module)
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing the imports print reaches the replies
+    reply.write("ready\n")
+    reply.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            reply.close()
+            _child(request)  # never returns: the script's exit ends the child's interpreter
+        reply.write(f"{pid}\n")
+        reply.flush()
+        _, status = os.waitpid(pid, 0)
+        reply.write(f"{os.waitstatus_to_exitcode(status)}\n")
+        reply.flush()
+
+
+def _child(request: dict) -> None:
+    """Become ``python *args``: its streams, directory, environment, argv and fresh random states."""
+    import random
+    import runpy
+
+    import numpy
+
+    write = os.O_WRONLY | os.O_CREAT
+    for fd, name, flags in ((0, "stdin", os.O_RDONLY), (1, "stdout", write), (2, "stderr", write)):
+        opened = os.open(request[name], flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.stdin.close()
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process's own stdin, as a fresh interpreter has it)
+    os.chdir(request["cwd"])
+    if request["umask"] is not None:
+        os.umask(request["umask"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    random.seed()  # a fresh interpreter's seeds, not the warm one's (shared by every fork)
+    numpy.random.seed()
+    args = request["args"]
+    if args[0] == "-m":
+        sys.argv, sys.path[0] = [args[1], *args[2:]], os.getcwd()
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    elif args[0] == "-c":
+        sys.argv, sys.path[0] = ["-c", *args[2:]], ""
+        exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        script = os.path.abspath(args[0])
+        sys.argv, sys.path[0] = [args[0], *args[1:]], os.path.dirname(script)
+        runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    _serve()
