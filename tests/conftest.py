@@ -18,6 +18,12 @@ os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(_SCRATCH, "tiktoken")  # empty: 
 os.environ["WANDB_MODE"] = "offline"
 os.environ["WANDB_DIR"] = os.path.join(_SCRATCH, "wandb")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # pytest -n: each worker (and every process it starts) gets its share of the cores, set before torch is
+    # imported; two workers of two OpenMP threads each on two cores would spin against each other.
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_threads, _share)
 
 
 import pytest  # noqa: E402
@@ -125,6 +131,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # pytest -n: the tests on the SLURM cluster share one worker, so one cluster
+        if "slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     if config.getoption("--deep"):
         return
     skip = pytest.mark.skip(reason="part of the deep sweep: pytest --deep")

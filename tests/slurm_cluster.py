@@ -184,6 +184,26 @@ def _marked_tree(marker_value: str | None) -> set[int]:
     return seen
 
 
+def _marked_roots() -> set[str]:
+    """The folders of the test clusters whose processes run now (the marker's values)."""
+    roots = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                roots.update(e.partition(b"=")[2].decode() for e in (d / "environ").read_bytes().split(b"\0")
+                             if e.startswith(f"{MARKER}=".encode()))  # fmt: skip
+    return roots
+
+
+def _owner_alive(root: str) -> bool:
+    """Whether the process that started the cluster in ``root`` (its ``owner`` file) still runs."""
+    try:
+        os.kill(int((Path(root) / "owner").read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _wait(pred, timeout: float, what: str, logs: dict[str, Path] | None = None, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -289,6 +309,7 @@ def slurm_cluster(
         raise ValueError("requeue_delay (AuthInfo cred_expire) must be >= 5")
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    (root / "owner").write_text(str(os.getpid()))  # kill_stale_clusters leaves a live owner's cluster alone
     t0 = time.monotonic()
     node = socket.gethostname().split(".")[0]
     cpus, mem = _node_config()
@@ -444,12 +465,11 @@ def write_sacct_shim(path: Path) -> Path:
 def kill_stale_clusters(root: str | os.PathLike | None = None) -> list[tuple[int, str]]:
     """SIGKILL leftovers of earlier test clusters (e.g. after the test process itself was killed).
 
-    Only processes this module started carry the marker; with ``root`` only that cluster's, otherwise every
-    test cluster's.  Returns the (pid, cmdline) killed."""
-    if root is not None:
-        pids = _marked_tree(str(Path(root).resolve()))
-    else:
-        pids = _marked_tree(None)
+    Only processes this module started carry the marker; with ``root`` only that cluster's, otherwise those of
+    every test cluster whose test process has ended (another test session's live cluster is left alone: pytest
+    -n runs several at once).  Returns the (pid, cmdline) killed."""
+    roots = [str(Path(root).resolve())] if root is not None else [r for r in _marked_roots() if not _owner_alive(r)]
+    pids = set().union(*(_marked_tree(r) for r in roots))
     killed = [(p, _cmdline(p)) for p in sorted(pids)]
     for pid, _ in killed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
