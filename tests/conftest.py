@@ -42,8 +42,12 @@ if not os.environ.get("TORCH_TRACE"):
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
-    """One prepared-data cache for the whole session: the corpus is tokenized once."""
-    return tmp_path_factory.mktemp("data-cache")
+    """One prepared-data cache for the whole session, the corpus tokenized once: pytest -n's workers share it
+    (headlab's lock on a folder being prepared makes one of them prepare it, the others wait and read it)."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "data-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
 
 
 @pytest.fixture(scope="session")
