@@ -40,6 +40,16 @@ if not os.environ.get("TORCH_TRACE"):
     logging.getLogger("torch.__trace").setLevel(logging.INFO)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def many_compiled_shapes():
+    """The suite compiles flex and decode steps for dozens of shapes in one process (each test its own heads and
+    batch sizes): torch's default limit of 8 graphs per function would quietly send later tests to eager code."""
+    import torch
+
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     """One prepared-data cache for the whole session, the corpus tokenized once: pytest -n's workers share it
@@ -135,9 +145,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:  # pytest -n: the tests on the SLURM cluster share one worker, so one cluster
-        if "slurm" in getattr(item, "fixturenames", ()):
+    for item in items:  # pytest -n: tests that share costly state share a worker
+        if "slurm" in getattr(item, "fixturenames", ()):  # one SLURM cluster
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif "flex" in item.name or "compile" in item.name:  # each compiled graph traced once (seconds each)
+            item.add_marker(pytest.mark.xdist_group("compiled"))
     if config.getoption("--deep"):
         return
     skip = pytest.mark.skip(reason="part of the deep sweep: pytest --deep")

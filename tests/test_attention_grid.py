@@ -22,13 +22,6 @@ KV_HEADS = {"multi-head": 4, "grouped-query": 2, "multi-query": 1}
 WINDOWS = {"full": None, "window 5": 5}
 
 
-@pytest.fixture(autouse=True)
-def many_flex_shapes():
-    # One model compiles flex for a few shapes; this file builds dozens of models in one process.
-    with torch._dynamo.config.patch(recompile_limit=64):
-        yield
-
-
 def randomize_(module: torch.nn.Module, seed: int = 1) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -65,13 +65,6 @@ def flex_unavailable(device: str) -> str | None:
     return kernels.flex_unavailable(torch.device(device))
 
 
-@pytest.fixture(autouse=True)
-def many_models():
-    # Dozens of models of different head counts in one process: each (heads, gqa) compiles flex once or twice.
-    with torch._dynamo.config.patch(recompile_limit=64):
-        yield
-
-
 def cells(deep: bool):
     """Every layout x kernel x key/value heads x window; the default run gives each cell one of the two head
     shapes (alternating, so each layout x kernel meets both), ``--deep`` both."""
