@@ -257,7 +257,10 @@ def decode_cells():
 def assert_decodes_like_full_recomputation(model, make_step, prompts, device, total=DECODE_BLOCK):
     """From each prompt length, fill the cache, then decode one position at a time to ``total`` positions (the
     end of the context, or past it for a model without a position table); every step's logits must be those of
-    a full forward over the whole sequence at that position. A cache never holds more than its capacity."""
+    a full forward over the whole sequence at that position. A cache holds its window (or the context, when
+    shorter), never the whole sequence, and never grows past it."""
+    config = model.config
+    capacity = min(n for n in (config.window, config.block_size) if n)
     gen = torch.Generator(device=device).manual_seed(2)
     for i, prompt in enumerate(prompts):
         B = 1 + i % 3
@@ -267,6 +270,8 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
             cache = KVCache(model.config.n_layer)
             first = model(idx[:, :prompt], cache=cache)[0][:, -1]
             torch.testing.assert_close(first, full[:, prompt - 1], atol=1e-4, rtol=0, msg=f"prompt {prompt}")
+            held = {buffer.size(2) for buffer in cache.buffers()}
+            assert held == {capacity}, f"prompt {prompt}: the cache holds {held} positions, not {capacity}"
             bounded = cache.nbytes()
             step = make_step(model, cache, B)
             for t in range(prompt, total):
