@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.prepare import FORMAT_VERSION, SPLITS
+from data.prepare import FORMAT_VERSION, SPLITS, source_label, split_percents, tokens_needed_by_position
 
 
 class PreparedData:
@@ -65,6 +65,16 @@ class PreparedData:
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
+    @property
+    def split_by(self) -> str:
+        """``document`` or ``position`` (meta.json's ``split``; folders prepared before it was kept: document)."""
+        return self.meta.get("split", {}).get("by", "document")
+
+    @property
+    def split_note(self) -> str | None:
+        """How the tokens were split, in a line (None for folders prepared before meta.json kept it)."""
+        return self.meta.get("split", {}).get("note")
+
     def bytes_per_token(self, split: str) -> float:
         """Text bytes per token: turns nats per token into bits per byte."""
         counts = self.meta["splits"][split]
@@ -79,11 +89,25 @@ class PreparedData:
             )
         for split in SPLITS:
             n = len(self.tokens[split])
+            if n < block_size + 1 and self.split_by == "position":
+                raise ValueError(self._too_short_to_split(split, block_size))
             if n < block_size + 1:
                 raise ValueError(
                     f"the {split} split of {self.folder.name} has {n} tokens, fewer than "
                     f"block_size + 1 = {block_size + 1}; use a smaller block_size or more data"
                 )
+
+    def _too_short_to_split(self, split: str, block_size: int) -> str:
+        """A text split by position that cannot give each side a window: what it has and what it needs."""
+        total = sum(len(self.tokens[s]) for s in SPLITS)
+        val_fraction = self.meta["config"]["val_fraction"]
+        needed = tokens_needed_by_position(block_size + 1, val_fraction)
+        return (
+            f"{source_label(self.meta['config'])} has {total:,} tokens, split {split_percents(val_fraction)} by "
+            f"position: its {split} part has {len(self.tokens[split]):,}, fewer than block_size + 1 = "
+            f"{block_size + 1}; it needs at least "
+            f"{needed:,} tokens at data.val_fraction={val_fraction}; use a longer text or a smaller block_size"
+        )
 
 
 class BatchLoader:

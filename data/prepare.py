@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -29,6 +30,8 @@ from common.run_files import TMP_MARK, folder_lock, remove_leftovers, temporary_
 from data.config import DataConfig, data_cache_dir
 from data.sources import check_source, load_documents, source_identity
 from data.tokenizers import Tokenizer, get_tokenizer
+
+log = logging.getLogger("headlab.data")
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -70,22 +73,27 @@ def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer, settings: dict | None = 
 
 def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     """Prepare (or reuse) the token files of ``cfg``; returns their directory."""
+    return prepare_or_reuse(cfg, tokenizer)[0]
+
+
+def prepare_or_reuse(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> tuple[Path, bool]:
+    """The directory of ``cfg``'s token files, and whether this call prepared them (False: they were there)."""
     check_source(cfg)  # a wrong data.path is named before a tokenizer's download can fail
     tokenizer = tokenizer or get_tokenizer(cfg.tokenizer)
     settings = settings_of(cfg, tokenizer)  # stats the source files once
     target = prepared_dir(cfg, tokenizer, settings)
     if (target / "meta.json").exists():
-        return target
+        return target, False
     target.parent.mkdir(parents=True, exist_ok=True)
     # One preparer per directory: other processes (torchrun ranks on this node, a second
     # run) wait on the lock, with no timeout, then find the directory complete.
     with folder_lock(target):
         if (target / "meta.json").exists():
-            return target
+            return target, False
         remove_stale_partials(target)
         with _stop_signals_interrupt():  # from the start: loading the source can take a while too
             _prepare_into(cfg, tokenizer, settings, target)
-    return target
+    return target, True
 
 
 def remove_stale_partials(target: Path) -> list[Path]:
@@ -200,13 +208,12 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings:
     if total == 0:
         raise ValueError(f"the corpus of data.name={cfg.name!r} ({cfg.source}) is empty: it has no text")
     n_docs = sum(counts[split]["documents"] for split in SPLITS)
-    for split in SPLITS:
-        if counts[split]["tokens"] == 0:
-            raise ValueError(
-                f"the {split} split of data.name={cfg.name!r} is empty ({n_docs} documents, "
-                f"data.val_fraction={cfg.val_fraction}); use more documents "
-                f"(e.g. data.sample_by=paragraph) or another val_fraction"
-            )
+    if all(counts[split]["tokens"] for split in SPLITS):
+        how = {"by": "document", "note": document_split_note(counts, cfg)}
+    else:  # too few documents to hold some out: split the token stream as nanoGPT does
+        counts = split_by_position(folder, counts, tokenizer, cfg)
+        how = {"by": "position", "note": position_split_note(n_docs, total, cfg.val_fraction)}
+        log.info(how["note"])
     return {
         "format": FORMAT_VERSION,
         "tokenizer": tokenizer.name,
@@ -214,8 +221,102 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings:
         "eot_id": tokenizer.eot_id,
         "dtype": dtype.name,
         "splits": counts,
+        "split": how,
         "settings": settings,
         "config": asdict(cfg),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
+
+# Splits. By document (the default): a document is wholly train or wholly val. By position (a source with too
+# few documents for that, e.g. one text file): the first tokens train and the last val_fraction validate.
+
+
+def train_tokens_by_position(n_tokens: int, val_fraction: float) -> int:
+    """How many of ``n_tokens`` train in a split by position: nanoGPT's ``int(n * 0.9)`` at val_fraction=0.1."""
+    return int(n_tokens * (1 - val_fraction))
+
+
+def tokens_needed_by_position(per_split: int, val_fraction: float) -> int:
+    """The fewest tokens whose split by position leaves each side ``per_split`` tokens or more."""
+    # Both sides grow with n, so count up from a bound below the answer: the smaller side holds at most
+    # n * its fraction + 1 tokens.
+    n = max(2 * per_split, int((per_split - 1) / min(val_fraction, 1 - val_fraction)))
+    while min(train := train_tokens_by_position(n, val_fraction), n - train) < per_split:
+        n += 1
+    return n
+
+
+def source_label(config: dict) -> str:
+    """The source as the user set it (``asdict(DataConfig)``, or meta.json's copy): what an error names."""
+    if config["source"] == "url":
+        return f"data.url={config['url']}"
+    if config["source"] in ("files", "hub"):
+        return f"data.path={config['path']}"
+    return f"data.name={config['name']}"
+
+
+def split_by_position(folder: Path, counts: dict, tokenizer: Tokenizer, cfg: DataConfig) -> dict:
+    """Rewrite the token files of ``folder``, all of whose tokens went to one split, as the first and last
+    tokens of the stream; returns the new counts. Documents cut by the split count on both sides."""
+    whole = folder / "stream.bin"
+    os.replace(folder / f"{next(s for s in SPLITS if counts[s]['tokens'])}.bin", whole)
+    stream = np.memmap(whole, dtype=token_dtype(tokenizer.vocab_size), mode="r")
+    cut = train_tokens_by_position(len(stream), cfg.val_fraction)
+    if not 0 < cut < len(stream):
+        raise ValueError(
+            f"{source_label(asdict(cfg))} has {len(stream):,} tokens, too few to split "
+            f"{split_percents(cfg.val_fraction)} by position: it needs at least "
+            f"{tokens_needed_by_position(1, cfg.val_fraction):,}; use a longer text"
+        )
+    parts = {"train": stream[:cut], "val": stream[cut:]}
+    for split, part in parts.items():
+        part.tofile(folder / f"{split}.bin")
+    val_bytes = text_bytes(parts["val"], tokenizer)
+    all_bytes = sum(counts[split]["bytes"] for split in SPLITS)
+    split_bytes = {"train": all_bytes - val_bytes, "val": val_bytes}
+    new = {s: {"tokens": len(p), "bytes": split_bytes[s], "documents": documents_in(p, tokenizer.eot_id)}
+           for s, p in parts.items()}  # fmt: skip
+    del stream, parts  # the memory map closes before its file goes
+    whole.unlink()
+    return new
+
+
+def text_bytes(ids: np.ndarray, tokenizer: Tokenizer, chunk: int = 1 << 20) -> int:
+    """UTF-8 bytes of the text behind ``ids`` (EOTs are no text); a token's bytes are whole, so chunks add up."""
+    total = 0
+    for start in range(0, len(ids), chunk):
+        piece = np.asarray(ids[start : start + chunk])
+        total += len(tokenizer.decode_bytes(piece[piece != tokenizer.eot_id].tolist()))
+    return total
+
+
+def documents_in(ids: np.ndarray, eot_id: int) -> int:
+    """Documents with tokens in ``ids``: one per EOT, plus one cut before its EOT."""
+    return int(np.count_nonzero(ids == eot_id)) + int(len(ids) > 0 and ids[-1] != eot_id)
+
+
+def split_percents(val_fraction: float) -> str:
+    """``90/10`` for val_fraction=0.1."""
+    return f"{round((1 - val_fraction) * 100, 6):g}/{round(val_fraction * 100, 6):g}"
+
+
+def position_split_note(n_docs: int, n_tokens: int, val_fraction: float) -> str:
+    """The console's line (and meta.json's) for a split by position."""
+    percents = split_percents(val_fraction)
+    if n_docs == 1:
+        return f"1 document: split its {n_tokens:,} tokens {percents} by position, as nanoGPT does"
+    held_out = percents.split("/")[1]
+    return (
+        f"{n_docs:,} documents, too few to hold {held_out}% out by document: split their {n_tokens:,} tokens "
+        f"{percents} by position, as nanoGPT does"
+    )
+
+
+def document_split_note(counts: dict, cfg: DataConfig) -> str:
+    """meta.json's line for a split by document."""
+    n_docs = sum(counts[split]["documents"] for split in SPLITS)
+    return (
+        f"{n_docs:,} documents: {counts['val']['documents']:,} held out whole for validation "
+        f"(data.val_fraction={cfg.val_fraction}, data.split_seed={cfg.split_seed})"
+    )

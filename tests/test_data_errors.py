@@ -47,10 +47,10 @@ def test_empty_corpus_is_refused(tmp_path):
     assert not list((tmp_path / "cache").glob("*/meta.json"))
 
 
-def test_a_split_with_no_documents_is_refused(tmp_path):
-    (tmp_path / "only.txt").write_text("a single document cannot be split in two")
-    with pytest.raises(ValueError, match=r"split of data.name='t' is empty \(1 documents.*sample_by=paragraph"):
-        prepare(cfg(tmp_path, path=str(tmp_path / "only.txt")))
+def test_a_document_too_short_to_split_by_position_is_refused(tmp_path):
+    (tmp_path / "only.txt").write_text("a")  # one document: split by position (tests/test_data_split.py)
+    with pytest.raises(ValueError, match=r"data.path=.*only.txt has 2 tokens, too few to split 40/60 by position"):
+        prepare(cfg(tmp_path, path=str(tmp_path / "only.txt"), val_fraction=0.6))
 
 
 def test_mixed_file_kinds_are_refused(tmp_path):
