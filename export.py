@@ -8,12 +8,19 @@ Any layout exports (weights are converted to GPT-2's fused form). The folder get
 reads), ``headlab.json`` (the tokenizer and where the weights came from) and, for
 the ``gpt2``/``r50k_base`` tokenizers, GPT-2's tokenizer files (``vocab.json``,
 ``merges.txt``) so ``AutoTokenizer.from_pretrained(folder)`` works too.
+
+``out`` is new, empty, or an earlier export's folder. The files are written into a
+temporary folder beside it, then each is renamed into place, and the files an earlier
+export wrote that this one does not (e.g. GPT-2's tokenizer files, after a model with
+another tokenizer) are removed: the folder holds exactly this export. Files export.py
+never writes (an evaluation's ``eval-*.json``, a README) are kept, and named.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,22 +30,27 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from cli import check_choice, check_overrides, user_errors
-from data.hf_tokenizer import write_hf_gpt2_tokenizer
+from common.run_files import TMP_MARK, read_json, remove_leftovers, temporary_name
+from data.hf_tokenizer import HF_GPT2_TOKENIZER_FILES, write_hf_gpt2_tokenizer
 from data.tokenizers import GPT2_IDS
 from model import load_model
 from model.checkpoint import BEST, LAST
-from model.gpt2_export import check_gpt2_holds, export_hf_gpt2
+from model.gpt2_export import HF_CONFIG, HF_WEIGHTS, check_gpt2_holds, export_hf_gpt2
 
 
 @dataclass
 class ExportConfig:
     source: str = MISSING  # a run directory or a checkpoint file
-    out: str = MISSING  # the folder to write (created; files in it are replaced)
+    out: str = MISSING  # the folder to write: new, empty, or an earlier export's (replaced by this one)
     checkpoint: str = LAST  # which checkpoint of a run directory: last.pt | best.pt
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
 USAGE = "python export.py source=<run dir | checkpoint.pt> out=<folder> [checkpoint=best.pt]"
+
+HEADLAB_INFO = "headlab.json"
+# Every name export.py writes: in an earlier export's folder, these are the files it may replace or remove.
+EXPORT_FILES = frozenset({HF_CONFIG, HF_WEIGHTS, HEADLAB_INFO, *HF_GPT2_TOKENIZER_FILES})
 
 BYTES_HOW_TO = (
     "token ids are the text's UTF-8 bytes (0-255) and 256 is <|endoftext|>: ids = list(text.encode('utf-8')); "
@@ -48,35 +60,82 @@ BYTES_HOW_TO = (
 
 def run(cfg: ExportConfig) -> Path:
     check_choice("checkpoint", cfg.checkpoint, (BEST, LAST))
-    if Path(cfg.out).expanduser().is_file():
+    out = Path(cfg.out).expanduser()
+    if out.is_file():
         raise ValueError(f"out={cfg.out!r} is a file; give a folder (created if missing)")
+    check_out_folder(out)
     loaded = load_model(cfg.source, checkpoint=cfg.checkpoint)
     if loaded.path is None:
         raise ValueError(f"source={cfg.source!r} is already in the Hugging Face format: nothing to export")
     check_gpt2_holds(loaded.model.config)  # before anything is written
-    out = Path(cfg.out).expanduser()
-    tokenizer = loaded.tokenizer
-    written = export_hf_gpt2(loaded.model, out, tokenizer.eot_id)
-    readable_as_the_umask_allows(out / "model.safetensors")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out.parent, f".{out.name}{TMP_MARK}*")  # the staging folders of killed exports
+    staged = temporary_name(out)
+    try:
+        info = write_export(loaded, staged)
+        removed, kept = replace_export(out, staged)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     trained = loaded.model.config
+    shared = trained.kv_heads != trained.n_head  # GPT-2 has one key/value head per query head
+    size = f"{loaded.model.num_params():,} parameters" + (
+        f"; {trained.kv_heads} key/value heads written as {trained.n_head}, the same function" if shared else "")
+    print(f"exported {loaded.name} ({size}, tokenizer {info['tokenizer']}) "
+          f"to {out}/: {', '.join(info['files'])}", file=sys.stderr)  # fmt: skip
+    if removed:
+        print(f"removed the earlier export's {', '.join(removed)} (this export has none)", file=sys.stderr)
+    if kept:
+        print(f"kept {', '.join(kept)}: not written by export.py", file=sys.stderr)
+    print(f"tokenize: {info['tokenize']}", file=sys.stderr)
+    return out
+
+
+def check_out_folder(out: Path) -> None:
+    """``out`` must be new, empty or an earlier export's folder: export.py never removes what it did not write,
+    and does not mix its files into another model's folder."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    info = read_json(out / HEADLAB_INFO)
+    if not (isinstance(info, dict) and "source" in info and "tokenize" in info):
+        names = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise ValueError(
+            f"out={out} is not empty ({shown}) and holds no earlier export ({HEADLAB_INFO}); give a new or empty "
+            f"folder, or the folder of an earlier export to replace it"
+        )
+
+
+def write_export(loaded, folder: Path) -> dict:
+    """The export's files in ``folder``; returns headlab.json's content (``files``: every file written)."""
+    tokenizer, trained = loaded.tokenizer, loaded.model.config
+    written = export_hf_gpt2(loaded.model, folder, tokenizer.eot_id)
+    readable_as_the_umask_allows(folder / HF_WEIGHTS)
     info = {"tokenizer": tokenizer.name, "eot_id": tokenizer.eot_id, "source": str(loaded.path), "step": loaded.step,
             "trained_attention": trained.attention, "trained_kernel": trained.kernel}  # fmt: skip
     if tokenizer.name in GPT2_IDS:
-        written += write_hf_gpt2_tokenizer(tokenizer, out, loaded.model.config.block_size)
+        written += write_hf_gpt2_tokenizer(tokenizer, folder, trained.block_size)
         info["tokenize"] = "AutoTokenizer.from_pretrained(this folder): GPT-2's tokenizer, the same ids as tiktoken's"
     elif tokenizer.name == "bytes":
         info["tokenize"] = BYTES_HOW_TO
     else:
         info["tokenize"] = f"tiktoken.get_encoding({tokenizer.name!r}); its ids are not GPT-2's, so no GPT-2 files"
-    (out / "headlab.json").write_text(json.dumps(info, indent=2) + "\n")
-    written.append(out / "headlab.json")
-    shared = trained.kv_heads != trained.n_head  # GPT-2 has one key/value head per query head
-    size = f"{loaded.model.num_params():,} parameters" + (
-        f"; {trained.kv_heads} key/value heads written as {trained.n_head}, the same function" if shared else "")
-    print(f"exported {loaded.name} ({size}, tokenizer {tokenizer.name}) "
-          f"to {out}/: {', '.join(p.name for p in written)}", file=sys.stderr)  # fmt: skip
-    print(f"tokenize: {info['tokenize']}", file=sys.stderr)
-    return out
+    info["files"] = [p.name for p in written] + [HEADLAB_INFO]
+    (folder / HEADLAB_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def replace_export(out: Path, staged: Path) -> tuple[list[str], list[str]]:
+    """Rename each file of ``staged`` into ``out`` (headlab.json last: it says the export is whole), then remove
+    the files of an earlier export that this one does not have. Returns (removed, kept: files not export.py's)."""
+    out.mkdir(exist_ok=True)
+    new = sorted(p.name for p in staged.iterdir())
+    for name in sorted(new, key=lambda name: name == HEADLAB_INFO):
+        os.replace(staged / name, out / name)
+    removed = sorted(p.name for p in out.iterdir() if p.name in EXPORT_FILES and p.name not in new)
+    for name in removed:
+        (out / name).unlink()
+    kept = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+    return removed, kept
 
 
 def readable_as_the_umask_allows(path: Path) -> None:

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from data.tokenizers import EOT, GPT2_IDS, Tokenizer
 
+# The files write_hf_gpt2_tokenizer writes.
+HF_GPT2_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+
 
 @lru_cache(maxsize=1)
 def byte_to_unicode() -> dict[int, str]:

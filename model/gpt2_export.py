@@ -19,6 +19,8 @@ from model.convert import convert_attention_layout
 from model.gpt import GPT
 from model.gpt2_import import CONV1D
 
+HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # what GPT2LMHeadModel.from_pretrained reads
+
 # GPT-2's activation is the tanh approximation of GELU ("gelu_new" in transformers), as headlab's MLP.
 HF_ACTIVATION = "gelu_new"
 
@@ -114,11 +116,12 @@ def hf_gpt2_config(model: GPT, eot_id: int | None) -> dict:
 
 
 def export_hf_gpt2(model: GPT, folder: Path, eot_id: int | None) -> list[Path]:
-    """Write ``config.json`` and ``model.safetensors`` into ``folder``; returns the files written."""
+    """Write ``config.json`` and ``model.safetensors`` (``HF_CONFIG``, ``HF_WEIGHTS``) into ``folder``; returns
+    the files written."""
     from safetensors.torch import save_file
 
     check_gpt2_holds(model.config)  # before the folder is made
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(hf_gpt2_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(hf_gpt2_config(model, eot_id), indent=2) + "\n")
-    return [folder / "config.json", folder / "model.safetensors"]
+    save_file(hf_gpt2_state_dict(model), str(folder / HF_WEIGHTS), metadata={"format": "pt"})
+    (folder / HF_CONFIG).write_text(json.dumps(hf_gpt2_config(model, eot_id), indent=2) + "\n")
+    return [folder / HF_CONFIG, folder / HF_WEIGHTS]
