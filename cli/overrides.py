@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -38,7 +40,7 @@ def check_overrides(config_name: str, command: str, argv: list[str] | None = Non
         return  # another config than the script's own
     if parsed.shell_completion or parsed.info:
         return
-    parsed_args = [_parse_override(arg) for arg in parsed.overrides]
+    parsed_args = [_parse_override(arg, config_name, command) for arg in parsed.overrides]
     own = [o for o, _ in parsed_args if not o.is_hydra_override() and o.package is None]
     if not parsed.multirun:
         for o in own:
@@ -50,7 +52,7 @@ def check_overrides(config_name: str, command: str, argv: list[str] | None = Non
             sys.exit(unreadable)
 
 
-def _parse_override(arg: str):
+def _parse_override(arg: str, config_name: str, command: str):
     """The override, and for a value Hydra's grammar cannot read, the error to give once its key is checked
     (the override is then ``~key``: the key alone, no value)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -62,7 +64,7 @@ def _parse_override(arg: str):
     except HydraException as err:
         key, sep, value = arg.partition("=")
         if not sep:
-            sys.exit(f"error: {arg!r} is not an option: give key=value (e.g. {arg}=...)")
+            sys.exit(_not_key_value(arg, config_name, command))
         reason = str(err).strip().splitlines()[0]
         unreadable = (f"error: {arg}: Hydra cannot read this value ({reason}); quote it for Hydra inside the "
                       f"shell's quotes: {key}=\"'{value}'\"")  # fmt: skip
@@ -72,6 +74,31 @@ def _parse_override(arg: str):
             sys.exit(f"error: {arg}: {key!r} cannot be an option's name (--help lists the options)")
         key_alone.input_line = arg
         return key_alone, unreadable
+
+
+def _not_key_value(arg: str, config_name: str, command: str) -> str:
+    """The error for an argument without ``=``. A path given alone (``sample.py runs/x``) is the model to read,
+    for the scripts that read one (``source=``); ``runs/x=...`` would be no help."""
+    if not _looks_like_a_path(arg):
+        return f"error: {arg!r} is not an option: give key=value (e.g. {arg}=...)"
+    if _has_option(config_name, "source"):
+        return f"error: {arg!r} is not an option: give key=value; did you mean {shlex.quote(f'source={arg}')}?"
+    return f"error: {arg!r} is not an option: give key=value ({command} --help lists every option)"
+
+
+def _looks_like_a_path(arg: str) -> bool:
+    return os.path.exists(arg) or "/" in arg or os.sep in arg or arg.startswith(("~", ".")) or arg.endswith(".pt")
+
+
+def _has_option(config_name: str, key: str) -> bool:
+    """Whether the script's config has ``key`` at its top (False where it cannot be composed: Hydra says why)."""
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            return key in compose(config_name).keys()  # `key in cfg` is False for a required (???) value
+    except (OmegaConfBaseException, ValueError, OSError, ImportError):
+        return False
 
 
 def _refuse_sweep_without_multirun(o) -> None:

@@ -12,6 +12,8 @@ import subprocess
 import pytest
 from helpers import CONFIGS, ROOT, run_script
 
+from cli import check_overrides
+
 SCRIPTS = {
     "train": ["train.py"], "sample": ["sample.py", "source=x"], "evaluate": ["evaluate.py", "source=x"],
     "export": ["export.py", "source=x", "out=y"], "heads": ["heads.py", "source=x"], "data": ["-m data"],
@@ -125,3 +127,39 @@ def test_python_m_data_help_names_itself_and_lists_only_its_options():
     sources = sorted(path.stem for path in (CONFIGS / "data").glob("*.yaml"))
     listed = next(line for line in result.stdout.splitlines() if line.startswith("data: "))
     assert [s.replace(" (default)", "") for s in listed.removeprefix("data: ").split(", ")] == sources
+
+
+def path_hint(config_name: str, arg: str) -> str:
+    """check_overrides' answer (in this process) to a script's command line of one bare argument."""
+    import evaluate  # noqa: F401  (each script registers its config schema)
+    import export  # noqa: F401
+    import heads  # noqa: F401
+    import sample  # noqa: F401
+
+    with pytest.raises(SystemExit) as caught:
+        check_overrides(config_name, f"python {config_name}.py", argv=[arg])
+    return str(caught.value.code)
+
+
+@pytest.mark.parametrize("config_name", ["sample", "evaluate", "export", "heads"])
+def test_a_run_directory_given_alone_suggests_source(config_name, tmp_path, monkeypatch):
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for arg in ("runs/x", "runs", str(tmp_path / "runs" / "x"), "last.pt", "./nowhere"):  # there, or looks like one
+        hint = f"did you mean source={arg}?"
+        assert path_hint(config_name, arg) == f"error: {arg!r} is not an option: give key=value; {hint}"
+    assert path_hint(config_name, "my run/x").endswith("did you mean 'source=my run/x'?"), "quoted for the shell"
+    assert path_hint(config_name, "foo").endswith("(e.g. foo=...)"), "a bare word is not taken for a path"
+
+
+def test_train_py_has_no_source_to_suggest(tmp_path, monkeypatch):
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    line = path_hint("train", "runs/x")
+    assert line == "error: 'runs/x' is not an option: give key=value (python train.py --help lists every option)"
+
+
+def test_sample_py_with_a_run_directory_alone_says_did_you_mean_source(tmp_path):
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    result = run_script("sample.py", "runs/x", cwd=tmp_path)
+    assert one_line_error(result) == "error: 'runs/x' is not an option: give key=value; did you mean source=runs/x?"
