@@ -1,7 +1,11 @@
-"""The README's commands work as written: every `python` line of its bash blocks that needs no network
-or GPU runs here (shortened by options appended after the README's own, placeholders replaced by real
-runs), and fails on any refusal. A command the table below does not know fails too: a new README line
-is either run here or says why it cannot be."""
+"""The README's and the guides' commands work as written: every `python` line of their bash blocks that
+needs no network or GPU runs here (shortened by options appended after the document's own, placeholders
+replaced by real runs), and fails on any refusal. A command the table below does not know fails too: a new
+line is either run here or says why it cannot be.
+
+The README's lines run as typed, each in a fresh interpreter; the guides' in processes forked from the warm
+interpreter (tests/warm_python.py). docs/results.md is not run: its commands are the recipes of its
+measurements (minutes each, with placeholders for the runs they measured)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import sys
 import pytest
 from conftest import GPT2_RANKS, R50K_URL
 from helpers import ROOT, TINY, compose_train
+from warm_python import run_python
 
 from training.loop import train
 
@@ -47,9 +52,12 @@ SHORT_TRAINING = [*SHAPE, "trainer.max_steps=2", "trainer.eval_interval=2", "tra
                   "trainer.sample_tokens=0", "trainer.device=cpu"]  # fmt: skip
 
 
-def readme_commands() -> list[str]:
-    """Every command line of the README's bash blocks that runs python (continuation lines joined)."""
-    text = (ROOT / "README.md").read_text()
+GUIDES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md") if p.name != "results.md")
+
+
+def readme_commands(document: str = "README.md") -> list[str]:
+    """Every command line of the document's bash blocks that runs python (continuation lines joined)."""
+    text = (ROOT / document).read_text()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -121,26 +129,29 @@ def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
     return [*(launcher or [sys.executable]), str(ROOT / script), *args], stdin
 
 
-def test_every_readme_command_is_run_here_or_says_why_not():
-    commands = readme_commands()
+def test_every_command_is_run_here_or_says_why_not():
+    commands = [c for document in ("README.md", *GUIDES) for c in readme_commands(document)]
     assert len(commands) > 40
     unknown = [c for c in commands if not any(c.startswith(k) for k in NOT_HERE) and not c.startswith(
         ("python train.py", "torchrun --standalone --nproc_per_node=2 train.py", "python sample.py",
          "python export.py", "python evaluate.py", "python -m data",
          "python compare.py", "python bench", "python heads.py", "echo "))]  # fmt: skip
-    assert not unknown, f"README commands this test does not know how to run or why not: {unknown}"
+    assert not unknown, f"commands this test does not know how to run or why not: {unknown}"
 
 
-RUN_HERE = [c for c in readme_commands() if not any(c.startswith(k) for k in NOT_HERE)]
+RUN_HERE = [(document, c) for document in ("README.md", *GUIDES) for c in readme_commands(document)
+            if not any(c.startswith(k) for k in NOT_HERE)]  # fmt: skip
 
 
-def test_most_readme_commands_run_here():
+def test_most_commands_run_here():
     assert len(RUN_HERE) >= 25, RUN_HERE
+    assert sum(document == "README.md" for document, _ in RUN_HERE) >= 5, "the README's own lines run as typed"
 
 
-@pytest.mark.parametrize("command", RUN_HERE, ids=[f"{i}" for i in range(len(RUN_HERE))])
-def test_a_readme_command_that_needs_no_network_or_gpu_works(command, places, tmp_path):
-    """Each command a fresh interpreter, as typed (a test id each, so pytest -n spreads them over the cores)."""
+@pytest.mark.parametrize("document,command", RUN_HERE, ids=[f"{d}-{i}" for i, (d, _) in enumerate(RUN_HERE)])
+def test_a_command_that_needs_no_network_or_gpu_works(document, command, places, tmp_path):
+    """The README's lines each in a fresh interpreter, as typed; the guides' forked from the warm one. A test id
+    each, so pytest -n spreads them over the cores."""
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
     if GPT2_RANKS is not None:  # bench_reference sample-process: GPT-2's tokenizer, offline
         import hashlib
@@ -151,5 +162,9 @@ def test_a_readme_command_that_needs_no_network_or_gpu_works(command, places, tm
         shutil.copy(GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
         env["TIKTOKEN_CACHE_DIR"] = str(cache)
     argv, stdin = prepared(command, places)
-    r = subprocess.run(argv, input=stdin, cwd=places["cwd"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"{command}\n  exit {r.returncode}: {(r.stderr or r.stdout).strip()[-800:]}"
+    if document == "README.md" or argv[0] != sys.executable:  # torchrun: its own processes
+        r = subprocess.run(argv, input=stdin, cwd=places["cwd"], env=env, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    else:
+        r = run_python(argv[1:], cwd=places["cwd"], env=env, input=stdin, timeout=600)
+    assert r.returncode == 0, f"{document}: {command}\n  exit {r.returncode}: {(r.stderr or r.stdout).strip()[-800:]}"

@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # interpreter (the warm one imported those libraries under the test session's values).
 READ_AT_IMPORT = ("ATEN_", "CUDA", "HF_", "HUGGINGFACE", "MKL", "MPL", "OMP_", "PYTHON", "PYTORCH", "TORCH",
                   "TQDM_", "TRANSFORMERS", "XDG_", "HOME", "LD_", "PATH")  # fmt: skip
-# What the warm interpreter imports before it forks: what every script imports anyway.
+# What the warm interpreter imports before it forks: what most scripts import anyway. Not wandb: its import makes
+# a temporary folder that the first child to exit would delete for all the others.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "numpy", "omegaconf", "hydra", "hydra.main", "tqdm",
-           "tiktoken", "wandb", "matplotlib", "model", "data", "training.loop", "training.config", "analysis.report",
+           "tiktoken", "matplotlib", "model", "data", "training.loop", "training.config", "analysis.report",
            "cli")  # fmt: skip
 
 
