@@ -26,6 +26,8 @@ from analysis.report import (
     markdown_table,
     parameter_counts,
     profile_table,
+    shared_speed_note,
+    token_budgets,
 )
 from analysis.runs import find_runs
 from analysis.tables import write_csv, write_text
@@ -50,8 +52,8 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     if args.target_loss is not None and not args.target_loss > 0:
         raise ValueError(f"--target-loss {args.target_loss} must be a positive loss (nats per token)")
-    if args.out and Path(args.out).is_file():
-        raise ValueError(f"--out {args.out} is a file; give a folder for the report")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file (or a named pipe); give a folder for the report")
     if args.watch is not None and not args.watch > 0:
         raise ValueError(f"--watch {args.watch} must be a positive number of seconds")
     while True:
@@ -85,15 +87,15 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
 
     info = (trained[0][0] if trained else runs[0]).info
     table = markdown_table(rows)
+    shared = shared_speed_note(rows)
     states = Counter(run.state for run in runs)
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     incomplete = ("Runs not finished are reported as far as they got; the loss flags and the default target "
                   "use the finished runs.\n") if set(states) - {"finished"} else ""  # fmt: skip
     header = (
         f"{len(runs)} runs ({counts}) on {info.get('device_name', '?')} ({info.get('dtype', '?')}); model "
-        f"{info['model']['name']} ({parameter_counts([run for run, _ in trained] or runs)}), data "
-        f"{info['data']['name']}, "
-        f"{runs[0].token_budget:,} tokens per run.\n"
+        f"{info['model'].get('name', '?')} ({parameter_counts([run for run, _ in trained] or runs)}), data "
+        f"{info.get('data', {}).get('name', '?')}, {token_budgets(runs)}.\n"
         f"Target loss for 'time to target': {target if target is None else f'{target:.4f}'}.\n"
         f"A run is flagged (last column) for {rule}.\n{incomplete}"
     )
@@ -104,7 +106,8 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
     where = ("\n## Where a step's time goes (trainer.profile=true)\n\nMilliseconds per step by kind, from the "
              f"profiled steps of each run (training/profiling.py says how ops and kernels are classified).\n\n"
              f"{profiles}\n") if profiles else ""  # fmt: skip
-    write_text(out / "report.md", f"# Comparison\n\n{header}{excluded}\n{table}\n\n{figures}\n{where}")
+    below = f"\n{shared}" if shared else ""
+    write_text(out / "report.md", f"# Comparison\n\n{header}{excluded}\n{table}\n{below}\n{figures}\n{where}")
     if args.wandb:
         from analysis.wandb_report import log_report
 
@@ -114,6 +117,8 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
                                                   for run, row in zip(runs, rows)])}, plots, logger)  # fmt: skip
     print(header)
     print(table)
+    if shared:
+        print(f"\n{shared}", end="")
     if profiles:
         print(f"\nwhere a step's time goes (ms per step):\n{profiles}")
     print(f"\nwritten to {out}/ (report.md, report.csv, {', '.join(p.name for p in plots)})")

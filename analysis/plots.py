@@ -21,9 +21,12 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from analysis.report import SHARED_MARK
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
 from model.registry import ATTENTION_LAYOUTS, KERNELS
+
+Curve = tuple[np.ndarray, np.ndarray]  # a line's (x, y) points
 
 # Each layout and kernel states its own style (model/attention.py, model/kernels.py); a run of a layout or
 # kernel this checkout does not know is drawn in these.
@@ -52,6 +55,18 @@ def by_variant(runs: list[Run]) -> dict[str, list[Run]]:
     for run in runs:
         groups[run.variant].append(run)
     return dict(sorted(groups.items(), key=lambda item: natural_key(item[0])))
+
+
+def by_curve(runs: list[Run]) -> dict[str, list[Run]]:
+    """``by_variant``, but a variant trained on several token budgets (a sweep compared with --force) is a curve
+    per budget, named with it (``fused_qkv-sdpa (6,400 tokens)``): a mean over different schedules is no run's."""
+    curves: dict[str, list[Run]] = {}
+    for variant, group in by_variant(runs).items():
+        budgets = sorted({run.token_budget or 0 for run in group})
+        for budget in budgets:
+            name = variant if len(budgets) == 1 else f"{variant} ({budget:,} tokens)"
+            curves[name] = [run for run in group if (run.token_budget or 0) == budget]
+    return curves
 
 
 def colours(runs: list[Run]) -> dict[str, str]:
@@ -85,7 +100,7 @@ def val_loss_figure(runs: list[Run], against: str):
     seeds that reached it). Curves that lie on each other are named in a note (identical initial weights make
     every layout the same function); where only some do, they are drawn as rims of decreasing width."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    evaluated = by_variant([run for run in runs if run.evals])
+    evaluated = by_curve([run for run in runs if run.evals])
     colour_of = colours(runs)
     lines = {}
     for variant, group in evaluated.items():
@@ -94,31 +109,48 @@ def val_loss_figure(runs: list[Run], against: str):
         xs = np.array([statistics.fmean(c[s][0] for c in curves if s in c) for s in steps])
         points = [[c[s][1] for c in curves if s in c] for s in steps]
         lines[variant] = (xs, np.array([statistics.fmean(p) for p in points]), points)
-    groups = coinciding_groups({v: (xs, mean) for v, (xs, mean, _) in lines.items()}) if against == "step" else []
+    groups = coinciding_groups({v: (xs, mean) for v, (xs, mean, _) in lines.items()})
     halo = {} if len(groups) == 1 and len(groups[0]) == len(lines) else halo_widths(groups)  # all alike: the note
     for variant, (xs, mean, points) in lines.items():
         group = evaluated[variant]
-        seeds = f", {len(group)} seeds" if len(group) > 1 else ""
-        ax.plot(xs, mean, line_style(group[0].kernel), color=colour_of[variant],
+        ax.plot(xs, mean, line_style(group[0].kernel), color=colour_of[group[0].variant],
                 marker=marker(group[0].layout), ms=4 + halo.get(variant, 0),
-                lw=1.5 + halo.get(variant, 0), label=f"{variant}{seeds}")  # fmt: skip
+                lw=1.5 + halo.get(variant, 0), label=f"{variant}{runs_note(group)}")  # fmt: skip
         if len(group) > 1:
-            ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[variant],
+            ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[group[0].variant],
                             alpha=0.15, lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
     ax.set_ylabel("validation loss (nats/token)")
-    spread = " (line: mean over seeds, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
+    spread = " (line: mean over runs, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
     ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}", fontsize=10)
     ax.grid(alpha=0.3)
     if not evaluated:
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
         return fig
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title(evaluated),
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title(map(label_of, evaluated)),
               title_fontsize=8, handlelength=3.5)  # fmt: skip
     note = coincide_note(groups, len(lines))
     if note:  # otherwise the reader counts the legend's entries, sees fewer lines, and wonders where they went
         ax.text(1.02, 0.0, note, transform=ax.transAxes, fontsize=8, va="bottom")
     return fig
+
+
+def runs_note(group: list[Run]) -> str:
+    """What a legend entry's line averages: its distinct seeds (``, 3 seeds``), and its runs where some repeat a
+    seed (``, 3 runs of seed 1``; ``, 4 runs, 2 seeds``); "" for one run."""
+    seeds = sorted({run.seed for run in group})
+    if len(group) == 1:
+        return ""
+    if len(seeds) == len(group):
+        return f", {len(seeds)} seeds"
+    if len(seeds) == 1:
+        return f", {len(group)} runs of seed {seeds[0]}"
+    return f", {len(group)} runs, {len(seeds)} seeds"
+
+
+def seeds_only(runs: list[Run]) -> bool:
+    """Whether every run of a variant has a seed of its own (no run repeats another's seed)."""
+    return all(len({run.seed for run in group}) == len(group) for group in by_variant(runs).values())
 
 
 def halo_widths(groups: list[list[str]]) -> dict[str, float]:
@@ -139,6 +171,11 @@ LABEL_PARTS = (
 )  # fmt: skip
 
 
+def label_of(curve: str) -> str:
+    """The run label a curve's name starts with (``by_curve`` may add the token budget after a space)."""
+    return curve.split(" ", 1)[0]
+
+
 def legend_title(variants) -> str:
     """What a label's parts are: ``layout-kernel``, then those the variants have: ``-kv<key/value heads>``,
     ``-latent<dims>``, ``-window<positions>``, ``-<position>``, ``-qknorm``, ``-softcap<cap>``, ``-sinks``."""
@@ -148,15 +185,30 @@ def legend_title(variants) -> str:
 
 
 def coinciding_groups(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[list[str]]:
-    """The sets of (two or more) curves that have the same points, in drawing order."""
+    """The sets of (two or more) curves that lie on each other, in drawing order: each point of one is a point of
+    another (a run that stopped early or is still going lies on a longer curve up to where it got)."""
     groups: list[list[str]] = []
     for name, curve in curves.items():
-        match = next((g for g in groups if curves_coincide([curves[g[0]], curve])), None)
+        match = next((g for g in groups
+                      if any(lies_on(curve, curves[m]) or lies_on(curves[m], curve) for m in g)), None)  # fmt: skip
         if match is None:
             groups.append([name])
         else:
             match.append(name)
     return [g for g in groups if len(g) > 1]
+
+
+def lies_on(curve: Curve, other: Curve, tolerance: float = 1e-4) -> bool:
+    """True when every (x, y) point of ``curve`` is a point of ``other`` (y within ``tolerance``): drawn after it,
+    ``other`` hides ``curve`` entirely."""
+    (xs, ys), (other_xs, other_ys) = curve, other
+    if len(xs) == 0 or len(xs) > len(other_xs):
+        return False
+    for x, y in zip(xs, ys):
+        at = np.flatnonzero(np.isclose(other_xs, x))
+        if len(at) == 0 or not abs(other_ys[at[0]] - y) <= tolerance:
+            return False
+    return True
 
 
 def coincide_note(groups: list[list[str]], n_curves: int) -> str:
@@ -165,7 +217,7 @@ def coincide_note(groups: list[list[str]], n_curves: int) -> str:
     computed the same numbers here, but are not the same function."""
     if not groups:
         return ""
-    same = all(len({tuple(v.split("-")[2:]) for v in g}) == 1 for g in groups)
+    same = all(len({tuple(label_of(v).split("-")[2:]) for v in g}) == 1 for g in groups)
     why = "the same function" if same else "options that changed\nnothing in these runs"
     if len(groups) == 1 and len(groups[0]) == n_curves:
         return f"all {n_curves} curves coincide:\nsame initial weights,\n{why}"
@@ -188,9 +240,12 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
 
 
 def throughput_figure(runs: list[Run], rows: list[dict]):
+    """A bar per variant; a variant with a run that shared its machine (``shared_machine`` in its row) is pale
+    and its figure carries the table's mark: its speed is not comparable."""
     speeds: dict[str, list[float]] = defaultdict(list)
     kernels = {run.variant: run.kernel for run in runs}
     colour_of = colours(runs)
+    shared = {run.variant for run, row in zip(runs, rows) if row.get("shared_machine")}
     for run, row in zip(runs, rows):
         if row["tokens_per_sec"] == row["tokens_per_sec"]:  # not NaN: the run has steps
             speeds[run.variant].append(row["tokens_per_sec"])
@@ -208,15 +263,20 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
                   yerr=errors if repeated else None, capsize=4)  # fmt: skip
     for bar, variant in zip(bars, variants):
         bar.set_hatch(hatch(kernels[variant]))
-    ax.bar_label(bars, labels=[f"{m:,.0f}" for m in mids], fontsize=8, padding=2)
+        bar.set_alpha(0.4 if variant in shared else 1.0)
+    marks = [f" {SHARED_MARK}" if v in shared else "" for v in variants]
+    ax.bar_label(bars, labels=[f"{m:,.0f}{mark}" for m, mark in zip(mids, marks)], fontsize=8, padding=2)
     ax.set_xticks(range(len(variants)), [v.replace("-", "\n") for v in variants], fontsize=8)
-    n_seeds = max(len(s) for s in speeds.values())
     ax.set_ylabel("tokens/s (median of steady steps)")
+    ax.margins(y=0.12)  # room above the tallest bar for its figure
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")
-    seeds = f"; bars: median of {n_seeds} seeds, whiskers: min-max" if n_seeds > 1 else ""
+    counts = f"; bars: median of each variant's {'seeds' if seeds_only(runs) else 'runs'}, whiskers: min-max"
     hatched_kernels = sorted({k for k in kernels.values() if hatch(k)})
     plural = "s" if len(hatched_kernels) > 1 else ""
     hatched = f"; hatched: {' and '.join(hatched_kernels)} kernel{plural}" if hatched_kernels else ""
-    ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{seeds}{hatched}", fontsize=9)
+    caution = (f"\n{SHARED_MARK} pale: ran alongside another run on the same machine, its speed is not comparable"
+               if shared else "")  # fmt: skip
+    ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{counts if repeated else ''}"
+                 f"{hatched}{caution}", fontsize=9)  # fmt: skip
     ax.grid(axis="y", alpha=0.3)
     return fig

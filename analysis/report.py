@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 
 from analysis.runs import Run
+from model.config import attention_label
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 # Columns a report shows only when some run departs from plain multi-head attention over the whole context
@@ -19,16 +20,20 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "qk_norm": lambda row: bool(row.get("qk_norm")),
               "softcap": lambda row: row.get("softcap") is not None,
               "sinks": lambda row: bool(row.get("sinks"))}  # fmt: skip
-# Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent).
-SHOWN_WHEN_VARIED = ("kv_cache_bytes",)
+# Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
+# budget (a sweep compared with --force).
+SHOWN_WHEN_VARIED = ("kv_cache_bytes", "token_budget")
+# The figures a run's speed makes: a run that shared its machine with another marks each of them (SHARED_MARK).
+SPEED_COLUMNS = ("tokens_per_sec", "step_ms", "mfu", "compile_s", "time_to_target_s")
+SHARED_MARK = "†"
 FLAG_SIGMAS = 3.0
 ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compute one function), never a flag
 
 COLUMNS = [
-    ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"), ("kv_latent", "kv latent"),
-    ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"), ("qk_norm", "qk norm"),
-    ("softcap", "softcap"), ("sinks", "sinks"), ("seed", "seed"), ("state", "state"), ("params", "params"),
-    ("kv_cache_bytes", "KV cache B/token"),
+    ("label", "label"), ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"),
+    ("kv_latent", "kv latent"), ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"),
+    ("qk_norm", "qk norm"), ("softcap", "softcap"), ("sinks", "sinks"), ("seed", "seed"), ("state", "state"),
+    ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
     ("best_val_bpb", "val bpb"), ("tokens_per_sec", "tokens/s"), ("step_ms", "step ms"),
@@ -63,7 +68,18 @@ def state_of(run: Run) -> str:
     """``finished``, or what the run is and how far it got: ``running 12/300``, ``stopped 40/300``, ``FAILED``."""
     if run.state in ("finished", "failed"):
         return run.state.upper() if run.state == "failed" else run.state
-    return f"{run.state} {run.last_step}/{run.info['trainer']['max_steps']}"
+    return f"{run.state} {run.last_step}/{run.info['trainer'].get('max_steps', '?')}"
+
+
+def token_budgets(runs: list[Run]) -> str:
+    """The runs' token budget for a report's header: one number, or the range where runs differ (compared with
+    --force; each run's in the table); never one number that is false for some run."""
+    budgets = sorted({run.token_budget for run in runs if run.token_budget is not None})
+    if not budgets:
+        return "token budget unknown (no run recorded its tokens per step)"
+    if len(budgets) == 1:
+        return f"{budgets[0]:,} tokens per run"
+    return f"{budgets[0]:,} to {budgets[-1]:,} tokens per run: each run's in the table"
 
 
 def identity(run: Run) -> dict:
@@ -72,7 +88,7 @@ def identity(run: Run) -> dict:
     and what its KV cache keeps per token."""
     m = run.info["model"]
     latent = m.get("kv_latent")
-    return {"layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
+    return {"label": run.variant, "layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
             "n_head": m.get("n_head"),
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
             "kv_latent": latent, "window": m.get("window"), "position": m.get("position", "learned"),
@@ -103,8 +119,8 @@ def kv_cache_bytes(run: Run) -> int | None:
 
 def failed_row(run: Run) -> dict:
     row = {key: None for key, _ in COLUMNS}
-    row.update(identity(run), seed=run.seed, state=state_of(run), final_train_loss_se=None,
-               flag=f"FAILED: {run.failure}")  # fmt: skip
+    row.update(identity(run), seed=run.seed, state=state_of(run), token_budget=run.token_budget,
+               final_train_loss_se=None, flag=f"FAILED: {run.failure}")  # fmt: skip
     return row
 
 
@@ -123,6 +139,7 @@ def summarize(run: Run, target: float | None) -> dict:
         "seed": run.seed,
         "state": state_of(run),
         "params": run.info.get("params"),
+        "token_budget": run.token_budget,
         "micro_batch": run.info["trainer"].get("micro_batch_size"),
         "sdpa_backend": run.info.get("sdpa_backend"),
         "final_train_loss": statistics.fmean(losses) if losses else math.nan,
@@ -152,42 +169,88 @@ def time_to_target(run: Run, target: float | None) -> float | None:
 
 def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
     """Mark variants whose loss differs by more than the noise from the median of the variants that compute the
-    same function (``Run.function``: layouts and kernels of one function should agree); say how. Variants of
-    different functions (another position encoding, a softcap, a latent) are compared by the table, not flagged."""
-    by_variant: dict[str, list[int]] = defaultdict(list)
-    for i, run in enumerate(runs):
-        by_variant[run.variant].append(i)
-    groups: dict[tuple, list[str]] = defaultdict(list)
-    for variant, ix in by_variant.items():
-        groups[runs[ix[0]].function].append(variant)
-    if all(len(variants) == 1 for variants in groups.values()):
-        return (f"a loss differing from the variants of its function, and none here computes the same function as "
-                f"another (the {len(by_variant)} variants' losses differ by design)")  # fmt: skip
-    replicated = [ix for ix in by_variant.values() if len(ix) > 1]
-    if replicated:  # several seeds of a variant: the noise is their spread
+    same function (``Run.function``: layouts and kernels of one function should agree) and trained alike (one
+    token budget, one data); say how. Variants of different functions (another position encoding, a softcap, a
+    latent) are compared by the table, not flagged; runs of one variant are repeats of one function."""
+    by_variant = runs_by_variant(runs)
+    groups: dict[tuple, list[tuple]] = defaultdict(list)
+    for key, ix in by_variant.items():
+        groups[(runs[ix[0]].function, *trained_alike(runs[ix[0]]))].append(key)
+    name = variant_namer(by_variant)
+    if all(len(keys) == 1 for keys in groups.values()):
+        return nothing_to_flag([(name(key), len(ix)) for key, ix in by_variant.items()])
+    seeds = {key: sorted({runs[i].seed for i in ix}) for key, ix in by_variant.items()}
+    replicated = [key for key in by_variant if len(seeds[key]) > 1]
+    if replicated:  # several seeds of a variant: the noise is their spread (repeats of one seed measure none)
         metric = "best_val_loss"
-        spreads = [statistics.stdev(rows[i][metric] for i in ix) for ix in replicated]
+        spreads = [statistics.stdev(seed_means(runs, rows, by_variant[key], metric)) for key in replicated]
         noise = math.sqrt(statistics.fmean(s * s for s in spreads))
-        how = f"the seed-to-seed spread of the best val loss, from {len(replicated)} variant(s) with several runs"
-    else:  # one run per variant: the noise of each final train loss from its own steps
+        how = f"the seed-to-seed spread of the best val loss, from {len(replicated)} variant(s) with several seeds"
+    else:  # one seed per variant: the noise of each final train loss from its own steps
         metric = "final_train_loss"
         noise = math.sqrt(2) * statistics.median(r["final_train_loss_se"] for r in rows)
+        repeated = any(len(ix) > 1 for ix in by_variant.values())
+        repeats = " (runs repeating one seed measure no seed noise)" if repeated else ""
         how = (
-            "the batch noise of the final train loss; no variant has several seeds: "
+            f"the batch noise of the final train loss; no variant has several seeds{repeats}: "
             "add seeds with `-m ... trainer.seed=1,2,3` to measure run-to-run noise"
         )
-    means = {v: statistics.fmean(rows[i][metric] for i in ix) for v, ix in by_variant.items()}
+    means = {key: statistics.fmean(rows[i][metric] for i in ix) for key, ix in by_variant.items()}
     limit = max(FLAG_SIGMAS * noise, ROUND_OFF)  # no noise measured (one final step): round-off is the floor
-    for variants in groups.values():
-        center = statistics.median(means[v] for v in variants)
-        for variant in variants:
-            diff = means[variant] - center
+    for keys in groups.values():
+        center = statistics.median(means[key] for key in keys)
+        for key in keys:
+            diff = means[key] - center
             if abs(diff) > limit:
-                for i in by_variant[variant]:
+                for i in by_variant[key]:
                     rows[i]["flag"] = f"{metric} {diff:+.4f} vs median"
     among = "the variants" if len(groups) == 1 else "the variants of its function"
     return (f"{metric} differing from the median of {among} by more than {FLAG_SIGMAS:g} x {noise:.4f} "
             f"(and {ROUND_OFF:g}, round-off), {how}")
+
+
+def trained_alike(run: Run) -> tuple:
+    """What two runs must share for their losses to be compared: the token budget and the data (they may differ
+    in a sweep compared with --force)."""
+    return run.token_budget, run.info.get("data_dir")
+
+
+def runs_by_variant(runs: list[Run]) -> dict[tuple, list[int]]:
+    """The runs (indices) of each variant trained alike: its seeds, and any repeats of a seed."""
+    found: dict[tuple, list[int]] = defaultdict(list)
+    for i, run in enumerate(runs):
+        found[(run.variant, *trained_alike(run))].append(i)
+    return dict(found)
+
+
+def variant_namer(by_variant: dict[tuple, list[int]]):
+    """How a report names a (variant, budget, data) key: the variant, with its token budget where one variant
+    was trained on several."""
+    labels = [key[0] for key in by_variant]
+    return lambda key: key[0] if labels.count(key[0]) == 1 else f"{key[0]} ({key[1]:,} tokens)"
+
+
+def seed_means(runs: list[Run], rows: list[dict], ix: list[int], metric: str) -> list[float]:
+    """The metric of each seed among the runs ``ix`` (runs repeating a seed averaged: one value per seed)."""
+    by_seed: dict[int, list[float]] = defaultdict(list)
+    for i in ix:
+        by_seed[runs[i].seed].append(rows[i][metric])
+    return [statistics.fmean(values) for values in by_seed.values()]
+
+
+def nothing_to_flag(variants: list[tuple[str, int]]) -> str:
+    """The rule's text where no two variants compute the same function: what the runs are, said truly (several
+    runs of one variant compute one function)."""
+    repeated = [f"{n} runs of {name}" for name, n in variants if n > 1]
+    if len(variants) == 1:
+        return (f"a loss differing from the other variants of its function: every run here is one variant "
+                f"({repeated[0]}, one function), so none is flagged")  # fmt: skip
+    if not repeated:
+        return (f"a loss differing from the variants of its function, and none here computes the same function as "
+                f"another (the {len(variants)} variants' losses differ by design)")  # fmt: skip
+    return (f"a loss differing from the other variants of its function: no two of the {len(variants)} variants "
+            f"compute the same function (their losses differ by design); the {' and the '.join(repeated)} "
+            f"compute one function")  # fmt: skip
 
 
 def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:
@@ -203,6 +266,7 @@ def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:
         names = ", ".join(f"{runs[j].variant} (seed {runs[j].seed})" for j in others)
         note = f"ran alongside {names}: its speed is not comparable"
         rows[i]["flag"] = f"{rows[i]['flag']}; {note}" if rows[i]["flag"] else note
+        rows[i]["shared_machine"] = True  # each of its speed figures carries SHARED_MARK
     return rows, rule
 
 
@@ -222,7 +286,9 @@ def overlapping_runs(runs: list[Run]) -> dict[int, list[int]]:
 def format_value(key: str, value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if key in ("params", "kv_cache_bytes"):
+    if key == "position":
+        return position_label(value)
+    if key in ("params", "kv_cache_bytes", "token_budget"):
         return f"{value:,}"
     if isinstance(value, bool):
         return "yes" if value else "-"
@@ -242,10 +308,11 @@ def format_value(key: str, value) -> str:
 def shown_columns(rows: list[dict]) -> list[tuple[str, str]]:
     """The table's columns: every one, but the attention options (key/value heads, latent, window, position,
     score modifications) only when some run departs from the default (then every row shows its value: 4
-    key/value heads of 4 too), and the KV cache's bytes per token only when the runs differ in it."""
+    key/value heads of 4 too), and the KV cache's bytes per token and the token budget only when the runs differ
+    in it (a value unknown, as a run failed before it recorded its budget, differs from none)."""
     return [(k, t) for k, t in COLUMNS
             if (k not in SHOWN_WHEN or any(SHOWN_WHEN[k](row) for row in rows))
-            and (k not in SHOWN_WHEN_VARIED or len({row.get(k) for row in rows}) > 1)]  # fmt: skip
+            and (k not in SHOWN_WHEN_VARIED or len({row.get(k) for row in rows} - {None}) > 1)]  # fmt: skip
 
 
 def csv_columns(rows: list[dict]) -> list[str]:
@@ -254,14 +321,36 @@ def csv_columns(rows: list[dict]) -> list[str]:
     return [k for k, _ in COLUMNS if k in shown or k in ("kv_heads", "window")]
 
 
+def position_label(position: str) -> str:
+    """A position encoding as run labels spell it (``model.config.attention_label``): ``nopos`` for none, so that a
+    table row and a plot legend say one word."""
+    model = {"attention": "", "kernel": "sdpa", "position": position}
+    return attention_label(model, show=("position",)).rsplit("-", 1)[-1]
+
+
 def markdown_table(rows: list[dict]) -> str:
-    text = ("layout", "kernel", "position", "qk_norm", "sinks", "state", "sdpa_backend", "flag")
+    text = ("label", "layout", "kernel", "position", "qk_norm", "sinks", "state", "sdpa_backend", "flag")
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(format_value(k, row[k]) for k, _ in columns) + " |")
+        lines.append("| " + " | ".join(table_cell(row, k) for k, _ in columns) + " |")
     return "\n".join(lines)
+
+
+def table_cell(row: dict, key: str) -> str:
+    """A cell of the markdown table: its value, marked where it is a speed figure of a run that shared its
+    machine (``shared_speed_note`` says what the mark means)."""
+    text = format_value(key, row[key])
+    return f"{text} {SHARED_MARK}" if row.get("shared_machine") and key in SPEED_COLUMNS and text != "-" else text
+
+
+def shared_speed_note(rows: list[dict]) -> str:
+    """The line under the table that says what the speed figures' mark means ("" when no run shared a machine)."""
+    if not any(row.get("shared_machine") for row in rows):
+        return ""
+    return (f"{SHARED_MARK} the run ran alongside another on the same machine (its flag names them): its speed "
+            f"figures (tokens/s, step ms, MFU, compile s, time to target) are not comparable.\n")
 
 
 def parameter_counts(runs: list[Run]) -> str:

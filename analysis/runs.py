@@ -5,13 +5,15 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
+import stat
 import statistics
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from common.run_files import FAILURE, METRICS, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
+from common.run_files import FAILURE, METRICS, OWNER, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from model.config import GPTConfig, attention_label, kernel_option
 from model.registry import ATTENTION_LAYOUTS
@@ -103,8 +105,14 @@ class Run:
         if status is None:
             return "finished" if self.last_step >= self.info["trainer"]["max_steps"] else "stopped"
         if status == "running":
-            return "running" if directory_in_use(self.path) else "killed"
+            return "running" if self.in_use() else "killed"
         return {"interrupted": "stopped"}.get(status, status)
+
+    def in_use(self) -> bool:
+        """Whether a process writes the run now (it holds the owner file's lock); an owner file that is not a
+        regular file is never opened (opening a named pipe waits for a writer)."""
+        owner = self.path / OWNER
+        return is_regular(owner) and directory_in_use(self.path)
 
     @property
     def finished(self) -> bool:
@@ -114,33 +122,88 @@ class Run:
         """(host, device, start, end) of each process that ran this run; an open span ends at its last record."""
         spans = []
         for seg in self.info.get("segments", []):
-            end = seg.get("end") or (self.path / METRICS).stat().st_mtime
+            end = seg.get("end") or self.last_written()
             spans.append((seg["host"], seg["device"], seg["start"], end))
         return spans
+
+    def last_written(self) -> float:
+        """When the run last wrote a record: its metrics file's time, or its run.json's (no record yet)."""
+        for name in (METRICS, RUN_INFO):
+            try:
+                return (self.path / name).stat().st_mtime
+            except OSError:
+                continue
+        return math.inf
 
     @property
     def compile_seconds(self) -> float | None:
         return self.info.get("compile_s")
 
     @property
-    def token_budget(self) -> int:
-        return self.info["trainer"]["max_steps"] * self.info["tokens_per_step"]
+    def token_budget(self) -> int | None:
+        """Tokens the run was set to train on; None for a run that failed before it recorded its tokens per step."""
+        per_step, steps = self.info.get("tokens_per_step"), self.info["trainer"].get("max_steps")
+        return per_step * steps if per_step is not None and steps is not None else None
 
 
 def warmup_steps(n_steps: int) -> int:
     return min(MAX_WARMUP_STEPS, int(n_steps * WARMUP_FRACTION))
 
 
+def is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (symbolic links followed); something else there (a named pipe, a
+    device, a folder) is never opened: a warning names it. False, silently, where nothing is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if not stat.S_ISREG(mode):
+        warn(f"{path} is not a regular file (a named pipe, a device or a folder?): not read")
+    return stat.S_ISREG(mode)
+
+
+def read_regular(path: Path) -> bytes | None:
+    """The bytes of a regular file; None where it is missing or is not a regular file (``is_regular``). Opened
+    without waiting and checked again once open, so a file swapped for a named pipe meanwhile cannot block."""
+    if not is_regular(path):
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            warn(f"{path} is not a regular file (a named pipe, a device or a folder?): not read")
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def read_json_file(path: Path) -> dict | None:
+    """A JSON object from a regular file; None where the file is missing or not a regular file. Raises
+    ValueError where its content is not UTF-8 JSON."""
+    data = read_regular(path)
+    return None if data is None else json.loads(data.decode())
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSON-lines file; a damaged line (a run killed mid-write) is skipped with a warning."""
+    """The records of a JSON-lines file; a damaged line (a run killed mid-write, bytes that are not UTF-8, a
+    value that is not a record of a step) is skipped with a warning naming the file and line."""
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
+    for number, raw in enumerate((read_regular(path) or b"").splitlines(), 1):
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(raw.decode())
+        except UnicodeDecodeError as err:
+            warn(f"{path}:{number} is not UTF-8 text ({err.reason} at byte {err.start}): skipped that line")
+            continue
         except json.JSONDecodeError:
             warn(f"{path}:{number} is not a JSON record (cut by a kill?): skipped that line")
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            warn(f"{path}:{number} is not a record of a step (no integer 'step'): skipped that line")
+            continue
+        records.append(record)
     return records
 
 
@@ -148,21 +211,50 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+class NotARun(ValueError):
+    """A directory that cannot be read as a run (its run.json missing, damaged or not a regular file)."""
+
+
 def load_run(path: Path) -> Run:
-    metrics = path / METRICS
-    records = read_jsonl(metrics) if metrics.exists() else []
+    info = read_json_file(path / RUN_INFO)
+    if info is None:
+        raise NotARun(f"its {RUN_INFO} is missing or not a regular file")
+    info["model"]["attention"], info["model"]["kernel"], info["trainer"]["seed"]  # noqa: B018  (KeyError: damaged)
+    records = read_jsonl(path / METRICS)
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
     steps = {r["step"]: r for r in records if "train/loss" in r}
     evals = {r["step"]: r for r in records if "val/loss" in r}
-    info = json.loads((path / RUN_INFO).read_text())
-    info["model"]["attention"], info["model"]["kernel"], info["trainer"]["seed"]  # noqa: B018  (KeyError: damaged)
     compile_s = [r["perf/compile_s"] for r in records if "perf/compile_s" in r]
     if compile_s:
         info["compile_s"] = compile_s[-1]
-    failure = json.loads((path / FAILURE).read_text())["reason"] if (path / FAILURE).exists() else None
-    profile_file = path / PROFILE / PROFILE_SUMMARY
-    profile = json.loads(profile_file.read_text()) if profile_file.exists() else None
-    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)], failure, profile)
+    profile = optional_json(path / PROFILE / PROFILE_SUMMARY)
+    return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)],
+               failure_reason(path), profile)  # fmt: skip
+
+
+def optional_json(path: Path) -> dict | None:
+    """A JSON file that adds to a report (a profile summary): None, with a warning, where it is damaged."""
+    try:
+        return read_json_file(path)
+    except ValueError as err:
+        warn(f"{path} is damaged ({type(err).__name__}: {err}): not used")
+        return None
+
+
+def failure_reason(path: Path) -> str | None:
+    """Why the run failed (its failure.json's reason); None where it did not fail. A failure.json that cannot be
+    read still marks the run failed, and the reason says so."""
+    failure = path / FAILURE
+    if not failure.exists():
+        return None
+    try:
+        recorded = read_json_file(failure)
+    except ValueError as err:
+        return f"{FAILURE} is damaged ({type(err).__name__}): no reason recorded"
+    if recorded is None:
+        return f"{FAILURE} is not a regular file: no reason read"
+    reason = recorded.get("reason") if isinstance(recorded, dict) else None
+    return str(reason) if reason else f"{FAILURE} gives no reason"
 
 
 def natural_key(path: Path | str) -> list:
@@ -177,7 +269,9 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
         path = Path(given).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"{given} does not exist; give run directories or a multirun directory")
-        if (path / RUN_INFO).exists():
+        if not path.is_dir():  # a file, a named pipe: never opened
+            warn(f"{given} is not a directory: skipped (give run directories or a multirun directory)")
+        elif (path / RUN_INFO).exists():
             found.append(path)
         else:
             below = [p.parent for p in path.rglob(RUN_INFO)
@@ -192,7 +286,9 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     for path in dict.fromkeys(found):
         try:
             runs.append(load_run(path))
-        except (json.JSONDecodeError, KeyError, TypeError, OSError) as err:
+        except NotARun as err:
+            warn(f"skipped {path}: {err}")
+        except (ValueError, KeyError, TypeError, OSError) as err:  # ValueError: not JSON, or not UTF-8
             warn(f"skipped {path}: its run.json is damaged ({type(err).__name__}: {err})")
     if not runs:
         raise ValueError(f"every run found in {', '.join(map(str, paths))} is damaged; nothing to compare")
