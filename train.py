@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import itertools
+import logging
 import os
 import signal
 import sys
@@ -144,31 +145,43 @@ def main(cfg: DictConfig) -> float | None:
         return None
     if summary.get("requeued"):  # no result: the launcher waits for the rerun, which continues the run
         raise SystemExit(0)
-    if summary.get("stopped_by") and not slurm.in_slurm_job():
+    if (summary.get("stopped_by") or summary.get("signal")) and not slurm.in_slurm_job():
         stop_here(summary, hydra_cfg, multirun)
     return summary.get("val_loss")  # what a Hydra sweeper would optimise
 
 
 def stop_here(summary: dict, hydra_cfg, multirun: bool) -> None:
-    """A signal stopped the run: no later job of a sweep starts; say how to continue; exit 128 + signal.
-    trainer.stop_at_step stopped it: say how to continue; a sweep goes on."""
-    by_signal = summary["stopped_by"] != STOP_AT_STEP
+    """A signal stopped the run (or came as it finished): no later job of a sweep starts; say how to continue;
+    exit 128 + signal. trainer.stop_at_step stopped it: say how to continue; a sweep goes on."""
+    stopper = summary.get("stopped_by") or summary["signal"]
+    by_signal = stopper != STOP_AT_STEP
     if from_environment().is_main:
         sweep_dir = os.path.abspath(hydra_cfg.sweep.dir) if multirun else None
-        command = continue_command(sys.argv[1:], sweep_dir, os.path.abspath(hydra_cfg.runtime.output_dir),
-                                   summary["stopped_by"])  # fmt: skip
+        command = continue_command(sys.argv[1:], sweep_dir, os.path.abspath(hydra_cfg.runtime.output_dir), stopper)
         what = ("the sweep: finished jobs are skipped, this one continues from its last.pt, the rest start"
                 if multirun else "the run from its last.pt, in the same directory")  # fmt: skip
         if not by_signal:
             what = "the sweep once it has ended (each job from its last.pt)" if multirun else what
-            print(f"[train] stopped at step {summary['step']} (trainer.stop_at_step). Continue {what}:\n  {command}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            said(f"[train] stopped at step {summary['step']} (trainer.stop_at_step). Continue {what}:\n  {command}")
             return
-        print(f"[train] stopped by {summary['stopped_by']} at step {summary['step']}"
-              f"{'; no later job of the sweep was started' if multirun else ''}. Continue {what}:\n  {command}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        if summary.get("stopped_by") is None:  # it came as the run finished: nothing to continue but the sweep
+            later = "; no later job of the sweep was started. Continue the sweep (this job is skipped)"
+            said(f"[train] {stopper} came as the run finished its last step (step {summary['step']}): it is "
+                 f"finished{later + f':{chr(10)}  {command}' if multirun else ''}")  # fmt: skip
+        else:
+            said(f"[train] stopped by {stopper} at step {summary['step']}"
+                 f"{'; no later job of the sweep was started' if multirun else ''}. Continue {what}:\n  {command}")
     if by_signal:
-        raise SystemExit(128 + signal.Signals[summary["stopped_by"]].value)
+        raise SystemExit(128 + signal.Signals[stopper].value)
+
+
+def said(text: str) -> None:
+    """A line for the user on stderr, and in the run's train.log: output piped into a program that has ended
+    (``| tee log`` after Ctrl-C) still leaves it where the run is."""
+    print(text, file=sys.stderr, flush=True)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord("headlab.train", logging.WARNING, __file__, 0, text, None, None))
 
 
 @contextlib.contextmanager
@@ -215,7 +228,9 @@ warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_(slurm|l
 
 if __name__ == "__main__":
     from cli import check_overrides
+    from cli.console import outlive_the_reader
 
+    outlive_the_reader()  # Ctrl-C on `python train.py | tee log` ends tee too: the run still saves and says so
     refuse_renamed_options(RENAMED)
     _check_launcher_installed()
     check_overrides("train", "python train.py")

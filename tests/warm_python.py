@@ -84,9 +84,11 @@ class WarmPython:
             self.silent = not imports_said.read_text()
         return self.proc
 
-    def run(self, args: list[str], cwd, env: dict[str, str], input: str | None, timeout: float | None,
-            umask: int | None) -> subprocess.CompletedProcess:  # fmt: skip
-        with self.lock:
+    def spawn(self, args: list[str], cwd, env: dict[str, str], input: str | None,
+              umask: int | None) -> WarmProcess:  # fmt: skip
+        """Fork a child running ``python *args``; the interpreter serves nobody else until it is waited for."""
+        self.lock.acquire()
+        try:
             self.count += 1
             files = {name: self.scratch / f"{self.count}.{name}" for name in ("stdin", "stdout", "stderr")}
             files["stdin"].write_text(input or "")
@@ -95,27 +97,14 @@ class WarmPython:
                        **{k: str(v) for k, v in files.items()}}  # fmt: skip
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
-            pid = int(proc.stdout.readline())
-            timed_out = threading.Event()
+            return WarmProcess(self, [sys.executable, *args], int(proc.stdout.readline()), files)
+        except BaseException:
+            self.lock.release()
+            raise
 
-            def kill() -> None:
-                timed_out.set()
-                os.kill(pid, 9)
-
-            timer = threading.Timer(timeout, kill) if timeout else None
-            if timer:
-                timer.start()
-            try:
-                returncode = int(proc.stdout.readline())
-            finally:
-                if timer:
-                    timer.cancel()
-            stdout, stderr = (files[name].read_text(errors="replace") for name in ("stdout", "stderr"))
-            for path in files.values():
-                path.unlink()
-            if timed_out.is_set():
-                raise subprocess.TimeoutExpired([sys.executable, *args], timeout, stdout, stderr)
-            return subprocess.CompletedProcess([sys.executable, *args], returncode, stdout, stderr)
+    def run(self, args: list[str], cwd, env: dict[str, str], input: str | None, timeout: float | None,
+            umask: int | None) -> subprocess.CompletedProcess:  # fmt: skip
+        return self.spawn(args, cwd, env, input, umask).wait(timeout)
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -123,8 +112,49 @@ class WarmPython:
             self.proc.wait(timeout=30)
 
 
+class WarmProcess:
+    """A forked child, as far as a test needs one: its pid (to signal it), then its end (``wait``)."""
+
+    def __init__(self, warm: WarmPython, args: list[str], pid: int, files: dict[str, Path]) -> None:
+        self.warm, self.args, self.pid, self.files = warm, args, pid, files
+        self.result: subprocess.CompletedProcess | None = None
+
+    def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Its exit code, stdout and stderr (killed, and ``subprocess.TimeoutExpired``, after ``timeout`` s)."""
+        if self.result is not None:
+            return self.result
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            os.kill(self.pid, 9)
+
+        timer = threading.Timer(timeout, kill) if timeout else None
+        if timer:
+            timer.start()
+        try:
+            returncode = int(self.warm.proc.stdout.readline())
+        finally:
+            if timer:
+                timer.cancel()
+            self.warm.lock.release()
+        stdout, stderr = (self.files[name].read_text(errors="replace") for name in ("stdout", "stderr"))
+        for path in self.files.values():
+            path.unlink()
+        if timed_out.is_set():
+            raise subprocess.TimeoutExpired(self.args, timeout, stdout, stderr)
+        self.result = subprocess.CompletedProcess(self.args, returncode, stdout, stderr)
+        return self.result
+
+
 _WARM = WarmPython()
 atexit.register(lambda: _WARM.close())
+
+
+def start_python(args: list[str], cwd, env: dict[str, str] | None = None) -> WarmProcess:
+    """``python *args`` started (forked from the warm interpreter) and left running: the test signals it by its
+    ``pid``, then ``wait``s for it. No other warm command runs meanwhile."""
+    return _WARM.spawn(list(args), cwd, dict(os.environ if env is None else env), None, None)
 
 
 def run_python(args: list[str], cwd, env: dict[str, str] | None = None, input: str | None = None,

@@ -11,7 +11,8 @@ job, a run first looks at the directory it would write to:
 - a run that stopped or was killed: continued in place from its ``last.pt`` (the same losses as an
   uninterrupted run, the same wandb run id); records it logged after that checkpoint are dropped
   from ``metrics.jsonl``, since they are about to be computed again;
-- a run killed before its first checkpoint: started again in place.
+- a run killed before its first checkpoint (even before it wrote anything but its lock file): started again
+  in place.
 
 A run continues only with the settings it was started with (the model, data, optimizer, seed and
 batch); anything else is refused, naming the differences. ``trainer.max_steps`` may change: with the
@@ -29,7 +30,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.run_files import FAILURE, LAST, METRICS, RUN_INFO, read_json, write_text
+from common.run_files import FAILURE, LAST, METRICS, OWNER, RUN_INFO, directory_in_use, read_json, write_text
 from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from training import reuse
 from training.config import OptimConfig
@@ -64,6 +65,8 @@ def inspect(run_dir: str | Path, container: dict) -> Continuation:
     info = read_json(path / RUN_INFO)
     has_checkpoint = (path / LAST).is_file()
     if info is None and not has_checkpoint and not (path / METRICS).exists():
+        if (path / OWNER).exists() and not directory_in_use(path):  # a run killed before it wrote anything
+            return Continuation(path, "restart")
         return Continuation(path, "new")
     max_steps = container["trainer"]["max_steps"]
     if info is not None and info.get("status") == "finished":

@@ -53,7 +53,8 @@ FINAL_KEYS = ("step", "train_loss", "val_loss", "val_bpb", "best_val_loss", "sto
 
 def train(cfg: DictConfig | TrainConfig) -> dict:
     """Train as ``cfg`` says; returns a summary (run_dir, step, last train/val loss, val bpb; ``stopped_by``
-    a signal's name and ``requeued`` when a SLURM job is being requeued)."""
+    a signal's name and ``requeued`` when a SLURM job is being requeued; ``signal`` the name of one that came
+    as the run finished its last step, which stopped nothing)."""
     setup = preflight(cfg)  # everything that can be refused, before any work
     if not isinstance(setup, RunSetup):  # the plan, or a finished run skipped: the command's whole answer
         return setup
@@ -272,7 +273,10 @@ class Trainer:
                 if profiler.summary is not None and self.dist.is_main:
                     log.info("where a step's time goes (%s):\n%s", profiler.out, summary_table(profiler.summary))
                 summary["step"] = step
-                summary["stopped_by"] = self.dist.broadcast(stop.signal if self.dist.is_main else None)
+                signalled = self.dist.broadcast(stop.signal if self.dist.is_main else None)
+                if step == t.max_steps and signalled:  # it came during the last step: the run is finished
+                    summary["signal"] = signalled
+                summary["stopped_by"] = None if step == t.max_steps else signalled
                 if summary["stopped_by"] is None and step == t.stop_at_step < t.max_steps:
                     summary["stopped_by"] = continuation.STOP_AT_STEP
                 elif summary["stopped_by"]:  # a SLURM job that is being requeued exits without a result
@@ -306,6 +310,9 @@ class Trainer:
                     else "trainer.resume=auto in this run directory continues it")  # fmt: skip
             log.warning("stopped by %s at step %d: saved %s; %s", summary["stopped_by"], step, self.run_dir / LAST,
                         then)  # fmt: skip
+        elif summary.get("signal"):
+            log.warning("%s came as the run finished its last step: it is finished, nothing was cut short",
+                        summary["signal"])  # fmt: skip
         lines = [f"run directory: {self.run_dir}", f"steps: {summary['start_step']} -> {step} in {seconds:,.1f} s"]
         if self.speeds:
             lines.append(f"median throughput: {statistics.median(self.speeds):,.0f} tokens/s")

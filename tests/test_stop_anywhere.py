@@ -1,0 +1,107 @@
+"""A run stopped at any moment of its life can be continued by the documented command, and says how it ended.
+
+- a signal that comes during the last step (the final evaluation or save) leaves a finished run, which
+  ``trainer.resume=auto`` skips (a sweep's continue command goes on to its later jobs);
+- Ctrl-C on ``python train.py ... | tee log`` ends the reader too: the run still saves, records that it was
+  interrupted and leaves its continue command in train.log;
+- a SIGKILL at each moment a run creates a file, from the first: ``python train.py <same options>
+  hydra.run.dir=<its directory> trainer.resume=auto`` continues it to the uninterrupted run's losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import ROOT, TINY, compose_train, run_cli, train_losses
+from warm_python import start_python
+
+from common.run_files import LAST, OWNER
+from training import loop
+from training.loop import train
+
+
+def test_a_signal_during_the_last_save_leaves_a_finished_run_that_resume_auto_skips(tmp_path, data_cache,
+                                                                                     monkeypatch):  # fmt: skip
+    real_save = loop.Trainer.save
+
+    def save_signalled(trainer, name, step):
+        if name == LAST and step == trainer.cfg.trainer.max_steps:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands while the run saves its last checkpoint
+        real_save(trainer, name, step)
+
+    monkeypatch.setattr(loop.Trainer, "save", save_signalled)
+    run = tmp_path / "run"
+    options = [*TINY, "logger=none", f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"]
+    summary = train(compose_train(*options))
+    assert summary["step"] == 20 and summary["stopped_by"] is None and summary["signal"] == "SIGTERM"
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished" and info["summary"]["stopped_by"] is None
+    monkeypatch.undo()
+    again = train(compose_train(*options, "trainer.resume=auto"))
+    assert again["skipped"] and again["stopped_by"] is None, "a sweep's continue command goes on past it"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a pipe whose reader exits")
+def test_ctrl_c_on_a_run_piped_into_a_reader_that_exits_still_saves_and_continues(tmp_path, data_cache):
+    run = tmp_path / "run"
+    options = [*TINY, "trainer.max_steps=100000", "trainer.checkpoint_interval=100000",
+               "trainer.eval_interval=100000", "logger=none", f"data.cache_dir={data_cache}",
+               f"hydra.run.dir={run}"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *options], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and len(train_losses(run) if (run / "metrics.jsonl").exists() else {}) < 3:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.1)
+    proc.stdout.close()  # `| tee log` after Ctrl-C: the reader is gone
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130, "stopped by Ctrl-C, not killed by a write to the closed pipe"
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted" and (run / LAST).exists()
+    log = (run / "train.log").read_text()
+    assert "stopped by SIGINT" in log and f"hydra.run.dir={run} trainer.resume=auto" in log
+    continued = run_cli(*[o for o in options if not o.startswith("trainer.max_steps")], "trainer.max_steps=30",
+                        "trainer.resume=auto", cwd=tmp_path)  # fmt: skip
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    assert f"continuing {run} from step" in continued.stdout
+
+
+# The files a run creates, in order (the directory itself first): a SIGKILL as each appears.
+MOMENTS = {
+    "the run directory": lambda run: run.is_dir(),
+    "Hydra's .hydra folder": lambda run: (run / ".hydra" / "overrides.yaml").exists(),
+    "the lock file": lambda run: (run / OWNER).exists(),
+    "run.json": lambda run: (run / "run.json").exists(),
+    "the first metrics": lambda run: (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size,
+    "last.pt": lambda run: (run / LAST).exists(),
+}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_cache):
+    run = tmp_path_factory.mktemp("uninterrupted") / "run"
+    train(compose_train(*TINY, "logger=none", f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"))
+    return train_losses(run)
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_a_run_killed_as_it_creates_each_file_continues_to_the_uninterrupted_losses(moment, tmp_path, data_cache,
+                                                                                     uninterrupted):  # fmt: skip
+    run = tmp_path / "run"
+    options = [*TINY, "logger=none", f"data.cache_dir={data_cache}", f"hydra.run.dir={run}"]
+    proc, appeared = start_python([str(ROOT / "train.py"), *options], cwd=tmp_path), MOMENTS[moment]
+    deadline = time.time() + 60
+    while not appeared(run) and time.time() < deadline:
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60).returncode == -signal.SIGKILL, f"it ended before {moment} appeared"
+    continued = run_cli(*options, "trainer.resume=auto", cwd=tmp_path)
+    assert continued.returncode == 0, f"killed at {moment}: {continued.stderr[-2000:]}"
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"
+    assert train_losses(run) == uninterrupted, f"killed at {moment}"
