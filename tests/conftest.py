@@ -60,6 +60,15 @@ def data_cache(tmp_path_factory):
     return cache
 
 
+@pytest.fixture
+def log_lines(caplog):
+    """The trainer's log messages so far (a callable: call it after the run)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="headlab.train")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "headlab.train"]
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, data_cache):
     """A checkpoint from a real (tiny) training run, shared by the sampling and head-analysis tests."""

@@ -5,7 +5,6 @@ and the other lines a run prints (its plan on a CPU, its closing sample)."""
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 from pathlib import Path
 
@@ -38,12 +37,6 @@ def lrs(run_dir: Path) -> dict[int, float]:
 
 def run_info(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
-
-
-@pytest.fixture
-def log_lines(caplog):
-    caplog.set_level(logging.INFO, logger="headlab.train")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "headlab.train"]
 
 
 def test_stop_at_step_says_so_records_it_and_its_printed_command_continues_the_run(tmp_path, data_cache):

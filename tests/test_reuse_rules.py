@@ -4,11 +4,13 @@ one line naming the setting."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, fields
 
 import pytest
-from helpers import TINY, compose_train
+from helpers import TINY, compose_train, read_metrics
 
+from model.checkpoint import load_checkpoint
 from model.config import GPTConfig
 from training import reuse
 from training.config import TrainConfig
@@ -88,3 +90,28 @@ def test_init_from_a_source_with_other_key_value_heads_is_refused_before_any_wor
     with pytest.raises(ValueError, match=r"does not fit this run: model.n_kv_head: .* has None, the config says 1\. "):
         train(tiny(tmp_path / "run", data_cache, "model.n_kv_head=1", f"trainer.init_from={trained_run}"))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_continuation_in_place_keeps_how_val_loss_is_measured(tmp_path, data_cache):
+    """Its curve and its best would mix two measures: the windows val/loss averages over must stay."""
+    run = tmp_path / "run"
+    options = [*TINY, "logger=none", f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"]
+    train(compose_train(*options, "trainer.stop_at_step=10"))
+    with pytest.raises(ValueError, match=r"trainer\.eval_windows: 8 then, 4 now"):
+        train(compose_train(*options, "trainer.eval_windows=4", "trainer.resume=auto"))
+
+
+def test_a_run_resumed_elsewhere_that_measures_val_loss_otherwise_starts_its_curve_and_its_best_anew(
+        tmp_path, data_cache, log_lines):  # fmt: skip
+    first = tmp_path / "first"
+    common = [*TINY, "logger.mode=offline", f"data.cache_dir={data_cache}"]
+    train(compose_train(*common, "trainer.max_steps=10", f"trainer.run_dir={first}"))
+    same, other = tmp_path / "same", tmp_path / "other"
+    train(compose_train(*common, f"trainer.resume={first}", f"trainer.run_dir={same}"))
+    train(compose_train(*common, f"trainer.resume={first}", "trainer.eval_windows=4", f"trainer.run_dir={other}"))
+    wandb_id = {run: json.loads((run / "run.json").read_text())["wandb_id"] for run in (first, same, other)}
+    assert wandb_id[same] == wandb_id[first], "the same measure: one curve, continued"
+    assert wandb_id[other] != wandb_id[first], "another measure: a curve of its own"
+    evals = [m["val/loss"] for m in read_metrics(other) if "val/loss" in m]
+    assert load_checkpoint(other / "best.pt").best_val_loss == min(evals), "its best, by its own measure"
+    assert any("val/loss is measured anew (trainer.eval_windows=4 (it was 8))" in line for line in log_lines())

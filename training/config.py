@@ -45,7 +45,8 @@ class TrainerConfig:
     # 1, 2, 4 or 8 ranks), a number (gradient accumulation makes up the share), or auto (the largest the plan fits)
     micro_batch_size: Any = None
     eval_interval: int = 200  # steps between evaluations (and best/last checkpoints)
-    eval_windows: int = 64  # fixed validation windows per evaluation
+    # fixed validation windows per evaluation: how val/loss is measured (a continuation keeps it)
+    eval_windows: int = field(default=64, metadata={"reuse": "measure"})
     checkpoint_interval: int = 200  # steps between 'last' checkpoints
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16

@@ -85,7 +85,7 @@ def run(setup: RunSetup) -> dict:
         try:
             summary = Trainer(config, container, model_config, data, tokenizer, dist, device, setup.dtype,
                               grad_accum_steps(t, dist.world_size), run_dir, resume, setup.init_weights,
-                              setup.started, earlier).run()  # fmt: skip
+                              setup.started, earlier, setup.measured_anew).run()  # fmt: skip
             finished = True
             return summary
         except torch.OutOfMemoryError as err:
@@ -151,7 +151,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, container: dict, model_config, data: PreparedData, tokenizer,
                  dist: Distributed, device: torch.device, dtype: torch.dtype, grad_accum: int, run_dir: Path,
                  resume: Checkpoint | None, init_weights: dict | None = None,
-                 started: float | None = None, earlier_dirs: list[str] = ()) -> None:  # fmt: skip
+                 started: float | None = None, earlier_dirs: list[str] = (),
+                 measured_anew: tuple[str, ...] = ()) -> None:  # fmt: skip
         t = cfg.trainer
         self.cfg, self.container, self.tokenizer, self.dist = cfg, container, tokenizer, dist
         self.device, self.dtype, self.run_dir = device, dtype, run_dir
@@ -175,6 +176,11 @@ class Trainer:
             if self.scaler is not None and resume.grad_scaler:
                 self.scaler.load_state_dict(resume.grad_scaler)
             self.start_step, self.best_val, wandb_id = resume.step, resume.best_val_loss, resume.wandb_run_id
+            if measured_anew:  # another measure of val/loss: neither the old curve nor the old best is comparable
+                self.best_val, wandb_id = math.inf, None
+                if dist.is_main:
+                    log.info("val/loss is measured anew (%s): a new validation curve (a new wandb run) and its own "
+                             "best", ", ".join(measured_anew))  # fmt: skip
         self.wandb_id = wandb_id  # kept across resumes, even by a resumed run that logs without wandb
 
         if t.profile and t.compile and device.type == "cpu":
@@ -198,7 +204,7 @@ class Trainer:
             "tokens_per_step": self.tokens_per_step, "continues": list(earlier_dirs),
         }  # fmt: skip
         # an offline wandb run continued: its segments are separate offline runs that wandb sync cannot merge
-        self.wandb_segments = [*earlier_dirs, str(run_dir)] if resume is not None and resume.wandb_run_id else None
+        self.wandb_segments = [*earlier_dirs, str(run_dir)] if resume is not None and wandb_id else None
         self.log = (open_run_log(cfg, container, run_dir, facts, wandb_id, device_id(device), started or time.time())
                     if dist.is_main else None)  # fmt: skip
         if self.log is not None and self.log.wandb_id:

@@ -50,6 +50,9 @@ class RunSetup:
     resume: Checkpoint | None = None  # the training state the run continues from
     continuing: Continuation | None = None  # what trainer.resume=auto found in the run directory
     init_weights: dict | None = None  # trainer.init_from's weights, in this run's layout
+    # a run resumed in a new directory that measures val/loss otherwise (another trainer.eval_windows, other
+    # data): the changes, as overrides; its validation curve and best start anew
+    measured_anew: tuple[str, ...] = ()
 
     @property
     def in_place(self) -> bool:
@@ -85,7 +88,18 @@ def preflight(cfg: DictConfig | TrainConfig) -> RunSetup | dict:
     resume = checkpoint_to_resume(config, planned, continuing)
     check_fits_device(make_plan(config, planned, dist.world_size, dtype), device)
     init_weights = initial_weights(config, planned) if config.trainer.init_from else None
-    return RunSetup(config, planned, dist, device, dtype, started, auto_micro, resume, continuing, init_weights)
+    measured_anew = validation_measured_anew(config, resume) if continuing is None else ()
+    return RunSetup(config, planned, dist, device, dtype, started, auto_micro, resume, continuing, init_weights,
+                    measured_anew)  # fmt: skip
+
+
+def validation_measured_anew(cfg: TrainConfig, resume: Checkpoint | None) -> tuple[str, ...]:
+    """A run resumed in a new directory (``trainer.resume=<dir>``) that measures val/loss otherwise than the run it
+    continues (another ``trainer.eval_windows``, other data): the changes, as overrides."""
+    if resume is None:
+        return ()
+    return tuple(f"{d.key}={d.now} (it was {d.saved})"
+                 for d in reuse.validation_changes(resume.train_config or {}, asdict(cfg)))  # fmt: skip
 
 
 def with_micro_batch(cfg: TrainConfig, micro: int) -> TrainConfig:

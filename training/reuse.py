@@ -10,6 +10,7 @@ without one takes its group's, and a group without one is ``training``)::
     function        what the model computes with the same weights (model.window)
     training        what the losses depend on (dropout, the data, the optimizer, the seed, the batch)
     implementation  the same numbers up to round-off (model.kernel, model.sdpa_backend)
+    measure         how a metric is measured (trainer.eval_windows: the windows val/loss averages over)
     machine         where and how fast, never the numbers (cache folders, threads, devices, logging, ...)
     budget          trainer.max_steps: a larger one extends the run (the schedule is re-planned)
 
@@ -27,12 +28,16 @@ from dataclasses import MISSING, dataclass, fields
 
 from training.config import TrainConfig
 
-KINDS = ("label", "weights", "positions", "layout", "function", "training", "implementation", "machine", "budget")
+KINDS = ("label", "weights", "positions", "layout", "function", "training", "implementation", "measure", "machine",
+         "budget")  # fmt: skip
 KEPT = {
     "init_from": ("weights", "positions"),
     "resume": ("weights", "positions", "layout", "function"),
-    "continue": ("label", "weights", "positions", "layout", "function", "training", "implementation"),
+    "continue": ("label", "weights", "positions", "layout", "function", "training", "implementation", "measure"),
 }
+# What decides how val/loss is measured: a run resumed in a new directory with another of these starts its
+# validation curve (a new wandb run) and its best anew instead of comparing two measures.
+VALIDATION = ("measure", "data")
 SHORTER_ALLOWED = {"init_from": ("positions",)}  # kinds a reuse may make smaller (a cropped position table)
 
 
@@ -81,4 +86,17 @@ def differences(how: str, saved: dict, now: dict) -> list[Difference]:
         if before == after or (kind in shorter and after is not None and before is not None and after < before):
             continue
         found.append(Difference(key, kind, before, after))
+    return found
+
+
+def validation_changes(saved: dict, now: dict) -> list[Difference]:
+    """The differences that change how val/loss is measured (the windows, the data), for ``resume``."""
+    defaults = field_defaults()
+    found = []
+    for key, kind in field_kinds().items():
+        group, name = key.split(".")
+        if (kind in VALIDATION or group in VALIDATION) and group in saved and group in now:
+            before, after = saved[group].get(name, defaults[key]), now[group].get(name, defaults[key])
+            if before != after and kind not in ("machine", "label"):
+                found.append(Difference(key, kind, before, after))
     return found
