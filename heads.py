@@ -27,8 +27,25 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from analysis.head_plots import plot_head_heatmaps, plot_map_grid, plot_pruning, plot_single_map, token_label
-from analysis.heads import SINK, ablation, attention_maps, check_head, greedy_pruning, head_statistics, stats_of
+from analysis.head_plots import (
+    GRID_LABELED_TOKENS,
+    one_line,
+    plot_head_heatmaps,
+    plot_map_grid,
+    plot_pruning,
+    plot_single_map,
+    token_label,
+)
+from analysis.heads import (
+    SINK,
+    STAT_UNITS,
+    ablation,
+    attention_maps,
+    check_head,
+    greedy_pruning,
+    head_statistics,
+    stats_of,
+)
 from analysis.tables import write_table
 from cli import (
     check_at_least,
@@ -80,6 +97,18 @@ def validation_windows(data_cfg: DataConfig, n: int, block_size: int, device) ->
     return windows(val, validation_starts(len(val), block_size, n), block_size, device)
 
 
+def map_text_caption(cfg: HeadsConfig, ids: list[int], tokenizer, block_size: int) -> str:
+    """Which text the maps show, for their titles: the prompt (its last block_size tokens when longer) or the
+    start of the validation text, and the text itself on one line."""
+    if cfg.prompt is None:
+        where = f"the first {len(ids)} validation tokens of data={cfg.data.name}"
+    elif len(tokenizer.encode(cfg.prompt)) > block_size:
+        where = f"the prompt's last {len(ids)} tokens (block_size={block_size})"
+    else:
+        where = f"the prompt ({len(ids)} tokens)"
+    return f"{where}: {one_line(tokenizer.decode_bytes(ids).decode('utf-8', errors='replace'))}"
+
+
 def sink_caption(maps: torch.Tensor) -> str:
     """For a model with sinks: a row of a map sums to less than 1; the mean weight the sinks took."""
     return f"\n(with sinks: rows sum to < 1; mean weight on the sink {(1 - maps.sum(-1)).mean():.3f})"
@@ -128,12 +157,15 @@ def run(cfg: HeadsConfig) -> Path:
     ids = tokenizer.encode(cfg.prompt)[-block:] if cfg.prompt is not None else x[0, : cfg.map_tokens].tolist()
     maps = attention_maps(model, torch.tensor([ids], device=device))[:, 0].cpu()  # (L, H, T, T)
     labels = [token_label(tokenizer.decode_bytes([t]).decode("utf-8", errors="replace")) for t in ids]
+    text = map_text_caption(cfg, ids, tokenizer, block)
     sink_note = sink_caption(maps) if sinks else ""
-    plot_map_grid(maps, labels, out / "maps.png", f"attention maps, {name}{sink_note}",
+    single = out / f"head_L{cfg.layer}_H{cfg.head}.png"
+    where = f" (its tokens on the axes of {single.name})" if len(ids) > GRID_LABELED_TOKENS else ""
+    plot_map_grid(maps, labels, out / "maps.png", f"attention maps, {name}\n{text}{where}{sink_note}",
                   sink_share=(1 - maps.sum(-1)).mean(-1) if sinks else None)  # fmt: skip
     one = maps[cfg.layer, cfg.head]
-    plot_single_map(one, labels, out / f"head_L{cfg.layer}_H{cfg.head}.png",
-                    f"layer {cfg.layer}, head {cfg.head}: {name}{sink_caption(one) if sinks else ''}")  # fmt: skip
+    plot_single_map(one, labels, single,
+                    f"layer {cfg.layer}, head {cfg.head} of {name}\n{text}{sink_caption(one) if sinks else ''}")
 
     # Statistics over validation windows, one window at a time (maps are T x T per head).
     per_window = [head_statistics(attention_maps(model, x[i : i + 1]).cpu(), sinks) for i in range(len(x))]
@@ -142,7 +174,8 @@ def run(cfg: HeadsConfig) -> Path:
     every_head = [(layer, head) for layer in range(model.config.n_layer) for head in range(model.config.n_head)]
     stat_rows = [[layer, head, *(stats[k][layer, head].item() for k in names)] for layer, head in every_head]
     write_table(out / "stats", ["layer", "head", *names], stat_rows)
-    plot_head_heatmaps(stats, out / "stats.png", f"per-head statistics over {len(x)} validation windows, {name}")
+    plot_head_heatmaps({f"{k} ({STAT_UNITS[k]})": stats[k] for k in names}, out / "stats.png",
+                       f"per-head statistics over {len(x)} validation windows, {name}")  # fmt: skip
 
     # Ablation: the loss increase when each head alone is removed.
     base, increase = ablation(model, x, y)

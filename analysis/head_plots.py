@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -13,22 +14,39 @@ import torch  # noqa: E402
 
 from analysis.tables import format_cell, save_figure  # noqa: E402
 
-LABELED_TOKENS = 32  # up to this many tokens, a single map's axes carry the tokens themselves
-GRID_LABELED_TOKENS = 24  # the same for the small maps of the grid
+SINGLE_LABELED_TOKENS = 64  # up to this many tokens, the enlarged map's axes carry every token; beyond, every k-th
+SPARSE_TICKS = 48  # beyond that, about this many ticks, each the token and its position
+GRID_LABELED_TOKENS = 24  # every token on the axes of the small maps of the grid, up to this many
 
 
 def token_label(text: str) -> str:
     return text.replace("\n", "⏎").replace(" ", "·").replace("\t", "→") or "∅"
 
 
-def _label_axes(ax, labels: list[str] | None, fontsize: int) -> None:
-    if labels is None or len(labels) > LABELED_TOKENS:
+def one_line(text: str, limit: int = 100) -> str:
+    """A text for a title: line breaks and tabs shown, cut at ``limit`` characters."""
+    shown = text.replace("\n", "⏎").replace("\t", "→")
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def _label_axes(ax, labels: list[str] | None, fontsize: int, every_token_up_to: int) -> None:
+    """Tokens as tick labels on both axes: each of them for a short text, every k-th (with its position) beyond."""
+    if labels is None:
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    ticks = range(len(labels))
-    ax.set_xticks(ticks, labels, rotation=90, fontsize=fontsize)
-    ax.set_yticks(ticks, labels, fontsize=fontsize)
+    if len(labels) <= every_token_up_to:
+        ticks, names = range(len(labels)), labels
+    else:
+        ticks = range(0, len(labels), math.ceil(len(labels) / SPARSE_TICKS))
+        names = [f"{i} {labels[i]}" for i in ticks]
+    ax.set_xticks(ticks, names, rotation=90, fontsize=fontsize)
+    ax.set_yticks(ticks, names, fontsize=fontsize)
+
+
+def _wrapped(title: str, width: int) -> str:
+    """Each line of ``title`` wrapped at ``width`` characters."""
+    return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
 
 
 def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, title: str,
@@ -45,7 +63,7 @@ def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, titl
         for head in range(n_head):
             ax = axes[layer][head]
             image = ax.imshow(maps[layer, head].float().numpy(), cmap="viridis", vmin=0, vmax=1)
-            _label_axes(ax, labels if labeled else None, fontsize=5)
+            _label_axes(ax, labels if labeled else None, fontsize=5, every_token_up_to=GRID_LABELED_TOKENS)
             sink = f", sink {sink_share[layer, head]:.2f}" if sink_share is not None else ""
             ax.set_title(f"L{layer} H{head}{sink}", fontsize=8)
     for layer in range(n_layer):
@@ -53,21 +71,27 @@ def plot_map_grid(maps: torch.Tensor, labels: list[str] | None, path: Path, titl
     for head in range(n_head):
         axes[-1][head].set_xlabel("key", fontsize=7)
     fig.colorbar(image, ax=axes, fraction=0.02, label="attention weight")
-    fig.suptitle(textwrap.fill(title, 110), fontsize=9)
+    fig.suptitle(_wrapped(title, 110), fontsize=9)
     save_figure(fig, path)
     return path
 
 
 def plot_single_map(weights: torch.Tensor, labels: list[str] | None, path: Path, title: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6.5, 6))
+    save_figure(single_map_figure(weights, labels, title), path)
+    return path
+
+
+def single_map_figure(weights: torch.Tensor, labels: list[str] | None, title: str):
+    """One head's (T, T) map, large: the tokens on both axes (the figure grows with them), ``title`` above."""
+    side = min(13.0, max(6.5, 0.16 * len(weights) + 2.0))
+    fig, ax = plt.subplots(figsize=(side, side - 0.5))
     image = ax.imshow(weights.float().numpy(), cmap="viridis", vmin=0, vmax=1)
-    _label_axes(ax, labels, fontsize=7)
+    _label_axes(ax, labels, fontsize=7, every_token_up_to=SINGLE_LABELED_TOKENS)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.046)
-    save_figure(fig, path)
-    return path
+    ax.set_title(_wrapped(title, int(side * 13)), fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046, label="attention weight")
+    return fig
 
 
 def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, cmap: str = "magma") -> Path:

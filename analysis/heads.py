@@ -18,6 +18,11 @@ from model import GPT
 
 STATS = ("entropy", "mean_distance", "prev_token", "first_token")
 SINK = "sink_weight"  # with model.sinks: the share of each row the sink took (a row of the map sums to 1 - it)
+# What each statistic measures, in its plot's title (a query's row of the map, averaged over queries and windows).
+STAT_UNITS = {
+    "entropy": "nats per row", "mean_distance": "tokens back", "prev_token": "weight on the previous token",
+    "first_token": "weight on position 0", SINK: "weight the sink took",
+}  # fmt: skip
 
 
 def stats_of(config) -> tuple[str, ...]:
