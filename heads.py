@@ -9,7 +9,7 @@ pystdlib), tokenized with the model's own tokenizer: pass the data the model
 was trained on. Writes to ``out`` (default: ``<run dir>/heads-<checkpoint>/``
 for a run, ``heads-<name>/`` otherwise):
 - maps.png: attention maps, layers x heads, for the prompt (or the start of the validation text);
-- head_L{layer}_H{head}.png: one head's map, larger;
+- head_L{layer}_H{head}.png: one head's map, larger, its tokens on both axes and the text in its title;
 - stats.md / stats.csv / stats.png: per-head entropy, mean attention distance, previous-token
   and first-token (sink) scores, over validation windows;
 - ablation.md / ablation.csv / ablation.png: the validation-loss increase when each head alone is
