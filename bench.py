@@ -55,8 +55,13 @@ OPTION_DEFAULTS = {"position": "learned", "qk_norm": False, "softcap": None, "si
                    "rope_head_dim": None}  # fmt: skip
 DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
                  "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
-                 "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes"]  # fmt: skip
+                 "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes",
+                 "speed_ratio", "speed_ratio_min", "speed_ratio_max", "warnings"]  # fmt: skip
 SWITCHES = {"off": False, "on": True, "false": False, "true": True}
+# Measurements of one cell this far apart (slowest / fastest) make it noisy: a 2.5x outlier is, whatever the
+# interquartile range says.
+NOISY_RANGE = 1.5
+DECODE_REPEATS = 3  # --mode decode's generations per cell by default: a median and a spread
 
 
 def default_layouts() -> list[str]:
@@ -69,6 +74,7 @@ def default_layouts() -> list[str]:
 def takes_latent(layout: str) -> bool:
     """Whether the layout keeps keys and values as a latent (its options include model.kv_latent)."""
     return "kv_latent" in getattr(ATTENTION_LAYOUTS[layout], "options", ())
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,12 +110,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-tf32", dest="tf32", action="store_false",
                    help="on CUDA, keep float32 matmuls exact (training enables TF32)")
     p.add_argument("--min-run-time", type=float, default=1.0, help="seconds of timing per measurement")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="passes over the grid; a cell reports the median over passes and its range")  # fmt: skip
+    p.add_argument("--repeats", type=int,
+                   help="passes over the grid (--mode decode: generations); a cell reports the median over passes "
+                        f"and its range (default 1; --mode decode {DECODE_REPEATS})")  # fmt: skip
     p.add_argument("--decoding", choices=DECODINGS, default="auto",
                    help="--mode decode: how a cached step runs (auto: a CUDA graph on CUDA, eager on a CPU)")
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
+    if args.repeats is None:  # a decode ratio from one generation has no spread to say how far it holds
+        args.repeats = DECODE_REPEATS if args.mode == "decode" else 1
     for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
                                        ("--kernels", args.kernels, registry.kernel_options(), "kernel"),
                                        ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
@@ -276,8 +285,10 @@ def make_cell(args: argparse.Namespace, cell: dict, compiled: bool, seq_len: int
     return forward, step
 
 
-def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, float, float]:
-    """(median ms, seconds of the first call, which holds any compilation, interquartile range / median)."""
+def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, float, float, float]:
+    """(median ms, seconds of the first call, which holds any compilation, interquartile range / median, slowest
+    timing / fastest): the range catches an outlier that the interquartile range, a median-relative measure,
+    hides."""
     start = time.perf_counter()
     fn()
     if device.type == "cuda":
@@ -287,7 +298,8 @@ def median_ms(fn, min_run_time: float, device: torch.device) -> tuple[float, flo
         fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     measurement = timer.blocked_autorange(min_run_time=min_run_time)
-    return measurement.median * 1e3, first_s, measurement.iqr / measurement.median
+    times = measurement.times
+    return measurement.median * 1e3, first_s, measurement.iqr / measurement.median, max(times) / min(times)
 
 
 def step_label(mode: str) -> str:
@@ -295,16 +307,40 @@ def step_label(mode: str) -> str:
 
 
 def noise_warnings(runs: list[dict], step_name: str) -> str:
-    """The cell's measurements whose interquartile range passed 10% of the median (torch.utils.benchmark's
-    own threshold), with each noisy pass's figure."""
+    """The cell's noisy measurements, each with its figures (``measurement_noise``)."""
     notes = []
     for what, name in (("forward", "forward"), ("step", step_name)):
-        noisy = [r[f"{what}_spread"] for r in runs if r[f"{what}_spread"] > 0.1]
-        if noisy:
-            figures = ", ".join(f"{spread:.0%}" for spread in noisy)
-            notes.append(f"{name}: interquartile range {figures} of the median in {len(noisy)} of {len(runs)} "
-                         f"pass(es), a noisy measurement")  # fmt: skip
+        parts = measurement_noise(runs, what)
+        if parts:
+            notes.append(f"{name}: {', '.join(parts)}, a noisy measurement")
     return "; ".join(notes)
+
+
+def measurement_noise(runs: list[dict], what: str) -> list[str]:
+    """Why one measurement (``forward`` or ``step``) of a cell is noisy, over its passes ([] when it is not): an
+    interquartile range past 10% of the median (torch.utils.benchmark's own threshold) in a pass, a slowest
+    timing past NOISY_RANGE x the fastest in a pass (an outlier the interquartile range hides), or pass medians
+    that far apart (a pass slowed by a shared machine)."""
+    parts = []
+    noisy = [r[f"{what}_spread"] for r in runs if r[f"{what}_spread"] > 0.1]
+    if noisy:
+        figures = ", ".join(f"{spread:.0%}" for spread in noisy)
+        parts.append(f"interquartile range {figures} of the median in {len(noisy)} of {len(runs)} pass(es)")
+    ranges = [r[f"{what}_range"] for r in runs if r.get(f"{what}_range", 1.0) > NOISY_RANGE]
+    if ranges:
+        figures = ", ".join(f"{spread:.1f}x" for spread in ranges)
+        parts.append(f"slowest timing {figures} the fastest in {len(ranges)} of {len(runs)} pass(es)")
+    medians = [r[f"{what}_ms"] for r in runs if r.get(f"{what}_ms", math.nan) == r.get(f"{what}_ms", math.nan)]
+    if len(medians) > 1 and max(medians) > NOISY_RANGE * min(medians):
+        parts.append(f"pass medians {ms_text(min(medians))}-{ms_text(max(medians))} ms "
+                     f"({max(medians) / min(medians):.1f}x)")  # fmt: skip
+    return parts
+
+
+def ms_text(ms: float) -> str:
+    """Milliseconds as a reader takes them in: three significant digits, whole numbers from 100 up (1,583, not
+    1.58e+03)."""
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
 def sdpa_backend(fn) -> str:
@@ -343,6 +379,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
                          tokens_per_sec=args.batch * seq_len / (step_ms / 1e3),
                          peak_mem_mb=max(peaks) if peaks else None, sdpa_backend=runs[0]["sdpa_backend"],
                          compile_s=compile_s, warnings=noise_warnings(runs, step_label(args.mode)),
+                         noisy={what for what in ("forward", "step") if measurement_noise(runs, what)},
                          **options_set(cell)),
                     )  # fmt: skip
     return rows
@@ -364,11 +401,11 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     forward, step = make_cell(args, attention, compile_mode == "compiled", seq_len, device)
-    forward_ms, forward_first_s, forward_spread = median_ms(forward, args.min_run_time, device)
+    forward_ms, forward_first_s, forward_spread, forward_range = median_ms(forward, args.min_run_time, device)
     if device.type == "cpu" and not kernel_of(kernel).trains_on_cpu:  # flex: no backward on a CPU, forward only
-        step_ms, step_first_s, step_spread, step = math.nan, 0.0, 0.0, forward
+        step_ms, step_first_s, step_spread, step_range, step = math.nan, 0.0, 0.0, 1.0, forward
     else:
-        step_ms, step_first_s, step_spread = median_ms(step, args.min_run_time, device)
+        step_ms, step_first_s, step_spread, step_range = median_ms(step, args.min_run_time, device)
     return {
         "forward_ms": forward_ms, "step_ms": step_ms,
         "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
@@ -376,6 +413,7 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
         # the first calls compile (forward, then the backward graph); later ones take forward_ms / step_ms
         "compile_s": forward_first_s - forward_ms / 1e3 + (step_first_s - step_ms / 1e3 if step_ms == step_ms else 0),
         "forward_spread": forward_spread, "step_spread": step_spread,
+        "forward_range": forward_range, "step_range": step_range,
     }  # fmt: skip
 
 
@@ -470,23 +508,96 @@ def plot(rows: list[dict], path: Path, title: str, step_name: str) -> None:
 
 
 def figure(rows: list[dict], title: str, step_name: str):
+    """Time against sequence length (``line_figure``); where the grid measures one length, a line through one
+    point per cell would be a dot per cell: a bar per cell instead (``bar_figure``)."""
+    if len({r["seq_len"] for r in rows}) == 1:
+        return bar_figure(rows, title, step_name)
+    return line_figure(rows, title, step_name)
+
+
+def timed_rows(rows: list[dict]) -> tuple[str, list[dict], list[str]]:
+    """What a figure draws: forward+backward (or a training step) where the device can take it, forward only
+    where it cannot (flex on a CPU); the rows that have it, and the labels of those that do not."""
+    axes = varied(rows)
+    timed = "forward_ms" if all(r["step_ms"] != r["step_ms"] for r in rows) else "step_ms"
+    untimed = sorted({cell_label(r, axes) for r in rows if r[timed] != r[timed]})
+    return timed, [r for r in rows if r[timed] == r[timed]], untimed
+
+
+def series_colours(rows: list[dict], labels: list[str], axes: list[str]):
+    """A colour per cell: its layout's, or one per series (``labels``, spelled with ``axes``) where the grid varies
+    more than layout and kernel."""
+    from analysis.plots import colour
+
+    palette = pyplot().get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
+    by_series = len(labels) > len({(r["layout"], r["kernel"]) for r in rows})
+    return lambda r: palette[labels.index(cell_label(r, axes)) % len(palette)] if by_series else colour(r["layout"])
+
+
+def untimed_note(fig, untimed: list[str]) -> None:
+    """A point the device could not time is said under the figure, not drawn at a made-up place."""
+    if untimed:
+        note = textwrap.fill(f"not shown, forward only on this device (see bench.md): {'; '.join(untimed)}", 110)
+        fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
+        fig.set_layout_engine("tight", rect=(0, 0.035 * (note.count("\n") + 2), 1, 1))  # room for the note
+
+
+def bar_figure(rows: list[dict], title: str, step_name: str):
+    """One sequence length: a horizontal bar per cell, named on its tick as training names runs, its median time
+    written at its end ("noisy" where bench.md lists the measurement drawn as noisy), the range over passes as
+    whiskers, a colour per layout (or series) and the kernel's hatch."""
+    plt = pyplot()
+    from analysis.plots import hatch
+    from analysis.plots import legend_title as variant_parts
+
+    axes = varied(rows)
+    timed, rows, untimed = timed_rows(rows)  # in the grid's order, as bench.md lists them
+    labels = sorted({cell_label(r, axes) for r in rows})
+    tint = series_colours(rows, labels, axes)
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.32 * len(rows)))
+    times = [r[timed] for r in rows]
+    spread = timed == "step_ms" and any(r.get("step_ms_min", t) != r.get("step_ms_max", t) for r, t in zip(rows, times))
+    ends = [r["step_ms_max"] if spread else t for r, t in zip(rows, times)]  # where a bar's whisker ends
+    errors = [[t - r["step_ms_min"] for r, t in zip(rows, times)], [end - t for end, t in zip(ends, times)]]
+    bars = ax.barh(range(len(rows)), times, color=[tint(r) for r in rows], xerr=errors if spread else None,
+                   capsize=3, edgecolor="white")  # fmt: skip
+    kernels = [split_kernel(r["kernel"])[0] for r in rows]
+    for bar, kernel in zip(bars, kernels):
+        bar.set_hatch(hatch(kernel))
+    noisy = [timed.removesuffix("_ms") in r.get("noisy", ()) for r in rows]  # the measurement drawn
+    room = 0.015 * max(ends)
+    for y, (t, end, n) in enumerate(zip(times, ends, noisy)):  # written past the whisker, not over it
+        ax.text(end + room, y, f"{ms_text(t)} ms" + (", noisy" if n else ""), fontsize=7, va="center")
+    ax.set_yticks(range(len(rows)), [f"{cell_label(r, axes)}, {r['compile']}" for r in rows], fontsize=8)
+    ax.invert_yaxis()  # the first cell on top, as in bench.md
+    ax.set_xlim(0, max(ends) * 1.3)
+    ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
+    what = step_name if timed == "step_ms" else "forward"
+    ax.set_xlabel(f"{what} time (ms, median{'; whiskers: range over passes' if spread else ''}) at sequence length "
+                  f"{rows[0]['seq_len'] if rows else '?'}")  # fmt: skip
+    ax.set_ylabel(f"{variant_parts(labels)}, compile", fontsize=8)
+    hatched = sorted({k for k in kernels if hatch(k)})
+    note = f"\nhatched: {' and '.join(hatched)} kernel" if hatched else ""
+    ax.set_title(textwrap.fill(title, 80) + note, fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    untimed_note(fig, untimed)
+    return fig
+
+
+def line_figure(rows: list[dict], title: str, step_name: str):
     """Time against sequence length: a colour per layout (or per series where the grid varies more than layout
     and kernel), dashed for the manual kernel, solid for sdpa, circles eager, squares compiled."""
     plt = pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
-    from analysis.plots import colour, line_style
     from analysis.plots import legend_title as variant_parts
+    from analysis.plots import line_style
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     axes = varied(rows)
-    # Forward+backward where the device can take it; forward only where it cannot (flex on a CPU).
-    timed = "forward_ms" if all(r["step_ms"] != r["step_ms"] for r in rows) else "step_ms"
-    untimed = sorted({cell_label(r, axes) for r in rows if r[timed] != r[timed]})
-    rows = [r for r in rows if r[timed] == r[timed]]
+    timed, rows, untimed = timed_rows(rows)
     labels = sorted({cell_label(r, axes) for r in rows})
-    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors  # a colour per series
-    by_series = len(labels) > len({(r["layout"], r["kernel"]) for r in rows})  # more than layout x kernel varies
+    tint_of = series_colours(rows, labels, axes)
     for (label, compile_mode), group in itertools.groupby(
         sorted(rows, key=lambda r: (cell_label(r, axes), r["compile"], r["seq_len"])),
         key=lambda r: (cell_label(r, axes), r["compile"]),
@@ -494,9 +605,8 @@ def figure(rows: list[dict], title: str, step_name: str):
         group = list(group)
         marker = "o" if compile_mode == "eager" else "s"
         kernel = split_kernel(group[0]["kernel"])[0]
-        tint = colour(group[0]["layout"]) if not by_series else palette[labels.index(label) % len(palette)]
         ax.plot([r["seq_len"] for r in group], [r[timed] for r in group], line_style(kernel),
-                marker=marker, color=tint, label=f"{label}, {compile_mode}")  # fmt: skip
+                marker=marker, color=tint_of(group[0]), label=f"{label}, {compile_mode}")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     seq_lens = sorted({r["seq_len"] for r in rows})
@@ -520,10 +630,7 @@ def figure(rows: list[dict], title: str, step_name: str):
     # Long handles: a dash needs room beside the marker to tell manual (dashed) from sdpa (solid).
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title, title_fontsize=7,
               handlelength=5)  # fmt: skip
-    if untimed:  # a point the device could not time is said, not drawn at a made-up place
-        note = textwrap.fill(f"not shown, forward only on this device (see bench.md): {'; '.join(untimed)}", 110)
-        fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
-        fig.set_layout_engine("tight", rect=(0, 0.035 * (note.count("\n") + 2), 1, 1))  # room for the note
+    untimed_note(fig, untimed)
     return fig
 
 
@@ -554,7 +661,8 @@ def window_speed(clock: list[float], end: int, span: int, batch: int) -> tuple[f
 def measure_decode(args: argparse.Namespace) -> list[dict]:
     """Generation tokens/s at each context multiple: over the block_size tokens that end at multiple x
     block_size (a learned-position model re-encodes its context in there, every block_size/2 tokens), the
-    median over --repeats generations, interleaved so that a shared machine's drifts hit every cell."""
+    median over --repeats generations, interleaved so that a shared machine's drifts hit every cell. The speed
+    ratio to the first multiple is taken within each generation (its drifts cancel), then its median and range."""
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     cells = list(itertools.product(args.seq_len, attention_cells(args)))
@@ -565,11 +673,14 @@ def measure_decode(args: argparse.Namespace) -> list[dict]:
                 clocks[i].append(decode_times(args, config_of(args, cell, seq_len), device, dtype))
                 bar.update()
     decoding = choose_decoding(args.decoding, device)
+    first = min(args.context_multiples)
     rows = []
     for i, (seq_len, cell) in enumerate(cells):
+        base = [window_speed(clock, first * seq_len, seq_len, args.batch)[0] for clock in clocks[i]]
         for multiple in args.context_multiples:
             measured = [window_speed(clock, multiple * seq_len, seq_len, args.batch) for clock in clocks[i]]
             speeds = [speed for speed, _ in measured]
+            ratios = [speed / at_first for speed, at_first in zip(speeds, base)]
             speed = statistics.median(speeds)
             rows.append(dict(mode="decode", layout=cell["layout"], kernel=cell["kernel"], kv_heads=cell["kv_heads"],
                              window=cell["window"], **{k: cell[k] for k in OPTION_DEFAULTS}, decoding=decoding,
@@ -578,12 +689,28 @@ def measure_decode(args: argparse.Namespace) -> list[dict]:
                              dtype=str(dtype).removeprefix("torch."), ms_per_token=1e3 * args.batch / speed,
                              median_step_ms=statistics.median(ms for _, ms in measured),
                              tokens_per_sec=speed, tokens_per_sec_min=min(speeds), tokens_per_sec_max=max(speeds),
-                             passes=len(speeds)))  # fmt: skip
+                             passes=len(speeds), speed_ratio=statistics.median(ratios), speed_ratio_min=min(ratios),
+                             speed_ratio_max=max(ratios), warnings=decode_noise(speeds, ratios, multiple, first)))
     return rows
 
 
+def decode_noise(speeds: list[float], ratios: list[float], multiple: int, first: int) -> str:
+    """Why a decode cell's figure is not to be trusted ("" when it is): generations whose tokens/s, or whose ratio
+    to the first multiple, lie more than NOISY_RANGE x apart; or a single generation, which measures no spread."""
+    if len(speeds) == 1:
+        return "one generation: no spread measured (--repeats 3 or more measures it)"
+    notes = []
+    if max(speeds) > NOISY_RANGE * min(speeds):
+        notes.append(f"tokens/s {min(speeds):,.0f}-{max(speeds):,.0f} over {len(speeds)} generations "
+                     f"({max(speeds) / min(speeds):.1f}x)")  # fmt: skip
+    if multiple != first and max(ratios) > NOISY_RANGE * min(ratios):
+        notes.append(f"ratio to {first}x {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} generations")
+    return ", ".join(notes) + ", a noisy measurement" if notes else ""
+
+
 def decode_markdown(rows: list[dict], title: str) -> str:
-    """A row per cell and context multiple; then, per cell, tokens/s at the largest multiple against 1x."""
+    """A row per cell and context multiple; then, per cell, tokens/s at the largest multiple against the first
+    (the median of the generations' own ratios, and their range); then the noisy cells."""
     axes = varied(rows)
     header = ["variant", "block_size", "context multiple", "position", "tokens/s", "range over passes",
               "ms per step", "median step ms"]
@@ -595,9 +722,17 @@ def decode_markdown(rows: list[dict], title: str) -> str:
         group = sorted(group, key=lambda r: r["context_multiple"])
         first, last = group[0], group[-1]
         if first is not last:
-            ratio = last["tokens_per_sec"] / first["tokens_per_sec"]
+            spread = (f" (median of {last['passes']} generations' own ratios, range {last['speed_ratio_min']:.2f}-"
+                      f"{last['speed_ratio_max']:.2f})" if last["passes"] > 1 else " (one generation)")  # fmt: skip
+            spread += ": noisy, see the warnings" if last["warnings"] and last["passes"] > 1 else ""
             lines.append(f"- {label}, block_size {seq_len}: tokens/s at {last['context_multiple']}x block_size is "
-                         f"{ratio:.2f} x that at {first['context_multiple']}x")  # fmt: skip
+                         f"{last['speed_ratio']:.2f} x that at {first['context_multiple']}x{spread}")  # fmt: skip
+    single = [r for r in rows if r["passes"] == 1]
+    notes = [f"- {cell_label(r, axes)}, block_size {r['seq_len']}, {r['context_multiple']}x: {r['warnings']}"
+             for r in rows if r["warnings"] and r["passes"] > 1]  # fmt: skip
+    notes += [f"- every cell: {single[0]['warnings']}"] if single else []
+    if notes:
+        lines += ["", "Benchmark warnings:", *notes]
     return "\n".join(lines)
 
 
