@@ -145,6 +145,15 @@ def main(cfg: DictConfig) -> float | None:
         return None
     if summary.get("requeued"):  # no result: the launcher waits for the rerun, which continues the run
         raise SystemExit(0)
+    if summary.get("stopped_by") and slurm.in_slurm_job() and os.environ.get("SUBMITIT_EXECUTOR"):
+        # scancel, or a time limit without the warning: half a run is no job's result
+        from training.job_errors import JobUserError
+
+        raise JobUserError(f"error: job {hydra_cfg.job.num} ({summary['run_dir']}) was stopped by "
+                           f"{summary['stopped_by']} at step {summary['step']} of {cfg.trainer.max_steps} (scancel, "
+                           f"or its time limit) and saved its last.pt: run the sweep's command again with "
+                           f"hydra.sweep.dir={os.path.abspath(hydra_cfg.sweep.dir)} trainer.resume=auto to "
+                           f"continue it")  # fmt: skip
     if (summary.get("stopped_by") or summary.get("signal")) and not slurm.in_slurm_job():
         stop_here(summary, hydra_cfg, multirun)
     return summary.get("val_loss")  # what a Hydra sweeper would optimise

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import asdict
 
 from analysis.runs import Run
-from model.config import attention_label
+from model.config import GPTConfig, attention_label
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 # Columns a report shows only when some run departs from plain multi-head attention over the whole context
@@ -324,7 +325,7 @@ def csv_columns(rows: list[dict]) -> list[str]:
 def position_label(position: str) -> str:
     """A position encoding as run labels spell it (``model.config.attention_label``): ``nopos`` for none, so that a
     table row and a plot legend say one word."""
-    model = {"attention": "", "kernel": "sdpa", "position": position}
+    model = {**asdict(GPTConfig()), "position": position}
     return attention_label(model, show=("position",)).rsplit("-", 1)[-1]
 
 

@@ -133,10 +133,12 @@ def test_a_default_report_has_exactly_the_columns_it_had(tmp_path, data_cache):
     before = ["layout", "kernel", "kv_heads", "window", "seed", "state", "params", "micro_batch", "sdpa_backend",
               "final_train_loss", "best_val_loss", "best_val_bpb", "tokens_per_sec", "step_ms", "peak_mem_mb", "mfu",
               "compile_s", "time_to_target_s", "flag"]  # fmt: skip
-    assert header == ["run", *before, "final_train_loss_se"]
+    # and the label (issue 35 item 8): the variant's one name, as legends and run names spell it
+    assert header == ["run", "label", *before, "final_train_loss_se"]
     table_header = (out / "report.md").read_text().split("\n\n")[2].splitlines()[0]
     titles = dict(COLUMNS)
-    assert table_header == "| " + " | ".join(titles[k] for k in before if k not in ("kv_heads", "window")) + " |"
+    shown = ["label", *(k for k in before if k not in ("kv_heads", "window"))]
+    assert table_header == "| " + " | ".join(titles[k] for k in shown) + " |"
 
 
 def test_curves_of_different_options_that_coincide_are_not_called_the_same_function():

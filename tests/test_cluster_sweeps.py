@@ -59,7 +59,7 @@ def test_a_slurm_sweep_runs_its_jobs_in_parallel_and_the_report_flags_that_they_
     (a,), (b,) = (i["segments"] for i in infos)
     assert a["slurm"]["job_id"] != b["slurm"]["job_id"] and spans_overlap(a, b), "two SLURM jobs at the same time"
     report = (compare.main([str(tmp_path / "sweep")]) / "report.md").read_text()
-    for variant, other in (("wrapper", "fused_qkv-sdpa"), ("fused_qkv", "wrapper-sdpa")):
+    for variant, other in (("wrapper-sdpa", "fused_qkv-sdpa"), ("fused_qkv-sdpa", "wrapper-sdpa")):
         row = next(line for line in report.splitlines() if line.startswith(f"| {variant} |"))
         assert f"ran alongside {other} (seed 1337): its speed is not comparable" in row
 
@@ -129,6 +129,39 @@ def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_a
     requeued, whole = train_losses(run_dir), train_losses(tmp_path / "whole")
     assert sorted(requeued) == list(range(1, 151)), "every step once: the records after a checkpoint were dropped"
     assert [requeued[s] for s in sorted(whole)] == pytest.approx([whole[s] for s in sorted(whole)], abs=1e-5)
+
+
+def test_a_job_requeued_while_it_prepares_its_data_is_waited_for_and_its_rerun_finishes_the_sweep(slurm, tmp_path):
+    env = {**os.environ, **slurm.env}
+    cache = tmp_path / "cache"  # unprepared: the job tokenizes the corpus first (seconds)
+    proc = sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, f"data.cache_dir={cache}",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    deadline = time.time() + 120
+    while not any(cache.glob("**/*.tmp*")) and not any(cache.glob(".*")) and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (job,) = slurm.run("squeue", "-h", "-o", "%i").stdout.split()
+    assert not (tmp_path / "sweep" / "0_fused_qkv-sdpa" / "run.json").exists(), "still preparing"
+    slurm.run("scontrol", "requeue", job)
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+    info = json.loads((tmp_path / "sweep" / "0_fused_qkv-sdpa" / "run.json").read_text())
+    assert info["status"] == "finished" and [s["slurm"]["restart"] for s in info["segments"]] == [1]
+
+
+def test_a_job_cancelled_mid_run_ends_the_sweep_with_an_error_not_its_half_trained_loss(slurm, tmp_path, data_cache):
+    env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}
+    proc = sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "trainer.max_steps=100000", "trainer.eval_interval=100000",
+                 f"data.cache_dir={data_cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    run_dir = tmp_path / "sweep" / "0_fused_qkv-sdpa"
+    wait_for_steps(run_dir / "metrics.jsonl", 3, proc)
+    slurm.run("scancel", slurm.run("squeue", "-h", "-o", "%i").stdout.split()[0])
+    code, _, err = finish(proc)
+    assert code != 0, "a cancelled job is no completed job"
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: job 0 (") and "was stopped by SIGTERM at step" in line and "Traceback" not in err
+    assert f"hydra.sweep.dir={tmp_path / 'sweep'} trainer.resume=auto" in line
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 
 def test_a_user_error_in_a_slurm_job_ends_the_sweep_with_its_message_instead_of_a_wait(slurm, tmp_path):

@@ -3,4 +3,4 @@ process that submitted the sweep, prints it as the one line a local run prints (
 
 
 class JobUserError(RuntimeError):
-    """A job's one-line user error (``error: ...``)."""
+    """A job's one-line error (``error: ...``): a user's mistake, or a job stopped before it finished."""

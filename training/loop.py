@@ -27,7 +27,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from common.run_files import BEST, FAILURE, LAST, PROFILE
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
-from data.prepare import prepare
+from data.prepare import PreparationInterrupted, prepare
 from data.tokenizers import get_tokenizer
 from model import GPT
 from model.checkpoint import Checkpoint
@@ -67,7 +67,14 @@ def run(setup: RunSetup) -> dict:
     config, dist, device = setup.config, setup.dist, setup.device
     tokenizer = get_tokenizer(config.data.tokenizer)
     model_config = replace(config.model, vocab_size=config.model.vocab_size or tokenizer.vocab_size)
-    data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
+    try:
+        data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
+    except PreparationInterrupted:
+        if slurm.in_slurm_job() and slurm.requeued_after("SIGTERM", dist.rank):
+            log.warning("SLURM requeued the job while it prepared its data (nothing was kept): its rerun "
+                        "prepares it again")  # fmt: skip
+            return {"step": 0, "stopped_by": "SIGTERM", "requeued": True}
+        raise
     data.check_fits(model_config.block_size, model_config.vocab_size)
     init_distributed(dist, device)
     finished, claim = False, None
