@@ -133,16 +133,17 @@ def main(cfg: DictConfig) -> float | None:
         cfg.logger.group = f"sweep-{os.path.basename(os.path.dirname(sweep_dir))}_{os.path.basename(sweep_dir)}"
     if multirun and cfg.logger.name is None:
         cfg.logger.name = sweep_run_name(cfg, hydra_cfg)
-    try:
-        with errors_for_the_launcher():
-            with user_errors("python train.py [group=option ...] [key=value ...]; python train.py --help lists them"):
+    with errors_for_the_launcher():
+        with user_errors("python train.py [group=option ...] [key=value ...]; python train.py --help lists them"):
+            try:
                 summary = train(cfg)
-    except RunFailed as err:
-        if hydra_cfg.mode != RunMode.MULTIRUN:
-            raise
-        # One variant failing (e.g. out of memory) must not end the sweep: it is recorded, the rest go on.
-        print(f"[train] job {hydra_cfg.job.num} failed: {err}", file=sys.stderr, flush=True)
-        return None
+            except RunFailed as err:
+                if not multirun:
+                    raise  # one line: user_errors
+                # One variant failing (out of memory, a diverged loss) must not end the sweep: it is recorded in
+                # its failure.json, the rest go on.
+                print(f"[train] job {hydra_cfg.job.num} failed: {err}", file=sys.stderr, flush=True)
+                return None
     if summary.get("requeued"):  # no result: the launcher waits for the rerun, which continues the run
         raise SystemExit(0)
     if summary.get("stopped_by") and slurm.in_slurm_job() and os.environ.get("SUBMITIT_EXECUTOR"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses, user_env
 
 from model.checkpoint import load_checkpoint
-from training.loop import train
+from training.loop import RunFailed, train
 
 
 def tiny(tmp_path: Path, data_cache: Path, name: str, *overrides: str):
@@ -73,13 +74,34 @@ def test_resume_with_a_different_model_is_refused(tmp_path, data_cache):
         train(cfg)
 
 
-def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):
-    cfg = tiny(tmp_path, data_cache, "run", "logger=none", "optim.lr=1e6", "optim.min_lr=0",
-               "optim.grad_clip=0", "trainer.checkpoint_interval=1", "optim.warmup_steps=0")  # fmt: skip
-    with pytest.raises(FloatingPointError, match=r"train/loss became (nan|inf) at step \d+.*Lower optim.lr"):
+DIVERGING = ["optim.lr=1e6", "optim.min_lr=0", "optim.grad_clip=0", "optim.warmup_steps=0"]
+
+
+def test_non_finite_loss_stops_the_run_records_why_and_keeps_the_last_good_checkpoint(tmp_path, data_cache):
+    cfg = tiny(tmp_path, data_cache, "run", "logger=none", *DIVERGING, "trainer.checkpoint_interval=1")
+    with pytest.raises(RunFailed, match=r"train/loss became (nan|inf) at step \d+.*last good checkpoint is .*"
+                                        r"Lower optim.lr"):  # fmt: skip
         train(cfg)
     ckpt = load_checkpoint(tmp_path / "run")
     assert all(torch.isfinite(t).all() for t in ckpt.model.values())
+    assert "train/loss became" in json.loads((tmp_path / "run" / "failure.json").read_text())["reason"]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_diverged_run_is_one_line_alone_and_one_failed_job_in_a_sweep_whose_others_go_on(tmp_path, data_cache):
+    alone = run_cli(*TINY, *DIVERGING, f"trainer.run_dir={tmp_path / 'alone'}", f"data.cache_dir={data_cache}",
+                    cwd=tmp_path, env=user_env())  # fmt: skip
+    assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr[-3000:]
+    assert alone.stderr.strip().splitlines()[-1].startswith("error: fused_qkv-sdpa-nano: train/loss became")
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *TINY, "optim.lr=1e6,6e-4", *DIVERGING[1:], "trainer.max_steps=3",
+                     f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=user_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[train] job 0 failed: " in result.stderr and "Traceback" not in result.stderr
+    (failed,) = sweep.glob("0_*/failure.json")
+    assert "train/loss became" in json.loads(failed.read_text())["reason"]
+    (second,) = sweep.glob("1_*/run.json")
+    assert json.loads(second.read_text())["status"] == "finished"
 
 
 def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(tmp_path, data_cache):

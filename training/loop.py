@@ -98,6 +98,8 @@ def run(setup: RunSetup) -> dict:
         except torch.OutOfMemoryError as err:
             half, detail = max(1, t.micro_batch_size // 2), str(err).splitlines()[0][:160]
             reason = f"out of memory at trainer.micro_batch_size={t.micro_batch_size}; try trainer.micro_batch_size={half} ({detail})"  # noqa: E501
+        except NonFiniteLoss as err:  # diverged: a sweep's other variants go on, the report names why
+            reason = str(err)
         # Out of the except block: the error's traceback (and the tensors its frames hold) is gone.
         free_memory(device)
         if dist.is_main:
@@ -143,6 +145,10 @@ def progress_postfix(metrics: dict) -> dict:
 
 class RunFailed(RuntimeError):
     """A run that could not finish (e.g. out of memory); its reason is recorded in the run directory."""
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The training loss became NaN or infinite: the run stops before it saves anything of that step."""
 
 
 def free_memory(device: torch.device) -> None:
@@ -257,11 +263,11 @@ class Trainer:
                         step += 1
                         step_s = step_ms[-1] / 1e3
                         if not math.isfinite(loss):
-                            raise FloatingPointError(
-                                f"train/loss became {loss} at step {step}; stopped without saving it. The last "
-                                f"good checkpoint is {self.run_dir / LAST} (if one was written). Lower optim.lr, "
-                                f"keep optim.grad_clip > 0, or use trainer.dtype=float32"
-                            )
+                            last = self.run_dir / LAST
+                            saved = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint yet"
+                            raise NonFiniteLoss(f"train/loss became {loss} at step {step}; stopped without saving "
+                                                f"it ({saved}). Lower optim.lr, keep optim.grad_clip > 0, or use "
+                                                f"trainer.dtype=float32")  # fmt: skip
                         metrics = self.step_metrics(step, loss, grad_norm, lr, step_s)
                         if profiler.profiled(step):
                             metrics["perf/profiled"] = 1  # the profiler's overhead: no speed figure uses this step
