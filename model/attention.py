@@ -17,6 +17,7 @@ layout is one class in this file (plus its configs file).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
 # tensors: q (n_head * head_dim, n_embd) or (n_head * head_dim,), k and v with n_kv_head heads.
 QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 PROJECTIONS = ("query", "key", "value")
+
+
+def finite_number(value) -> bool:
+    """A real number a formula can use: not a bool, a string, NaN or an infinity (YAML reads 1e400 as inf)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -84,15 +90,16 @@ class AttentionSpec:
             raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
                              f"model.dropout=0, or use kernel={others}")  # fmt: skip
         registry.position(self.position)
-        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, int | float) or self.rope_theta <= 1:
-            raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a number above 1 (10000: RoFormer's, "
-                             f"Llama 2's; 500000: Llama 3's)")  # fmt: skip
+        if not finite_number(self.rope_theta) or not self.rope_theta > 1:  # NaN compares false: it is refused too
+            raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a finite number above 1 (10000: "
+                             f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
         for flag in ("qk_norm", "sinks"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"model.{flag}={getattr(self, flag)!r} must be true or false")
         cap = self.softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or cap <= 0):
-            raise ValueError(f"model.softcap={cap!r} must be a positive number (Gemma 2 caps at 50), or null (none)")
+        if cap is not None and (not finite_number(cap) or not cap > 0):
+            raise ValueError(f"model.softcap={cap!r} must be a finite positive number (Gemma 2 caps at 50), or null "
+                             f"(none)")  # fmt: skip
         for mod in self.score_mods:
             if mod not in kernel.score_mods:
                 takers = " or ".join(name for name, k in KERNELS.items() if mod in k.score_mods)

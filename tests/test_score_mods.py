@@ -8,6 +8,7 @@ The float64 formula of each (tests/attention_reference.py) holds every layout x 
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 import pytest
@@ -22,16 +23,20 @@ LAYOUTS = ("fused_qkv", "separate_qkv", "wrapper")
 
 @pytest.mark.parametrize(("options", "expected"), [
     (dict(position="rotary"), "unknown model.position 'rotary'; choose one of: alibi, learned, none, rope"),
-    (dict(softcap=0), "model.softcap=0 must be a positive number"),
-    (dict(softcap=-2.5), "model.softcap=-2.5 must be a positive number"),
-    (dict(softcap=True), "model.softcap=True must be a positive number"),
+    (dict(softcap=0), "model.softcap=0 must be a finite positive number"),
+    (dict(softcap=-2.5), "model.softcap=-2.5 must be a finite positive number"),
+    (dict(softcap=True), "model.softcap=True must be a finite positive number"),
+    (dict(softcap=math.nan), "model.softcap=nan must be a finite positive number"),  # NaN compares false
+    (dict(softcap=math.inf), "model.softcap=inf must be a finite positive number"),
     (dict(kernel="sdpa", softcap=30.0), "model.softcap=30.0 changes the scores before the softmax, which kernel=sdpa "
                                         "cannot do; use kernel=manual or flex"),
     (dict(kernel="sdpa_math", softcap=30.0), "which kernel=sdpa cannot do; use kernel=manual or flex"),
     (dict(position="rope", n_embd=60, n_head=4), "model.position=rope turns pairs of a head's dimensions, but the "
                                                  "head dim n_embd/n_head = 60/4 = 15 is odd"),
-    (dict(position="rope", rope_theta=1), "model.rope_theta=1 must be a number above 1"),
-    (dict(position="rope", rope_theta=-10000.0), "model.rope_theta=-10000.0 must be a number above 1"),
+    (dict(position="rope", rope_theta=1), "model.rope_theta=1 must be a finite number above 1"),
+    (dict(position="rope", rope_theta=-10000.0), "model.rope_theta=-10000.0 must be a finite number above 1"),
+    (dict(position="rope", rope_theta=math.nan), "model.rope_theta=nan must be a finite number above 1"),
+    (dict(position="rope", rope_theta=math.inf), "model.rope_theta=inf must be a finite number above 1"),
     (dict(qk_norm="yes"), "model.qk_norm='yes' must be true or false"),
     (dict(qk_norm=1), "model.qk_norm=1 must be true or false"),
     (dict(sinks="no"), "model.sinks='no' must be true or false"),
@@ -54,6 +59,10 @@ def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:
     (["kernel=sdpa", "model.softcap=30"], "error: model.softcap=30.0 changes the scores before the softmax, which "
                                           "kernel=sdpa cannot do; use kernel=manual or flex"),
     (["model.position=rope", "model.n_embd=60", "model.n_head=4"], "the head dim n_embd/n_head = 60/4 = 15 is odd"),
+    # the command line's spellings of what is no number: 1e400 is read as an infinity
+    (["model.position=rope", "model.rope_theta=1e400"], "error: model.rope_theta=inf must be a finite number"),
+    (["model.position=rope", "model.rope_theta=nan"], "error: model.rope_theta=nan must be a finite number"),
+    (["kernel=manual", "model.softcap=inf"], "error: model.softcap=inf must be a finite positive number"),
 ])  # fmt: skip
 def test_train_plan_refuses_a_bad_value_in_one_line_before_any_work(overrides, expected, tmp_path):
     result = train_plan(*overrides, cwd=tmp_path)
