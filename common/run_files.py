@@ -22,6 +22,7 @@ previous file as it was plus a temporary that the next run removes (``remove_lef
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -74,6 +75,18 @@ def write_text(path: Path, text: str) -> Path:
 
 def write_json(path: Path, obj: dict) -> Path:
     return write_text(path, json.dumps(obj, indent=2))
+
+
+def rewrite_in_place(path: Path, text: str) -> None:
+    """Overwrite ``path`` without a temporary copy, where a full disk has no room for one: only when the new text
+    fits in the blocks the file already holds (writing there needs no free space, so it cannot stop halfway);
+    otherwise the file is left as it was and OSError raised."""
+    data = text.encode()
+    if len(data) > os.stat(path).st_blocks * 512:
+        raise OSError(errno.ENOSPC, f"no room to rewrite {path} in place ({len(data)} bytes)")
+    with open(path, "r+b") as f:
+        f.write(data)
+        f.truncate()
 
 
 def read_json(path: Path) -> dict | None:

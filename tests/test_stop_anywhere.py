@@ -105,3 +105,54 @@ def test_a_run_killed_as_it_creates_each_file_continues_to_the_uninterrupted_los
     assert continued.returncode == 0, f"killed at {moment}: {continued.stderr[-2000:]}"
     assert json.loads((run / "run.json").read_text())["status"] == "finished"
     assert train_losses(run) == uninterrupted, f"killed at {moment}"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MB filesystem (tmpfs), to fill up; skipped where this user cannot mount one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem to fill: {mounted.stderr.decode().strip()[:200]}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk) -> None:
+    """Write into ``disk`` until it has no byte left."""
+    with open(disk / "filler", "wb", buffering=0) as f:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                continue
+
+
+def test_a_disk_that_fills_up_during_a_save_fails_with_that_message_and_the_run_continues(
+        data_cache, small_disk, monkeypatch):  # fmt: skip
+    run_dir = small_disk / "run"
+    cfg = compose_train(*TINY, "logger=none", "trainer.max_steps=6", "trainer.checkpoint_interval=2",
+                        f"trainer.run_dir={run_dir}", f"data.cache_dir={data_cache}")  # fmt: skip
+    real_save = loop.Trainer.save
+
+    def save_on_a_full_disk(self, name, step):
+        if step == 4:
+            fill(small_disk)
+        return real_save(self, name, step)
+
+    monkeypatch.setattr(loop.Trainer, "save", save_on_a_full_disk)
+    # the first error (torch.save's own words for a full disk are obscure: "unexpected pos 64 vs 0"), not a
+    # second one from recording the run's end
+    with pytest.raises(OSError, match=r"could not write checkpoint .*last.pt \(.*\); free disk space"):
+        train(cfg)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed", "written in place"
+    monkeypatch.undo()
+    (small_disk / "filler").unlink()
+    summary = train(compose_train(*TINY, "logger=none", "trainer.max_steps=6", "trainer.checkpoint_interval=2",
+                                  f"trainer.run_dir={run_dir}", f"data.cache_dir={data_cache}",
+                                  "trainer.resume=auto"))  # fmt: skip
+    assert summary["start_step"] == 2 and summary["step"] == 6, "continued from the last checkpoint written"

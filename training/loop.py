@@ -14,6 +14,7 @@ import logging
 import math
 import shlex
 import statistics
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from common.run_files import BEST, FAILURE, LAST, PROFILE
+from common.run_files import BEST, FAILURE, LAST, PROFILE, RUN_INFO
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
 from data.prepare import PreparationInterrupted, prepare
@@ -309,13 +310,23 @@ class Trainer:
             finally:
                 bar.close()
                 if self.log is not None:
-                    self.log.close(status, {k: summary[k] for k in FINAL_KEYS if k in summary})
+                    self.close_log(status, {k: summary[k] for k in FINAL_KEYS if k in summary}, sys.exc_info()[1])
         if self.log is not None and self.log.wandb_offline and self.wandb_segments:
             dirs = " ".join(shlex.quote(d) for d in self.wandb_segments)
             log.warning("wandb: this run continues an offline wandb run; upload its whole history with: python "
                         "rebuild_wandb.py %s, then wandb sync <the folder it prints> (wandb sync on the run's "
                         "offline-run folders would replace the first segment's history)", dirs)  # fmt: skip
         return summary
+
+    def close_log(self, status: str, summary: dict, failing: BaseException | None) -> None:
+        """Record how the run ended. Where it ends on an error (a disk that filled up while a checkpoint was
+        written), a second error from recording it must not bury the first: it is said, and the first goes on."""
+        try:
+            self.log.close(status, summary)
+        except OSError as err:
+            if failing is None:
+                raise
+            log.error("could not record in %s that the run %s (%s)", self.run_dir / RUN_INFO, status, err)
 
     def report(self, summary: dict, seconds: float) -> None:
         """The closing lines: where the run is, how it did, and what to do next."""

@@ -18,6 +18,7 @@ from common.run_files import (
     lock_owner,
     read_json,
     remove_stale_checkpoints,
+    rewrite_in_place,
     write_json,
 )
 from common.wandb_mode import wandb_mode as common_wandb_mode
@@ -143,8 +144,13 @@ class RunLog:
             info["summary"] = summary
         if info.get("segments"):
             info["segments"][-1]["end"] = time.time()
-        write_json(path, info)
-        self.file.close()
+        try:
+            try:
+                write_json(path, info)
+            except OSError:  # a full disk has no room for the temporary copy; the file's own blocks have
+                rewrite_in_place(path, json.dumps(info, indent=2))
+        finally:
+            self.file.close()
         if self.wandb_run is not None:
             self.wandb_run.summary["status"] = status  # in the summary, which ends with the run; not the config
             self.wandb_run.finish()
