@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIGS, CPU_KERNELS, TINY, compose_train, read_metrics
+from helpers import CONFIGS, CPU_KERNELS, TINY, compose_train, read_metrics, run_script
 from omegaconf import OmegaConf
 
 import compare
@@ -184,6 +185,24 @@ def test_a_run_that_would_not_fit_the_gpu_is_refused_naming_a_micro_batch_that_f
     with pytest.raises(ValueError, match=r"micro_batch_size=64 needs an estimated [\d.]+ GiB .* the GPU has 40.0 GiB; "
                                          r"set trainer.micro_batch_size=(16|8)"):  # fmt: skip
         check_fits_device(plan, torch.device("cuda"), total_bytes=40 * 2**30)
+
+
+def test_a_cpu_run_that_would_not_fit_the_ram_is_refused_in_one_line_before_any_work(tmp_path):
+    from model.device import available_memory
+
+    # ~627 GiB of float32 weights, optimizer state and activations: more than any test machine's RAM
+    result = run_script("train.py", "model=nano", "model.n_embd=8192", "model.n_layer=48", "model.n_head=64",
+                        "trainer.device=cpu", "logger=none", f"trainer.run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    available = available_memory(torch.device("cpu"))
+    if available is None:
+        pytest.skip("no /proc/meminfo: the RAM available is unknown here")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert re.fullmatch(r"error: out of memory expected: trainer.micro_batch_size=16 needs an estimated [\d.]+ GiB "
+                        r"of RAM per process \(fused_qkv \+ sdpa\), this machine has [\d.]+ GiB of RAM available; "
+                        r"no micro-batch fits: use a smaller model or block_size. `trainer.plan=true` shows the "
+                        r"estimate", line), line  # fmt: skip
+    assert not (tmp_path / "run").exists(), "refused before the run directory is made"
 
 
 def tiny(tmp_path: Path, data_cache: Path, name: str, *overrides: str):

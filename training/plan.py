@@ -15,6 +15,7 @@ note); ``plan_variants`` is a sweep's (``train.py -m ... trainer.plan=true``): a
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -324,23 +325,37 @@ def planned_dtype(trainer) -> torch.dtype:
 
 
 def check_fits_device(plan: Plan, device: torch.device, total_bytes: int | None = None) -> None:
-    """On CUDA, refuse a run whose estimated peak exceeds the GPU's memory, naming a micro-batch that fits."""
+    """Refuse a run whose estimated peak exceeds the memory it will have, naming a micro-batch that fits: a GPU's
+    memory, or on a CPU the RAM available now, shared by this machine's ranks (the estimate counts tensors, not
+    the libraries' own hundreds of MB, so it refuses only what cannot fit)."""
+    what = "per GPU" if device.type == "cuda" else "of RAM per process"
     if total_bytes is None:
-        if device.type != "cuda":
-            return
-        total_bytes = torch.cuda.get_device_properties(device).total_memory
+        if device.type == "cuda":
+            total_bytes = torch.cuda.get_device_properties(device).total_memory
+        else:
+            available = available_memory(device)
+            if available is None:  # not Linux: nothing to compare with
+                return
+            total_bytes = available // local_ranks()
     if plan.peak_bytes <= total_bytes:
         return
     per_rank = plan.tokens_per_step // plan.config.block_size // plan.world_size
     fits = [m for m in range(plan.micro_batch - 1, 0, -1) if per_rank % m == 0]
     smaller = next((m for m in fits if _with_micro(plan, m).peak_bytes <= total_bytes), None)
     hint = (f"set trainer.micro_batch_size={smaller} (estimated {_with_micro(plan, smaller).peak_bytes / GIB:.1f} GiB)"
-            if smaller else "no micro-batch fits: use a smaller model, block_size or the sdpa kernel")  # fmt: skip
+            if smaller else "no micro-batch fits: use a smaller model or block_size")  # fmt: skip
+    has = (f"the GPU has {total_bytes / GIB:.1f} GiB" if device.type == "cuda" else
+           f"this machine has {total_bytes / GIB:.1f} GiB of RAM available{' per rank' if local_ranks() > 1 else ''}")
     raise ValueError(
         f"out of memory expected: trainer.micro_batch_size={plan.micro_batch} needs an estimated "
-        f"{plan.peak_bytes / GIB:.1f} GiB per GPU ({plan.config.attention} + {plan.config.kernel}), the GPU has "
-        f"{total_bytes / GIB:.1f} GiB; {hint}. `trainer.plan=true` shows the estimate"
+        f"{plan.peak_bytes / GIB:.1f} GiB {what} ({plan.config.attention} + {plan.config.kernel}), {has}; {hint}. "
+        f"`trainer.plan=true` shows the estimate"
     )
+
+
+def local_ranks() -> int:
+    """The processes of this run on this machine (torchrun's LOCAL_WORLD_SIZE; 1 without torchrun)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def _with_micro(plan: Plan, micro: int) -> Plan:
