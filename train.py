@@ -15,6 +15,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -120,6 +121,33 @@ OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)
 def main(cfg: DictConfig) -> float | None:
     # The only place that reads Hydra's state: train(cfg) gets the run directory, group and name as settings.
     hydra_cfg = HydraConfig.get()
+    with no_husk_left(Path(hydra_cfg.runtime.output_dir)):
+        return run_command(cfg, hydra_cfg)
+
+
+HYDRAS_OWN = {".hydra", "train.log"}  # what Hydra writes into a job's folder before the job starts
+
+
+@contextlib.contextmanager
+def no_husk_left(output_dir: Path):
+    """A command that ends without a run (refused, a plan, a sweep preset without -m) removes the folder Hydra
+    made for it, and the folders above it that this leaves empty (inside the working directory): they would later
+    look like a run. A folder holding anything a run writes is kept."""
+    try:
+        yield
+    finally:
+        if from_environment().is_main and output_dir.is_dir() and {p.name for p in output_dir.iterdir()} <= HYDRAS_OWN:
+            shutil.rmtree(output_dir, ignore_errors=True)
+            for parent in output_dir.absolute().parents:  # runs/<date>/ and runs/, each only if left empty
+                if parent == Path.cwd() or Path.cwd() not in parent.parents:
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:  # it holds other runs
+                    break
+
+
+def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     if not multirun and hydra_cfg.sweeper.get("params"):
         if cfg.trainer.plan:

@@ -61,3 +61,23 @@ def test_evaluate_of_a_hub_name_writes_to_eval_out_not_the_current_directory():
 
     cfg = evaluate.EvaluateConfig(source="openai-community/gpt2-medium", data=DataConfig(name="tinyshakespeare"))
     assert evaluate.default_out(cfg, None) == Path("eval-out/eval-gpt2-medium-tinyshakespeare.json")
+
+
+@pytest.mark.parametrize("args,says", [
+    (["model.n_head=5"], "error: n_embd=128 is not divisible by n_head=5"),  # refused
+    (["trainer.plan=true"], "sampling's KV cache"),  # a plan: the whole answer is printed
+    (["experiment=compare_attention"], "run it with -m"),  # a sweep preset without -m
+])  # fmt: skip
+def test_a_command_that_ends_without_a_run_leaves_no_run_folder(args, says, tmp_path):
+    result = script("train.py", "model=nano", "logger=none", *args, cwd=tmp_path)
+    assert says in result.stdout + result.stderr, result.stderr[-2000:]
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")] == [], "nothing that looks like a run"
+
+
+def test_a_refused_command_keeps_the_folders_of_earlier_runs(tmp_path):
+    earlier = tmp_path / "runs" / "2026-01-01" / "00-00-00_fused_qkv-sdpa"
+    earlier.mkdir(parents=True)
+    (earlier / "run.json").write_text("{}")
+    result = script("train.py", "model=nano", "logger=none", "model.n_head=5", cwd=tmp_path)
+    assert result.returncode == 1
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["2026-01-01"] and (earlier / "run.json").exists()
