@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, run_script
+from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, run_script, user_env
+from warm_python import run_python
 
 import rebuild_wandb
 from analysis.plots import val_loss_figure
@@ -87,6 +88,21 @@ def test_the_console_names_the_run_directory_and_every_evaluation(tmp_path, data
         assert f"step {step}: val/loss {val:.4f}" in out
     assert "best val/loss" in out and f"python sample.py source={run}" in out
     assert "step 20: val/loss" in (tmp_path / "hydra" / "train.log").read_text(), "train.log holds the same"
+
+
+def test_a_wandb_run_ends_with_the_summary_below_wandbs_closing_lines(tmp_path, data_cache):
+    run = tmp_path / "run"
+    # one stream, as a terminal shows it: stderr (wandb's lines) joined to stdout (the log's)
+    code = (f"import os, runpy, sys; os.dup2(1, 2); sys.argv = {['train.py', *TINY]!r} + sys.argv[1:]; "
+            f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')")  # fmt: skip
+    result = run_python(["-c", code, "logger.mode=offline", "trainer.max_steps=4", f"trainer.run_dir={run}",
+                         f"data.cache_dir={data_cache}", f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path,
+                        env=user_env())  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.rstrip().splitlines()
+    assert any(line.startswith("wandb: ") for line in lines), "wandb said its closing lines"
+    tail = lines[-7:]
+    assert tail[0].endswith("] summary") and tail[-1] == f"  sample from it: python sample.py source={run}", tail
 
 
 def test_ctrl_c_prints_the_command_that_continues_the_run(tmp_path, data_cache):

@@ -305,7 +305,7 @@ class Trainer:
                 if self.dist.is_main:
                     if t.sample_tokens > 0 and step == t.max_steps:
                         self.log_sample(step, self.sample(t.sample_tokens))
-                    self.report(summary, time.perf_counter() - started)
+                seconds = time.perf_counter() - started
                 status = "finished" if step == t.max_steps else "interrupted"
             finally:
                 bar.close()
@@ -316,6 +316,8 @@ class Trainer:
             log.warning("wandb: this run continues an offline wandb run; upload its whole history with: python "
                         "rebuild_wandb.py %s, then wandb sync <the folder it prints> (wandb sync on the run's "
                         "offline-run folders would replace the first segment's history)", dirs)  # fmt: skip
+        if self.dist.is_main:  # after wandb's closing lines, which would bury it: the run's last words
+            self.report(summary, seconds)
         return summary
 
     def close_log(self, status: str, summary: dict, failing: BaseException | None) -> None:
