@@ -98,6 +98,7 @@ def test_a_diverged_run_is_one_line_alone_and_one_failed_job_in_a_sweep_whose_ot
                      f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=user_env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[train] job 0 failed: " in result.stderr and "Traceback" not in result.stderr
+    assert f"the sweep has ended: 2 runs in {sweep} (1 failed, 1 finished)" in result.stdout
     (failed,) = sweep.glob("0_*/failure.json")
     assert "train/loss became" in json.loads(failed.read_text())["reason"]
     (second,) = sweep.glob("1_*/run.json")
@@ -135,6 +136,8 @@ def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_grou
                      "logger.mode=offline", f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}",
                      cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.rstrip().splitlines()[-1] == (f"[train] the sweep has ended: 2 runs in {sweep} (2 finished); "
+                                                      f"compare them: python compare.py {sweep}")  # fmt: skip
     run_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "metrics.jsonl").exists())
     assert [p.name for p in run_dirs] == ["0_wrapper-sdpa", "1_fused_qkv-sdpa"]
     group = f"sweep-{sweep.parent.name}_{sweep.name}".encode()

@@ -1,0 +1,34 @@
+"""A sweep's last words (a Hydra callback, configs/train.yaml): where its runs are, how they ended, and the
+command that compares them."""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from common.run_files import RUN_INFO, read_json
+
+
+class SweepEnd(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from training.distributed import from_environment
+
+        if from_environment().is_main:  # under torchrun every rank runs the sweep; one says it
+            print(sweep_end_text(Path(config.hydra.sweep.dir)), flush=True)
+
+
+def sweep_end_text(sweep_dir: Path) -> str:
+    """``[train] the sweep has ended: 4 runs in <dir> (3 finished, 1 failed); compare them: python compare.py
+    <dir>``."""
+    sweep_dir = sweep_dir.absolute()
+    infos = [read_json(p / RUN_INFO) for p in sorted(sweep_dir.iterdir()) if p.is_dir()] if sweep_dir.is_dir() else []
+    states = Counter((info or {}).get("status", "unknown") for info in infos if info is not None)
+    how = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    runs = f"{sum(states.values())} run{'s' if sum(states.values()) != 1 else ''}"
+    return (f"[train] the sweep has ended: {runs} in {sweep_dir}{f' ({how})' if how else ''}; compare them: "
+            f"python compare.py {shlex.quote(str(sweep_dir))}")
