@@ -77,6 +77,21 @@ def test_continuing_with_stop_at_step_already_reached_is_refused_naming_the_fix(
         train(tiny(tmp_path / "run", data_cache, "trainer.stop_at_step=4", "trainer.resume=auto"))
 
 
+def test_the_old_continue_command_of_a_run_shortened_since_does_not_extend_it_back(tmp_path, data_cache):
+    run = tmp_path / "run"
+    train(tiny(run, data_cache, "trainer.max_steps=12", "trainer.stop_at_step=4"))  # stopped; continue: 12 steps
+    train(tiny(run, data_cache, "trainer.max_steps=8", "trainer.resume=auto"))  # shortened: finished at 8
+    with pytest.raises(ValueError, match=r"finished at step 8 \(trainer.max_steps=8\): it was shortened from "
+                                         r"trainer.max_steps=12, which this command asks for again .* "
+                                         r"trainer.resume=.*run trainer.run_dir=<new directory> trainer.max_steps=12"):
+        train(tiny(run, data_cache, "trainer.max_steps=12", "trainer.resume=auto"))  # the old continue command
+    assert run_info(run)["summary"]["step"] == 8 and max(train_losses(run)) == 8, "left as it was"
+    onwards = train(tiny(tmp_path / "onwards", data_cache, "trainer.max_steps=12", f"trainer.resume={run}"))
+    assert (onwards["start_step"], onwards["step"]) == (8, 12), "the way the message names"
+    extended = train(tiny(run, data_cache, "trainer.max_steps=16", "trainer.resume=auto"))
+    assert extended["step"] == 16, "a budget it never had still extends it"
+
+
 def test_a_larger_budget_extends_a_finished_run_alike_in_place_and_in_a_new_directory(tmp_path, data_cache,
                                                                                          log_lines):  # fmt: skip
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"

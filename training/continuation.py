@@ -73,7 +73,9 @@ def inspect(run_dir: str | Path, container: dict) -> Continuation:
         summary = info.get("summary") or {}
         if not has_checkpoint or summary.get("step", max_steps) >= max_steps:
             return Continuation(path, "finished", summary=summary)
-        # a larger trainer.max_steps extends the finished run: continued below like a stopped one
+        # a larger trainer.max_steps extends the finished run: continued below like a stopped one; but not back to a
+        # budget it was shortened from, which is what its old continue command asks for
+        check_not_shortened_from(path, info, summary.get("step"), max_steps)
     if not has_checkpoint:
         return Continuation(path, "restart")
     checkpoint = load_checkpoint(path)
@@ -82,6 +84,20 @@ def inspect(run_dir: str | Path, container: dict) -> Continuation:
         return Continuation(path, "finished", summary={"step": checkpoint.step,
                                                        "best_val_loss": checkpoint.best_val_loss})  # fmt: skip
     return Continuation(path, "continue", checkpoint=checkpoint)
+
+
+def check_not_shortened_from(path: Path, info: dict, finished_at: int | None, max_steps: int) -> None:
+    """Refuse to extend a finished run back to a budget an earlier segment of it ran towards: a continuation
+    shortened it from there, so this is most likely that stop's old continue command, and the run is done."""
+    budgets = [s.get("max_steps") for s in info.get("segments", [])]
+    if max_steps in budgets[:-1] and budgets[-1] != max_steps:
+        raise ValueError(
+            f"the run in {path} finished at step {finished_at} (trainer.max_steps={budgets[-1]}): it was shortened "
+            f"from trainer.max_steps={max_steps}, which this command asks for again (the continue command printed "
+            f"before it was shortened?). It is finished: nothing to do. To train it on to {max_steps} steps anyway, "
+            f"continue it into a new directory: trainer.resume={path} trainer.run_dir=<new directory> "
+            f"trainer.max_steps={max_steps}"
+        )
 
 
 def planned_steps(checkpoint: Checkpoint) -> int | None:

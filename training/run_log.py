@@ -175,11 +175,13 @@ def define_metrics(run) -> None:
     run.define_metric("val/bpb", step_metric="tokens", summary="min")
 
 
-def segment(device_id: str, start: float) -> dict:
+def segment(device_id: str, start: float, max_steps: int) -> dict:
     """Where and when this process ran the run, from the moment it began the run's work (data, model,
-    compilation: all of it competes for the machine): reports flag runs that shared a machine at the same time."""
+    compilation: all of it competes for the machine): reports flag runs that shared a machine at the same time;
+    and the budget it ran towards (a continuation that shortened the run is seen later: ``continuation``)."""
     return {"host": socket.gethostname(), "device": device_id, "pid": os.getpid(), "start": start,
-            "end": None, **({"slurm": slurm.job_facts()} if slurm.in_slurm_job() else {})}  # fmt: skip
+            "end": None, "max_steps": max_steps,
+            **({"slurm": slurm.job_facts()} if slurm.in_slurm_job() else {})}  # fmt: skip
 
 
 def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None,
@@ -188,7 +190,7 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
     segment after those of the runs it continues in place) and start wandb with the same."""
     before = read_json(run_dir / RUN_INFO) or {}
     info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts, "status": "running",
-            "segments": [*before.get("segments", []), segment(device_id, started)]}  # fmt: skip
+            "segments": [*before.get("segments", []), segment(device_id, started, cfg.trainer.max_steps)]}  # fmt: skip
     run = None
     if cfg.logger.kind == "wandb":
         import wandb  # imported here: runs with logger=none never pay for it
