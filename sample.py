@@ -142,8 +142,9 @@ def run(cfg: SampleConfig) -> list[str]:
     counts = [0] * cfg.num_samples
     kernel = registry.kernel(model.config.kernel)
     if compiles_before_first_tokens(kernel, model.config.window, len(ids), cfg.use_cache, cfg.max_new_tokens):
-        notice(f"kernel={kernel.name}: compiling the kernel for this length (first call only; seconds, ~10 s on a "
-               f"CPU){'' if cfg.use_cache else ', and once more for the next length'}")
+        notice(f"kernel={kernel.name}: compiling the kernel for this length (first call only: 18 s on a 2-core CPU, "
+               f"5 s once torch's compile cache holds it; docs/attention.md)"
+               f"{'' if cfg.use_cache else ', and once more for the next length'}")
     if cfg.num_samples > 1:
         print(f"--- sample 1/{cfg.num_samples} ---", flush=True)
     print(prefix, end="", flush=True)  # the first sample streams; the others are printed when all are done
