@@ -30,6 +30,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
+from common.run_files import RUN_INFO
 from model.config import LABEL_AXES, attention_label
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
@@ -121,7 +122,7 @@ OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)
 def main(cfg: DictConfig) -> float | None:
     # The only place that reads Hydra's state: train(cfg) gets the run directory, group and name as settings.
     hydra_cfg = HydraConfig.get()
-    with no_husk_left(Path(hydra_cfg.runtime.output_dir)):
+    with no_husk_left(Path(hydra_cfg.runtime.output_dir), cfg):
         return run_command(cfg, hydra_cfg)
 
 
@@ -129,14 +130,18 @@ HYDRAS_OWN = {".hydra", "train.log"}  # what Hydra writes into a job's folder be
 
 
 @contextlib.contextmanager
-def no_husk_left(output_dir: Path):
+def no_husk_left(output_dir: Path, cfg: DictConfig):
     """A command that ends without a run (refused, a plan, a sweep preset without -m) removes the folder Hydra
     made for it, and the folders above it that this leaves empty (inside the working directory): they would later
-    look like a run. A folder holding anything a run writes is kept."""
+    look like a run. Kept: a folder holding anything a run writes, and Hydra's folder (its train.log) of a command
+    whose run is elsewhere (trainer.run_dir), found there."""
     try:
         yield
     finally:
-        if from_environment().is_main and output_dir.is_dir() and {p.name for p in output_dir.iterdir()} <= HYDRAS_OWN:
+        run_dir = cfg.trainer.run_dir  # set by run_command unless the command was refused before
+        ran = not cfg.trainer.plan and run_dir is not None and (Path(run_dir) / RUN_INFO).exists()
+        contents = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else None
+        if from_environment().is_main and not ran and contents is not None and contents <= HYDRAS_OWN:
             shutil.rmtree(output_dir, ignore_errors=True)
             for parent in output_dir.absolute().parents:  # runs/<date>/ and runs/, each only if left empty
                 if parent == Path.cwd() or Path.cwd() not in parent.parents:
