@@ -15,7 +15,6 @@ import importlib.util
 import itertools
 import logging
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
-from common.run_files import RUN_INFO
+from common.run_files import RUN_INFO, remove_husk
 from model.config import LABEL_AXES, attention_label
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
@@ -140,16 +139,8 @@ def no_husk_left(output_dir: Path, cfg: DictConfig):
     finally:
         run_dir = cfg.trainer.run_dir  # set by run_command unless the command was refused before
         ran = not cfg.trainer.plan and run_dir is not None and (Path(run_dir) / RUN_INFO).exists()
-        contents = {p.name for p in output_dir.iterdir()} if output_dir.is_dir() else None
-        if from_environment().is_main and not ran and contents is not None and contents <= HYDRAS_OWN:
-            shutil.rmtree(output_dir, ignore_errors=True)
-            for parent in output_dir.absolute().parents:  # runs/<date>/ and runs/, each only if left empty
-                if parent == Path.cwd() or Path.cwd() not in parent.parents:
-                    break
-                try:
-                    parent.rmdir()
-                except OSError:  # it holds other runs
-                    break
+        if from_environment().is_main and not ran:
+            remove_husk(output_dir, HYDRAS_OWN)
 
 
 def run_command(cfg: DictConfig, hydra_cfg) -> float | None:

@@ -11,15 +11,20 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from common.run_files import RUN_INFO, read_json
+from common.run_files import RUN_INFO, read_json, remove_husk
 
 
 class SweepEnd(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from training.distributed import from_environment
 
-        if from_environment().is_main:  # under torchrun every rank runs the sweep; one says it
-            print(sweep_end_text(Path(config.hydra.sweep.dir)), flush=True)
+        if not from_environment().is_main:  # under torchrun every rank runs the sweep; one says it
+            return
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not any(sweep_dir.glob(f"*/{RUN_INFO}")):  # a plan (-m ... trainer.plan=true): nothing ran
+            remove_husk(sweep_dir, {"multirun.yaml"})
+            return
+        print(sweep_end_text(sweep_dir), flush=True)
 
 
 def sweep_end_text(sweep_dir: Path) -> str:

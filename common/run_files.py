@@ -89,6 +89,22 @@ def rewrite_in_place(path: Path, text: str) -> None:
         f.truncate()
 
 
+def remove_husk(folder: Path, only: set[str]) -> None:
+    """Remove ``folder`` where it holds nothing but the entries named ``only`` (what a command that wrote no run
+    leaves: it would later look like one), then the folders above it that this leaves empty, inside the working
+    directory (``runs/<date>/``, ``runs/``)."""
+    if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= only:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.absolute().parents:
+        if parent == Path.cwd() or Path.cwd() not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:  # it holds other runs
+            break
+
+
 def read_json(path: Path) -> dict | None:
     """A JSON file's content, or None where it is missing or damaged."""
     try:

@@ -67,10 +67,12 @@ def test_evaluate_of_a_hub_name_writes_to_eval_out_not_the_current_directory():
     (["model.n_head=5"], "error: n_embd=128 is not divisible by n_head=5"),  # refused
     (["trainer.plan=true"], "sampling's KV cache"),  # a plan: the whole answer is printed
     (["experiment=compare_attention"], "run it with -m"),  # a sweep preset without -m
+    (["-m", "experiment=compare_attention", "trainer.plan=true"], "sampling's KV cache"),  # each job's plan
 ])  # fmt: skip
 def test_a_command_that_ends_without_a_run_leaves_no_run_folder(args, says, tmp_path):
-    result = script("train.py", "model=nano", "logger=none", *args, cwd=tmp_path)
+    result = script("train.py", *args, "model=nano", "logger=none", cwd=tmp_path)
     assert says in result.stdout + result.stderr, result.stderr[-2000:]
+    assert "the sweep has ended" not in result.stdout, "no runs to compare"
     assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")] == [], "nothing that looks like a run"
 
 
