@@ -29,11 +29,11 @@ class SweepEnd(Callback):
 
 def sweep_end_text(sweep_dir: Path) -> str:
     """``[train] the sweep has ended: 4 runs in <dir> (3 finished, 1 failed); compare them: python compare.py
-    <dir>``."""
+    <dir>``, for a sweep folder that holds runs."""
     sweep_dir = sweep_dir.absolute()
-    infos = [read_json(p / RUN_INFO) for p in sorted(sweep_dir.iterdir()) if p.is_dir()] if sweep_dir.is_dir() else []
-    states = Counter((info or {}).get("status", "unknown") for info in infos if info is not None)
+    infos = [read_json(p / RUN_INFO) for p in sorted(sweep_dir.iterdir()) if p.is_dir()]
+    states = Counter(info.get("status", "unknown") for info in infos if info is not None)
     how = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-    runs = f"{sum(states.values())} run{'s' if sum(states.values()) != 1 else ''}"
-    return (f"[train] the sweep has ended: {runs} in {sweep_dir}{f' ({how})' if how else ''}; compare them: "
-            f"python compare.py {shlex.quote(str(sweep_dir))}")
+    count = sum(states.values())
+    return (f"[train] the sweep has ended: {count} run{'s' if count != 1 else ''} in {sweep_dir}"
+            f"{f' ({how})' if how else ''}; compare them: python compare.py {shlex.quote(str(sweep_dir))}")
