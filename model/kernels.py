@@ -190,24 +190,35 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     # A CPU: one memory layout whatever the layout's projection gave, and one graph for every size; with a
     # score_mod, one for every batch size (torch 2.13 fails to build some CPU graphs of a score_mod whose lengths
     # are dynamic), so one per multiple of FLEX_BLOCK.
-    q, k, v = (t.contiguous() for t in (q, k, v))
-    batch_only = contextlib.nullcontext()
-    if mods is not None:
-        for t in (q, k, v):
-            torch._dynamo.mark_dynamic(t, 0)
-        batch_only = torch._dynamo.config.patch(automatic_dynamic_shapes=False)
-    with _sizes_of_one_in_general(), batch_only:
-        flex = _compiled_flex(dynamic=None if mods is not None else True)
-        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
+    grad = torch.is_grad_enabled()
+    with _ordinary_tensors(), torch.set_grad_enabled(grad):
+        q, k, v = (t.clone() if t.is_inference() else t.contiguous() for t in (q, k, v))
+        batch_only = contextlib.nullcontext()
+        if mods is not None:
+            for t in (q, k, v):
+                torch._dynamo.mark_dynamic(t, 0)
+            batch_only = torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+        with _sizes_of_one_in_general(), batch_only:
+            flex = _compiled_flex(dynamic=None if mods is not None else True)
+            return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
+
+
+def _ordinary_tensors():
+    """Outside inference mode, with inference tensors copied into ordinary ones (a CPU's flex runs no backward, so
+    nothing is lost): a graph compiled for an evaluation under no_grad then serves sampling under inference_mode,
+    whose tensors carry other dispatch keys (one graph of seconds instead of two)."""
+    return torch.inference_mode(False)
 
 
 def _sizes_of_one_in_general():
     """Compile flex on a CPU for sizes in general, those of 1 (a batch, a key/value head, one block) included:
     torch would otherwise compile one more graph for each size that is 1 (about 6 s each on a 2-core CPU: a test
-    of every attention cell compiled 49 graphs, where this compiles 15)."""
+    of every attention cell compiled 49 graphs, where this compiles 15). No duck sizing: sizes that happen to be
+    equal at the first call (a batch of 2 and 2 key/value heads) are not assumed equal later, which would compile
+    a second graph, then a third."""
     import torch.fx.experimental._config as shapes_config
 
-    return shapes_config.patch(backed_size_oblivious=True)
+    return shapes_config.patch(backed_size_oblivious=True, use_duck_shape=False)
 
 
 def _score_mod(softcap: float | None, slopes: torch.Tensor | None, sinks: torch.Tensor | None, offset: int):
@@ -215,7 +226,8 @@ def _score_mod(softcap: float | None, slopes: torch.Tensor | None, sinks: torch.
     with sinks, key 0 is the sink (a key of zeros whose score is the sink's logit) and key j + 1 is key j. The
     offset is a tensor, so one compiled graph serves every length."""
     device = next((t.device for t in (slopes, sinks) if t is not None), None)
-    shift, first = torch.tensor(offset, device=device), int(sinks is not None)
+    with torch.inference_mode(False):  # an ordinary tensor whatever the caller's mode: one graph for both
+        shift, first = torch.tensor(offset, device=device), int(sinks is not None)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if softcap is not None:
@@ -269,16 +281,17 @@ def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device
     q_pad, k_pad = q_len, k_len + first
     if device.type == "cpu":
         q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_pad, k_pad))
-    # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
-    offset, keys = torch.tensor(k_len - q_len, device=device), torch.tensor(k_len, device=device)
-    span = torch.tensor(window or k_pad + q_pad, device=device)  # no window: more than any distance
+    # Kept across training and generation (cached), as the masks above: ordinary tensors, never inference ones.
+    with torch.inference_mode(False):
+        # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
+        offset, keys = torch.tensor(k_len - q_len, device=device), torch.tensor(k_len, device=device)
+        span = torch.tensor(window or k_pad + q_pad, device=device)  # no window: more than any distance
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        position, key = q_idx + offset, kv_idx - first  # query i is position offset + i; key j is slot j + first
-        seen = (key <= position) & (position - key < span) & (key < keys) & (key >= 0)
-        return (kv_idx == 0) | seen if sink else seen
+        def mask_mod(b, h, q_idx, kv_idx):
+            position, key = q_idx + offset, kv_idx - first  # query i is position offset + i; key j: slot j + first
+            seen = (key <= position) & (position - key < span) & (key < keys) & (key >= 0)
+            return (kv_idx == 0) | seen if sink else seen
 
-    with torch.inference_mode(False):  # kept across training and generation, as the masks above
         return create_block_mask(mask_mod, None, None, q_pad, k_pad, device=device)
 
 
