@@ -62,7 +62,7 @@ def swept_keys(hydra_cfg) -> list[str]:
     launcher runs has submitit's command line, not the user's. A param of one value varies nothing."""
     args = [f"{key}={value}" for key, value in (hydra_cfg.sweeper.get("params") or {}).items()]
     saved = Path(hydra_cfg.sweep.dir) / "multirun.yaml"
-    args += ([str(a) for a in OmegaConf.load(saved).hydra.overrides.task] if saved.exists()
+    args += (list(_sweep_command_line(str(saved), saved.stat().st_mtime_ns)) if saved.exists()
              else [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])  # fmt: skip
     try:
         overrides = OverridesParser.create().parse_overrides(args)
@@ -70,6 +70,18 @@ def swept_keys(hydra_cfg) -> list[str]:
         overrides = []
     swept = [o.get_key_element() for o in overrides if o.is_sweep_override()]
     return [key for key in dict.fromkeys(swept) if not key.startswith("hydra")]
+
+
+_SWEEP_COMMAND_LINES: dict[tuple[str, int], tuple[str, ...]] = {}  # a dict, not an lru_cache: submitit pickles this
+
+
+def _sweep_command_line(multirun_yaml: str, mtime_ns: int) -> tuple[str, ...]:
+    """The sweep's command-line overrides in its multirun.yaml, read once per job (a job names its folder, its run
+    and its label from them: the whole config parsed four times otherwise)."""
+    key = (multirun_yaml, mtime_ns)
+    if key not in _SWEEP_COMMAND_LINES:
+        _SWEEP_COMMAND_LINES[key] = tuple(str(a) for a in OmegaConf.load(multirun_yaml).hydra.overrides.task)
+    return _SWEEP_COMMAND_LINES[key]
 
 
 # Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash, -rope; the groups score_mods and

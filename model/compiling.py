@@ -14,6 +14,8 @@ Code that must run eagerly on a compiled model (sampling with a KV cache, evalua
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,7 +44,10 @@ def compile_for_training(model: GPT, scope: str = "block") -> nn.Module:
 
 
 def eager():
-    """Within the block, compiled code runs eagerly (sampling with a cache, evaluation): no new compilation."""
+    """Within the block, compiled code runs eagerly (sampling with a cache, evaluation): no new compilation.
+    A process that never compiled has not imported the compiler (seconds at start-up): nothing to do there."""
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
     return torch.compiler.set_stance("force_eager")
 
 
