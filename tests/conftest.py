@@ -50,6 +50,18 @@ def many_compiled_shapes():
         yield
 
 
+@pytest.fixture(autouse=True, scope="module")
+def heap_so_far_frozen():
+    """Each run's memory meter collects garbage (training/memory.py): in the test process that would walk every
+    object of the session too (pytest, every module imported), a good part of a tiny run's time. Frozen, they are
+    left out; what the tests make is collected as before."""
+    import gc
+
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     """One prepared-data cache for the whole session, the corpus tokenized once: pytest -n's workers share it
@@ -153,12 +165,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "deep: runs only with --deep (CI runs it after the default suite)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the tests' ids
 def pytest_collection_modifyitems(config, items):
-    for item in items:  # pytest -n: tests that share costly state share a worker
-        if "slurm" in getattr(item, "fixturenames", ()):  # one SLURM cluster
+    for item in items:  # pytest -n: the tests of one SLURM cluster share a worker
+        if "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif "flex" in item.name or "compile" in item.name:  # each compiled graph traced once (seconds each)
-            item.add_marker(pytest.mark.xdist_group("compiled"))
     if config.getoption("--deep"):
         return
     skip = pytest.mark.skip(reason="part of the deep sweep: pytest --deep")

@@ -119,6 +119,15 @@ class WarmProcess:
         self.warm, self.args, self.pid, self.files = warm, args, pid, files
         self.result: subprocess.CompletedProcess | None = None
 
+    def running(self) -> bool:
+        """Whether it has not ended: a zombie (ended, not yet reaped by the warm interpreter) has."""
+        if self.result is not None:
+            return False
+        try:
+            return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:  # reaped
+            return False
+
     def wait(self, timeout: float | None = None) -> subprocess.CompletedProcess:
         """Its exit code, stdout and stderr (killed, and ``subprocess.TimeoutExpired``, after ``timeout`` s)."""
         if self.result is not None:
@@ -175,6 +184,7 @@ def run_python(args: list[str], cwd, env: dict[str, str] | None = None, input: s
 def _serve() -> None:
     """Import, say ready, then for each request line: fork a child that runs it; reply its pid, then its exit
     code (negative: the signal that ended it)."""
+    import gc
     import importlib
 
     sys.path[:] = [str(ROOT), *(p for p in sys.path[1:] if Path(p).resolve() != ROOT / "tests")]
@@ -184,6 +194,7 @@ def _serve() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing the imports print reaches the replies
     reply.write("ready\n")
     reply.flush()
+    gc.freeze()  # the imports are never garbage: a child's collections skip them (and leave their pages shared)
     for line in sys.stdin:
         request = json.loads(line)
         sys.stdout.flush()
