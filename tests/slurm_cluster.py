@@ -2,7 +2,7 @@
 
 Tested on Debian 12 with ``apt-get install -y slurm-wlm munge`` (slurm 22.05.8,
 munge 0.5.15), as root on a 2-core machine: start ~0.3 s, stop ~0.1-0.5 s.
-The tests in test_slurm.py start one through the ``slurm`` fixture (conftest.py).
+The tests in test_cluster_sweeps.py start one through the ``slurm`` fixture (conftest.py).
 Everything the daemons write (config, munge key/socket/log/pid, slurmctld
 state, slurmd spool, logs, pid files) lives under the folder you pass in; the
 daemons listen on two free TCP ports picked at start, so two clusters (or a
@@ -123,14 +123,32 @@ class SlurmCluster:
         out = self.run("squeue", "-h", "-o", "%i", check=False).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
 
+    def job_fields(self, job_id: str | int) -> dict[str, str]:
+        """The fields of ``scontrol show job -o`` (e.g. JobState, Restarts, BeginTime, Reason)."""
+        out = self.run("scontrol", "show", "job", "-o", str(job_id), check=False).stdout
+        return dict(tok.partition("=")[::2] for tok in out.split() if "=" in tok)
+
     def job_field(self, job_id: str | int, key: str) -> str | None:
         """A field of ``scontrol show job -o`` (e.g. JobState, Restarts, BeginTime, Reason)."""
-        out = self.run("scontrol", "show", "job", "-o", str(job_id), check=False).stdout
-        for tok in out.split():
-            k, _, v = tok.partition("=")
-            if k == key:
-                return v
-        return None
+        return self.job_fields(job_id).get(key)
+
+    def start_requeued_now(self, job_id: str | int, restarts: int, timeout: float = 60) -> None:
+        """Once the job is requeued for the ``restarts``-th time (back to PENDING), let it start at the scheduler's
+        next pass instead of at its BeginTime.
+
+        SLURM holds a requeued job until its old credential expires: BeginTime = requeue + cred_expire + 1 s, and
+        cred_expire cannot be under 5 s. A test that requeues a job would wait those 6 s for nothing it proves:
+        the requeue, the restart count and the rerun stay SLURM's own. StartTime is one second ahead because
+        slurmd refuses a credential issued in the second its job's old one was revoked (ctime <= revoked)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = self.job_fields(job_id)
+            if int(fields.get("Restarts") or 0) >= restarts and fields.get("JobState") in ("PENDING", "RUNNING"):
+                if fields["JobState"] == "PENDING":  # not RUNNING: the rerun started meanwhile
+                    self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now+1", check=False)
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"job {job_id} not requeued {restarts} time(s) after {timeout}s: {self.job_fields(job_id)}")
 
     def wait_for_state(self, job_id: str | int, states: str | tuple[str, ...], timeout: float = 60) -> str:
         states = (states,) if isinstance(states, str) else states
