@@ -4,8 +4,10 @@ replaced by real runs), and fails on any refusal. A command the table below does
 line is either run here or says why it cannot be.
 
 The README's lines run as typed, each in a fresh interpreter; the guides' in processes forked from the warm
-interpreter (tests/warm_python.py). docs/results.md is not run: its commands are the recipes of its
-measurements (minutes each, with placeholders for the runs they measured)."""
+interpreter (tests/warm_python.py). A line that several documents hold runs once, under the first one's id (the
+README's, as typed, where it has it). The guides' two-axis sweeps run with one axis pinned (FEWER_JOBS).
+docs/results.md is not run: its commands are the recipes of its measurements (minutes each, with placeholders
+for the runs they measured)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,19 @@ NOT_HERE = {
 SHAPE = ["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=32", "trainer.batch_size=8"]
 SHORT_TRAINING = [*SHAPE, "trainer.max_steps=2", "trainer.eval_interval=2", "trainer.eval_windows=2",
                   "trainer.sample_tokens=0", "trainer.device=cpu"]  # fmt: skip
+PLACEHOLDER_STEPS = 4  # the placeholder runs' length; the resume line continues past it
+# The guides' sweeps with an axis of their own beside the preset's: one of the two pinned, each job still a
+# variant that no other line runs (the README's compare_attention runs whole, as typed).
+FEWER_JOBS = {
+    # 4 jobs, not 12: the line's seeds times the preset's kernels (its layouts: the README's sweep)
+    "python train.py -m experiment=compare_attention trainer.seed=1,2": ["attention=fused_qkv"],
+    # 3 jobs, not 6: 4, 2 and 1 key/value heads in the wrapper layout (fused_qkv's: compare_latent's line)
+    "python train.py -m experiment=compare_kv_heads": ["attention=wrapper"],
+}
+# The benchmarks' smallest cell: one layout and kernel (test_bench.py runs the default grid), the shapes of
+# test_bench.py's compiled cell (a compiled line reuses its inductor cache in a full run).
+SMALL_BENCH = ["--min-run-time", "0.01", "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+               "--layouts", "fused_qkv", "--kernels", "sdpa", "--out"]  # fmt: skip
 
 
 GUIDES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md") if p.name != "results.md")
@@ -73,7 +88,9 @@ def places(tmp_path_factory, data_cache):
     tmp = tmp_path_factory.mktemp("readme")
     sweep = tmp / "sweep"
     for layout in ("wrapper", "fused_qkv"):
-        train(compose_train(*SHAPE, *TINY[6:], "logger=none", f"attention={layout}", "trainer.max_steps=10",
+        train(compose_train(*SHAPE, *TINY[6:], "logger=none", f"attention={layout}",
+                            *(f"trainer.{key}={PLACEHOLDER_STEPS}" for key in ("max_steps", "eval_interval",
+                                                                                 "checkpoint_interval")),
                             f"trainer.run_dir={sweep / layout}", f"data.cache_dir={data_cache}"))  # fmt: skip
     (tmp / "prompt.txt").write_text("def ")
     (tmp / "notes" / "a").mkdir(parents=True)
@@ -84,7 +101,7 @@ def places(tmp_path_factory, data_cache):
 
 def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
     """argv (placeholders replaced, the work shortened) and the text for standard input."""
-    stdin = None
+    stdin, line = None, command
     if command.startswith("echo "):
         echoed, command = command.split("|", 1)
         stdin = shlex.split(echoed)[1] + "\n"
@@ -105,25 +122,29 @@ def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
         where = f"hydra.sweep.dir={out / 'sweeps' / str(next(places['count']))}" if multirun else \
             f"hydra.run.dir={out / 'runs' / str(next(places['count']))}"  # fmt: skip
         args += [*SHORT_TRAINING, cache, where] + ([] if any(a.startswith("logger") for a in args) else ["logger=none"])
+        args += FEWER_JOBS.get(line, [])
         if any(a.startswith("trainer.resume=") for a in args):
-            args.append("trainer.max_steps=12")  # past the placeholder run's 10 steps
+            args.append(f"trainer.max_steps={PLACEHOLDER_STEPS + 2}")  # past the placeholder run's steps
     elif script in ("sample.py",):
         args += ["max_new_tokens=5", "device=cpu"]
     elif script in ("heads.py", "evaluate.py"):
         args += [cache, f"out={out / 'out' / str(next(places['count']))}"]
+        if script == "heads.py":
+            # statistics and ablation (prune=true: 32 evaluations) over 2 windows, not 16; without a prompt, maps of
+            # 8 tokens, not 24 (their tick labels are most of the time: matplotlib lays out each one)
+            args += ["windows=2", "map_tokens=8"]
     elif script == "export.py":
         args = [a if not a.startswith("out=") else f"out={out / 'exported'}" for a in args]
     elif argv[1:3] == ["-m", "data"]:
         args = argv[3:] + [cache]
         return [sys.executable, "-m", "data", *args], stdin
     elif script == "bench.py":
-        args += ["--min-run-time", "0.05", "--seq-len", "16", "--batch", "2", "--out", str(out / "bench")]
+        args += [*SMALL_BENCH, str(out / "bench" / str(next(places["count"])))]
         if "gpt" in args:
-            args += ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--vocab-size", "300"]
-        if "compiled" in args:
-            args += ["--layouts", "fused_qkv", "--kernels", "sdpa"]
+            args += ["--n-layer", "1", "--vocab-size", "64"]
     elif script == "bench_reference.py":
-        args += ["--rounds", "1", "--steps", "1", "--new-tokens", "2", "--batch", "2"]
+        args += ["--rounds", "1", "--steps", "1", "--new-tokens", "2", "--batch", "2", "--seq", "16", "--n-layer", "1",
+                 "--n-head", "2", "--n-embd", "32"]  # fmt: skip
     elif script == "compare.py":
         args += ["--out", str(out / "report" / str(next(places['count'])))]
     return [*(launcher or [sys.executable]), str(ROOT / script), *args], stdin
@@ -143,15 +164,30 @@ RUN_HERE = [(document, c) for document in ("README.md", *GUIDES) for c in readme
             if not any(c.startswith(k) for k in NOT_HERE)]  # fmt: skip
 
 
+def once_each(lines: list[tuple[str, str]]) -> list[tuple[str, tuple[str, ...], str]]:
+    """Each distinct line once: (its id, the documents that hold it, the line). The id is its first place in
+    ``lines`` (the README's, where it has it: it runs as typed), so a line keeps its id while others change."""
+    holders: dict[str, list[str]] = {}
+    ids = {}
+    for i, (document, command) in enumerate(lines):
+        ids.setdefault(command, f"{document}-{i}")
+        holders.setdefault(command, []).append(document)
+    return [(ids[c], tuple(dict.fromkeys(documents)), c) for c, documents in holders.items()]
+
+
+DISTINCT = once_each(RUN_HERE)
+
+
 def test_most_commands_run_here():
     assert len(RUN_HERE) >= 25, RUN_HERE
     assert sum(document == "README.md" for document, _ in RUN_HERE) >= 5, "the README's own lines run as typed"
 
 
-@pytest.mark.parametrize("document,command", RUN_HERE, ids=[f"{d}-{i}" for i, (d, _) in enumerate(RUN_HERE)])
-def test_a_command_that_needs_no_network_or_gpu_works(document, command, places, tmp_path):
+@pytest.mark.parametrize("documents,command", [(d, c) for _, d, c in DISTINCT], ids=[i for i, _, _ in DISTINCT])
+def test_a_command_that_needs_no_network_or_gpu_works(documents, command, places, tmp_path):
     """The README's lines each in a fresh interpreter, as typed; the guides' forked from the warm one. A test id
     each, so pytest -n spreads them over the cores."""
+    document = " and ".join(documents)
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
     if GPT2_RANKS is not None:  # bench_reference sample-process: GPT-2's tokenizer, offline
         import hashlib
@@ -162,7 +198,7 @@ def test_a_command_that_needs_no_network_or_gpu_works(document, command, places,
         shutil.copy(GPT2_RANKS, cache / hashlib.sha1(R50K_URL.encode()).hexdigest())
         env["TIKTOKEN_CACHE_DIR"] = str(cache)
     argv, stdin = prepared(command, places)
-    if document == "README.md" or argv[0] != sys.executable:  # torchrun: its own processes
+    if "README.md" in documents or argv[0] != sys.executable:  # torchrun: its own processes
         r = subprocess.run(argv, input=stdin, cwd=places["cwd"], env=env, capture_output=True, text=True,
                            timeout=600)  # fmt: skip
     else:
