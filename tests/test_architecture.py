@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, run_script, save_tiny_hf_gpt2, write_text_corpus
+from helpers import TINY, compose_train, run_cli, run_script, save_tiny_hf_gpt2, write_text_corpus
+from warm_python import run_python
 
 import heads
 from data.config import DataConfig
@@ -54,25 +54,8 @@ def test_heads_studies_a_save_pretrained_gpt2_through_the_same_loader(tmp_path, 
     assert "gpt2-" in " ".join(p.name for p in (tmp_path / "cache").iterdir()), "tokenized with the model's gpt2"
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on loopback")
-def test_two_gloo_ranks_prepare_an_unprepared_corpus_once_without_a_collective(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(40):
-        (corpus / f"{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i} + {i * i}\n" * 5)
-    cache = tmp_path / "cache"
-    args = [*TINY, "logger=none", "data=files", f"data.path={corpus}", "data.tokenizer=bytes", "data.num_proc=1",
-            f"data.cache_dir={cache}", "trainer.batch_size=16", "trainer.max_steps=4",
-            f"trainer.run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "train.py"), *args]  # fmt: skip
-    result = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    prepared = [p for p in cache.iterdir() if not p.name.startswith(".")]
-    assert len(prepared) == 1 and (prepared[0] / "meta.json").exists()
-    assert not [p for p in cache.iterdir() if ".tmp-" in p.name], "no half-written directory left"
-    assert len([m for m in read_metrics(tmp_path / "run") if "train/loss" in m]) == 4
+# That two gloo ranks prepare an unprepared corpus once, without a collective, is proven by the torchrun run of
+# tests/test_train_run.py::test_two_gloo_ranks_match_one_process_with_twice_the_accumulation (one torchrun for both).
 
 
 def test_a_run_directory_holding_another_run_is_refused(tmp_path, data_cache):
@@ -98,18 +81,28 @@ def test_help_of_train_names_the_new_spellings(tmp_path):
     assert "attention=wrapper kernel=manual" in result.stdout
 
 
+# Two ranks in two processes: the warm interpreter's fork of this script (tests/warm_python.py) forks rank 1, so
+# neither pays for importing torch; each joins the gloo group on its own connection, as torchrun's ranks do.
 _CLOSE_SCRIPT = """
 import os, sys, time
 import torch
 import torch.distributed as dist
 from training.distributed import from_environment, init_distributed
+how, port = sys.argv[1:]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
+peer = os.fork()
+os.environ["RANK"] = "1" if peer == 0 else "0"
 state = from_environment()
 init_distributed(state, torch.device("cpu"))
-if sys.argv[1] == "failed" and state.rank == 1:
+if how == "failed" and state.rank == 1:
     os._exit(0)  # a rank that died: it never reaches the barrier
 start = time.monotonic()
-state.close(finished=sys.argv[1] == "finished")
-print(f"rank {state.rank} closed in {time.monotonic() - start:.1f} s; group left: {not dist.is_initialized()}")
+state.close(finished=how == "finished")
+print(f"rank {state.rank} closed in {time.monotonic() - start:.1f} s; group left: {not dist.is_initialized()}",
+      flush=True)
+if state.rank == 1:
+    os._exit(0)
+print(f"rank 1 exited with {os.waitstatus_to_exitcode(os.waitpid(peer, 0)[1])}")
 """
 
 
@@ -119,14 +112,13 @@ def test_ranks_leave_the_process_group_together_and_a_failed_rank_does_not_wait(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # fmt: skip
-    ranks = [subprocess.Popen([sys.executable, "-c", _CLOSE_SCRIPT, how], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
     # On the failed path a barrier would wait for a dead peer (or fail when its connection drops).
-    outs = [rank.communicate(timeout=120) for rank in ranks]
-    assert [rank.returncode for rank in ranks] == [0, 0], outs
-    printed = [out.strip() for out, _ in outs]
-    assert printed[0].startswith("rank 0 closed") and printed[0].endswith("group left: True")
+    result = run_python(["-c", _CLOSE_SCRIPT, how, str(port)], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout.strip().splitlines()
+    assert printed[-1] == "rank 1 exited with 0", printed
+    (rank0,) = [line for line in printed if line.startswith("rank 0 closed")]
+    assert rank0.endswith("group left: True")
     if how == "finished":
-        assert printed[1].startswith("rank 1 closed") and printed[1].endswith("group left: True")
+        (rank1,) = [line for line in printed if line.startswith("rank 1 closed")]
+        assert rank1.endswith("group left: True")

@@ -37,9 +37,9 @@ def test_a_signal_during_the_last_save_leaves_a_finished_run_that_resume_auto_sk
 
     monkeypatch.setattr(loop.Trainer, "save", save_signalled)
     run = tmp_path / "run"
-    options = [*TINY, "logger=none", f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"]
+    options = [*TINY, "trainer.max_steps=4", "logger=none", f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"]
     summary = train(compose_train(*options))
-    assert summary["step"] == 20 and summary["stopped_by"] is None and summary["signal"] == "SIGTERM"
+    assert summary["step"] == 4 and summary["stopped_by"] is None and summary["signal"] == "SIGTERM"
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["summary"]["stopped_by"] is None
     monkeypatch.undo()
@@ -53,21 +53,28 @@ def test_ctrl_c_on_a_run_piped_into_a_reader_that_exits_still_saves_and_continue
     options = [*TINY, "trainer.max_steps=100000", "trainer.checkpoint_interval=100000",
                "trainer.eval_interval=100000", "logger=none", f"data.cache_dir={data_cache}",
                f"hydra.run.dir={run}"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *options], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    # `python train.py ... 2>&1 | tee log`: its stdout and stderr are a pipe (a named one, so that the run can be
+    # forked warm: tests/warm_python.py), whose reader is this test
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # open before the writer: its open does not block
+    code = (f"import os, runpy, sys; pipe = os.open({str(pipe)!r}, os.O_WRONLY); os.dup2(pipe, 1); os.dup2(pipe, 2); "
+            f"sys.argv[0] = {str(ROOT / 'train.py')!r}; runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    proc = start_python(["-c", code, *options], cwd=tmp_path)
     deadline = time.time() + 120
     while time.time() < deadline and len(train_losses(run) if (run / "metrics.jsonl").exists() else {}) < 3:
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        time.sleep(0.1)
-    proc.stdout.close()  # `| tee log` after Ctrl-C: the reader is gone
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130, "stopped by Ctrl-C, not killed by a write to the closed pipe"
+        assert proc.running(), os.read(reader, 1 << 16).decode(errors="replace")[-3000:]
+        time.sleep(0.05)
+    os.close(reader)  # `| tee log` after Ctrl-C: the reader is gone
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60).returncode == 130, "stopped by Ctrl-C, not killed by a write to the closed pipe"
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "interrupted" and (run / LAST).exists()
     log = (run / "train.log").read_text()
     assert "stopped by SIGINT" in log and f"hydra.run.dir={run} trainer.resume=auto" in log
-    continued = run_cli(*[o for o in options if not o.startswith("trainer.max_steps")], "trainer.max_steps=30",
-                        "trainer.resume=auto", cwd=tmp_path)  # fmt: skip
+    more = f"trainer.max_steps={info['summary']['step'] + 2}"  # two more steps: what it says, not how long it trains
+    continued = run_cli(*[o for o in options if not o.startswith("trainer.max_steps")], more, "trainer.resume=auto",
+                        cwd=tmp_path)  # fmt: skip
     assert continued.returncode == 0, continued.stderr[-3000:]
     assert f"continuing {run} from step" in continued.stdout
 

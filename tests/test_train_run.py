@@ -6,7 +6,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses, user_env
+from warm_python import run_python, start_python
 
 from model.checkpoint import load_checkpoint
 from training.loop import RunFailed, train
@@ -110,16 +110,15 @@ def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(tmp_path, da
     args = [*TINY, "trainer.max_steps=100000", "trainer.checkpoint_interval=100000",
             "trainer.eval_interval=100000", "logger=none", f"trainer.run_dir={run_dir}",
             f"data.cache_dir={data_cache}", f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = start_python([str(ROOT / "train.py"), *args], cwd=tmp_path)  # a process of its own, forked warm
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        assert proc.poll() is None, proc.communicate()[1]
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr  # stopped by a signal: not a success
+        assert proc.running(), proc.wait().stderr[-3000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    result = proc.wait(timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr  # stopped by a signal: not a success
 
     ckpt = load_checkpoint(run_dir)
     logged = train_losses(run_dir)
@@ -149,32 +148,46 @@ def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_grou
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on loopback")
-def test_two_gloo_ranks_match_one_process_with_twice_the_accumulation(tmp_path, data_cache):
+def test_two_gloo_ranks_match_one_process_with_twice_the_accumulation(tmp_path):
+    """And the ranks, started on a corpus no process has prepared, prepare it once without a collective (this
+    torchrun run also proves what test_architecture.py's test_two_gloo_ranks_prepare_an_unprepared_corpus_once_
+    without_a_collective did)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i} + {i * i}\n" * 5)
+    cache = tmp_path / "cache"
     common = [
         *TINY,
         "logger=none",
+        "data=files",
+        f"data.path={corpus}",
+        "data.tokenizer=bytes",
+        "data.num_proc=1",
+        f"data.cache_dir={cache}",
         "trainer.batch_size=16",
         "trainer.micro_batch_size=8",
         "trainer.max_steps=6",
         "trainer.eval_interval=3",
-        f"data.cache_dir={data_cache}",
         "trainer.eval_windows=3",
     ]  # fmt: skip  (3 windows: the ranks hold unequal shares)
-    train(compose_train(*common, f"trainer.run_dir={tmp_path / 'single'}"))  # accumulation 2
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "train.py"), *common, f"trainer.run_dir={tmp_path / 'ddp'}",
-           f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # torchrun's launcher is forked warm (tests/warm_python.py); its ranks are fresh interpreters it starts, with
+    # one thread each (torchrun's default, and pytest -n's share of the cores).
+    result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+                         *common, f"trainer.run_dir={tmp_path / 'ddp'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                        cwd=tmp_path, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    prepared = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(prepared) == 1 and (prepared[0] / "meta.json").exists()
+    assert not [p for p in cache.iterdir() if ".tmp-" in p.name], "no half-written directory left"
 
+    train(compose_train(*common, f"trainer.run_dir={tmp_path / 'single'}"))  # accumulation 2, the ranks' data
     single, ddp = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")
     assert [sorted(m) for m in single if "val/loss" in m] == [sorted(m) for m in ddp if "val/loss" in m]
     for key in ("train/loss", "val/loss"):
         a = [m[key] for m in single if key in m]
         b = [m[key] for m in ddp if key in m]
-        assert len(a) == len(b) > 0
+        assert len(a) == len(b) == {"train/loss": 6, "val/loss": 2}[key]
         assert a == pytest.approx(b, abs=1e-5), key
     # Only rank 0 wrote: one metrics file, one Hydra directory.
     assert [p.name for p in (tmp_path / "ddp").iterdir()] and list((tmp_path / "hydra").glob(".hydra"))

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, run_script, user_env
-from warm_python import run_python
+from warm_python import run_python, start_python
 
 import rebuild_wandb
 from analysis.plots import val_loss_figure
@@ -77,17 +75,17 @@ def test_a_resumed_run_rebuilds_as_one_history(tmp_path, data_cache):
 def test_the_console_names_the_run_directory_and_every_evaluation(tmp_path, data_cache):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    result = run_cli(*TINY, "logger=none", "trainer.max_steps=20", f"trainer.run_dir={run}",
+    result = run_cli(*TINY, "logger=none", "trainer.max_steps=4", "trainer.eval_interval=2", f"trainer.run_dir={run}",
                      f"data.cache_dir={data_cache}", f"hydra.run.dir={tmp_path / 'hydra'}",
                      cwd=tmp_path, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert f"run directory: {run}" in out
-    for step in (10, 20):
+    for step in (2, 4):
         val = next(m["val/loss"] for m in read_metrics(run) if m.get("step") == step and "val/loss" in m)
         assert f"step {step}: val/loss {val:.4f}" in out
     assert "best val/loss" in out and f"python sample.py source={run}" in out
-    assert "step 20: val/loss" in (tmp_path / "hydra" / "train.log").read_text(), "train.log holds the same"
+    assert "step 4: val/loss" in (tmp_path / "hydra" / "train.log").read_text(), "train.log holds the same"
 
 
 def test_a_wandb_run_ends_with_the_summary_below_wandbs_closing_lines(tmp_path, data_cache):
@@ -110,15 +108,14 @@ def test_ctrl_c_prints_the_command_that_continues_the_run(tmp_path, data_cache):
     args = [*TINY, "trainer.max_steps=100000", "trainer.eval_interval=100000", "logger=none",
             f"trainer.run_dir={run}", f"data.cache_dir={data_cache}",
             f"hydra.run.dir={tmp_path / 'hydra'}"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = start_python([str(ROOT / "train.py"), *args], cwd=tmp_path)  # a process of its own, forked warm
     deadline = time.time() + 120
     while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-2000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGINT)  # a step is logged: the run's handlers are in place
+    result = proc.wait(timeout=60)
+    out, err = result.stdout, result.stderr
+    assert result.returncode == 130, err[-2000:]
     assert "stopped by SIGINT at step" in out
     command = err.split("Continue the run from its last.pt, in the same directory:\n")[1].strip()
     assert command.startswith("python train.py ") and command.endswith("trainer.resume=auto")
@@ -157,13 +154,21 @@ def test_each_script_helps_with_its_own_options_and_names_a_missing_one_in_one_l
                                                   + result.stderr.split(f"python {script} source=", 1)[1].strip()]
 
 
-def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(tmp_path, data_cache):
-    sweep = tmp_path / "sweep"
+@pytest.fixture(scope="module")
+def seeded_sweep(tmp_path_factory, data_cache):
+    """Two layouts, two seeds each: what the comparison draws, and what it logs into wandb."""
+    sweep = tmp_path_factory.mktemp("compare") / "sweep"
     for layout in ("wrapper", "fused_qkv"):
         for seed in (1, 2):
             train(compose_train(*TINY, "logger=none", f"attention={layout}", f"trainer.seed={seed}",
                                 "trainer.max_steps=20", f"trainer.run_dir={sweep / f'{layout}-{seed}'}",
                                 f"data.cache_dir={data_cache}"))  # fmt: skip
+    return sweep
+
+
+@pytest.mark.xdist_group("seeded_sweep")  # pytest -n: one worker trains the sweep both tests read
+def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(seeded_sweep):
+    sweep = seeded_sweep
     runs = find_runs([sweep])
     fig = val_loss_figure(runs, "step")
     ax = fig.axes[0]
@@ -182,16 +187,13 @@ def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(tm
         assert data[:8] == PNG and len(data) > 10_000, name
 
 
-def test_the_comparison_and_the_head_study_log_into_wandb(tmp_path, data_cache, trained_run):
+@pytest.mark.xdist_group("seeded_sweep")  # pytest -n: one worker trains the sweep both tests read
+def test_the_comparison_and_the_head_study_log_into_wandb(tmp_path, data_cache, trained_run, seeded_sweep):
     import compare
     import heads
     from data.config import DataConfig
 
-    sweep = tmp_path / "sweep"
-    for layout in ("wrapper", "fused_qkv"):
-        train(compose_train(*TINY, "logger=none", f"attention={layout}", "trainer.max_steps=10",
-                            f"trainer.run_dir={sweep / layout}", f"data.cache_dir={data_cache}"))  # fmt: skip
-    out = compare.main([str(sweep), "--wandb"])
+    out = compare.main([str(seeded_sweep), "--wandb", "--out", str(tmp_path / "report")])
     (report_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
     (run,) = [r.run for r in read_complete(report_file) if r.WhichOneof("record_type") == "run"]
     assert run.job_type == "compare"
