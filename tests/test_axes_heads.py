@@ -29,7 +29,8 @@ def sinks_run(tmp_path_factory, data_cache):
 
 
 def heads_cli(run, data_cache, tmp_path) -> subprocess.CompletedProcess:
-    result = run_script("heads.py", f"source={run}", f"data.cache_dir={data_cache}", "windows=2",
+    # map_tokens=8 (default 24): each token is a tick label on both axes of every map, much of what drawing costs
+    result = run_script("heads.py", f"source={run}", f"data.cache_dir={data_cache}", "windows=2", "map_tokens=8",
                         f"out={tmp_path / 'heads'}", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -62,11 +63,14 @@ def test_the_sink_weight_is_one_minus_each_rows_sum(sinks_run):
     [(("model.position=alibi",), "(fused_qkv-alibi)"),
      (("attention=mla", "model.kv_latent=16", "model.position=rope", "model.rope_head_dim=8"),
       "(mla-latent16-ropedim8-rope)"),
-     ((), "(fused_qkv)")],  # a default model: named as before
+     ((), "(fused_qkv)")],  # a default model: named as before (the session's trained_run)
 )  # fmt: skip
 def test_maps_of_alibi_and_latent_models_are_causal_distributions(overrides, name, tmp_path_factory, data_cache,
-                                                                   tmp_path):  # fmt: skip
-    run = trained(tmp_path_factory, data_cache, "model", *overrides)
+                                                                   tmp_path, request):  # fmt: skip
+    if overrides:
+        run = trained(tmp_path_factory, data_cache, "model", *overrides)
+    else:
+        run = request.getfixturevalue("trained_run")
     model = load_model(str(run)).model.eval()
     maps = attention_maps(model, torch.randint(0, 200, (1, 12)))
     torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))

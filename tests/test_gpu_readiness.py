@@ -3,6 +3,7 @@ precision choice, fp16 with a loss scaler, identical starts, per-run memory, fai
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -71,17 +72,28 @@ def test_every_layout_starts_from_the_same_weights():
             assert torch.equal(states[layout][key], tensor), (layout, key)
 
 
-def gpu_experiments() -> list[str]:
-    names = [p.stem for p in (CONFIGS / "experiment").glob("*.yaml")]
-    return [n for n in names if OmegaConf.to_object(compose_train(f"experiment={n}")).trainer.device == "cuda"]
+@functools.cache
+def composed(*overrides: str):
+    """``compose_train(*overrides)``, composed once for this module: several tests read the same presets."""
+    return compose_train(*overrides)
+
+
+def preset(*overrides: str):
+    """The composed config as train.py's objects, a fresh copy for each caller."""
+    return OmegaConf.to_object(composed(*overrides))
+
+
+def gpu_experiments() -> dict:
+    """Each experiment whose trainer runs on CUDA: its name -> its trainer settings."""
+    trainers = {p.stem: preset(f"experiment={p.stem}").trainer for p in (CONFIGS / "experiment").glob("*.yaml")}
+    return {name: trainer for name, trainer in trainers.items() if trainer.device == "cuda"}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
 def test_every_gpu_experiment_splits_its_batch_over_1_2_4_8_ranks(world_size):
     experiments = gpu_experiments()
     assert {"gpt2_small", "compare_attention_gpu"} <= set(experiments)
-    for name in experiments:
-        trainer = OmegaConf.to_object(compose_train(f"experiment={name}")).trainer
+    for trainer in experiments.values():
         if trainer.micro_batch_size == "auto":  # the micro-batch is chosen on the device, from the rank's share
             assert trainer.batch_size % world_size == 0
             grad_accum_steps(trainer, world_size)  # raises if the batch does not split
@@ -102,7 +114,7 @@ def test_the_gpu_preset_prints_its_plan_on_a_cpu(capsys, monkeypatch):
 
 @pytest.mark.parametrize("free_gib,expected", [(80, 64), (40, 32), (24, 16), (12, 8), (4, 1)])
 def test_auto_micro_batch_is_the_largest_divisor_of_the_batch_the_plan_fits(free_gib, expected):
-    cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu"))
+    cfg = preset("experiment=compare_attention_gpu")
     planned = GPTConfig(**{**vars(cfg.model), "vocab_size": 50257})
     micro = auto_micro_batch(cfg, planned, 1, torch.bfloat16, free_gib * 2**30)
     assert micro == expected and 64 % micro == 0
@@ -114,7 +126,7 @@ def test_auto_micro_batch_is_the_largest_divisor_of_the_batch_the_plan_fits(free
 
 
 def test_auto_micro_batch_that_cannot_fit_one_sequence_is_a_clear_error():
-    cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu", "kernel=manual"))
+    cfg = preset("experiment=compare_attention_gpu", "kernel=manual")
     planned = GPTConfig(**{**vars(cfg.model), "vocab_size": 50257})
     with pytest.raises(ValueError, match=r"micro_batch_size=auto: not even one sequence fits; it needs an estimated "
                                          r"3.6 GiB and 85% of the 1.0 GiB free is 0.8 GiB"):  # fmt: skip
@@ -136,8 +148,7 @@ def test_a_bad_micro_batch_is_refused_naming_auto(value):
 
 @pytest.mark.parametrize("layout,kernel", list(itertools.product(LAYOUTS, KERNEL_NAMES)))
 def test_every_variant_of_the_gpu_preset_finds_a_micro_batch_on_a_40gb_card(layout, kernel):
-    cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu", f"attention={layout}",
-                                            f"kernel={kernel}"))  # fmt: skip
+    cfg = preset("experiment=compare_attention_gpu", f"attention={layout}", f"kernel={kernel}")
     planned = GPTConfig(**{**vars(cfg.model), "vocab_size": 50257})
     micro = auto_micro_batch(cfg, planned, 1, torch.bfloat16, 40 * 2**30)
     plan = make_plan(cfg, planned, 1, torch.bfloat16, micro_batch=micro)
@@ -179,8 +190,7 @@ def test_activation_estimate_is_within_25_percent_of_what_autograd_saves(layout,
 
 
 def test_a_run_that_would_not_fit_the_gpu_is_refused_naming_a_micro_batch_that_fits():
-    cfg = OmegaConf.to_object(compose_train("experiment=compare_attention_gpu", "kernel=manual",
-                                            "trainer.micro_batch_size=64"))  # fmt: skip
+    cfg = preset("experiment=compare_attention_gpu", "kernel=manual", "trainer.micro_batch_size=64")
     plan = make_plan(cfg, GPTConfig(**{**vars(cfg.model), "vocab_size": 50257}), 1, torch.bfloat16)
     with pytest.raises(ValueError, match=r"micro_batch_size=64 needs an estimated [\d.]+ GiB .* the GPU has 40.0 GiB; "
                                          r"set trainer.micro_batch_size=(16|8)"):  # fmt: skip

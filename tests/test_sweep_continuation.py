@@ -6,14 +6,13 @@ import json
 import os
 import shlex
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses
+from warm_python import start_python
 
 import compare
 from training.loop import train
@@ -29,16 +28,17 @@ def test_a_signal_stops_the_whole_sweep_and_its_one_command_continues_it_to_the_
         tmp_path, data_cache):  # fmt: skip
     args = ["-m", "attention=wrapper,fused_qkv", *TINY, "trainer.max_steps=40", "logger.mode=offline",
             f"data.cache_dir={data_cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    # A process of its own (forked from the warm interpreter: tests/warm_python.py), signalled as it trains.
+    proc = start_python([str(ROOT / "train.py"), *args], cwd=tmp_path)
     first = tmp_path / "sweep" / "0_wrapper-sdpa"
     deadline = time.time() + 120
     while time.time() < deadline and sum("train/loss" in line for line in _lines(first / "metrics.jsonl")) < 5:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert _running(proc.pid), proc.wait().stderr[-3000:]
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    os.kill(proc.pid, signal.SIGINT)
+    ended = proc.wait(timeout=120)
+    err = ended.stderr
+    assert ended.returncode == 130, err[-3000:]
     assert "no later job of the sweep was started" in err and not (tmp_path / "sweep" / "1_fused_qkv-sdpa").exists()
     assert json.loads((first / "run.json").read_text())["status"] == "interrupted"
 
@@ -62,6 +62,14 @@ def test_a_signal_stops_the_whole_sweep_and_its_one_command_continues_it_to_the_
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` has not ended (a zombie has: its parent has yet to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_continuing_a_killed_run_drops_what_it_logged_after_its_checkpoint_and_ends_as_if_never_stopped(
