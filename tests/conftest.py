@@ -62,6 +62,16 @@ def heap_so_far_frozen():
     gc.unfreeze()
 
 
+@pytest.fixture(autouse=True)
+def no_warm_child_left():
+    """A test that fails while a process it forked from the warm interpreter runs (tests/warm_python.py) leaves
+    it killed, not the interpreter waiting on it: the worker's next tests would hang."""
+    yield
+    from warm_python import end_abandoned
+
+    end_abandoned()
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory):
     """One prepared-data cache for the whole session, the corpus tokenized once: pytest -n's workers share it

@@ -41,6 +41,15 @@ def sweep(cwd: Path, env: dict, *args: str) -> WarmProcess:
     return start_python([str(ROOT / "train.py"), "-m", *args], cwd=cwd, env=env)
 
 
+@pytest.fixture
+def slurm(slurm):
+    """The session's cluster, with no job of this test left queued or running after it (a test that fails
+    mid-sweep would leave one to the next test)."""
+    yield slurm
+    for job in slurm.job_ids():
+        slurm.run("scancel", job, check=False)
+
+
 def finish(proc: WarmProcess, timeout: int = 240) -> tuple[int, str, str]:
     done = proc.wait(timeout)
     return done.returncode, done.stdout, done.stderr
@@ -176,7 +185,8 @@ def test_a_job_cancelled_mid_run_ends_the_sweep_with_an_error_not_its_half_train
                  f"data.cache_dir={data_cache}", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     run_dir = tmp_path / "sweep" / "0_fused_qkv-sdpa"
     wait_for_steps(run_dir / "metrics.jsonl", 3, proc)
-    slurm.run("scancel", slurm.run("squeue", "-h", "-o", "%i").stdout.split()[0])
+    (job,) = slurm.job_ids()  # this sweep's one job
+    slurm.run("scancel", job)
     code, _, err = finish(proc)
     assert code != 0, "a cancelled job is no completed job"
     line = err.strip().splitlines()[-1]

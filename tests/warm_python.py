@@ -23,8 +23,10 @@ shows (signals while it runs, torchrun, SLURM, the README's lines as typed) star
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,7 @@ class WarmPython:
         self.lock = threading.Lock()
         self.scratch = Path(tempfile.mkdtemp(prefix="headlab-warm-"))
         self.count = 0
+        self.current: WarmProcess | None = None  # the child last started
         self.silent = True  # the imports printed nothing (else forks would hide it: commands start cold)
 
     def ready(self) -> bool:
@@ -97,7 +100,8 @@ class WarmPython:
                        **{k: str(v) for k, v in files.items()}}  # fmt: skip
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
-            return WarmProcess(self, [sys.executable, *args], int(proc.stdout.readline()), files)
+            self.current = WarmProcess(self, [sys.executable, *args], int(proc.stdout.readline()), files)
+            return self.current
         except BaseException:
             self.lock.release()
             raise
@@ -105,6 +109,15 @@ class WarmPython:
     def run(self, args: list[str], cwd, env: dict[str, str], input: str | None, timeout: float | None,
             umask: int | None) -> subprocess.CompletedProcess:  # fmt: skip
         return self.spawn(args, cwd, env, input, umask).wait(timeout)
+
+    def end_abandoned(self) -> None:
+        """Kill and reap the child that a test started and never waited for (it failed first): else the next
+        command would wait for the interpreter forever."""
+        if self.current is not None and not self.current.waited:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.current.pid, signal.SIGKILL)
+            self.current.wait()
+        self.current = None
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -118,6 +131,7 @@ class WarmProcess:
     def __init__(self, warm: WarmPython, args: list[str], pid: int, files: dict[str, Path]) -> None:
         self.warm, self.args, self.pid, self.files = warm, args, pid, files
         self.result: subprocess.CompletedProcess | None = None
+        self.waited = False  # its end read (and the interpreter freed), even when that timed out
 
     def running(self) -> bool:
         """Whether it has not ended: a zombie (ended, not yet reaped by the warm interpreter) has."""
@@ -146,6 +160,7 @@ class WarmProcess:
         finally:
             if timer:
                 timer.cancel()
+            self.waited = True
             self.warm.lock.release()
         stdout, stderr = (self.files[name].read_text(errors="replace") for name in ("stdout", "stderr"))
         for path in self.files.values():
@@ -158,6 +173,11 @@ class WarmProcess:
 
 _WARM = WarmPython()
 atexit.register(lambda: _WARM.close())
+
+
+def end_abandoned() -> None:
+    """After each test (tests/conftest.py): a child it left running is killed, the interpreter freed."""
+    _WARM.end_abandoned()
 
 
 def start_python(args: list[str], cwd, env: dict[str, str] | None = None) -> WarmProcess:
