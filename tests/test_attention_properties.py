@@ -254,16 +254,16 @@ def decode_cells():
         yield pytest.param(layout, kernel, n_kv, window, id=f"{layout}-{kernel}-{n_kv}kv-{w_name}")
 
 
-def assert_decodes_like_full_recomputation(model, make_step, prompts, device, total=DECODE_BLOCK):
-    """From each prompt length, fill the cache, then decode one position at a time to ``total`` positions (the
-    end of the context, or past it for a model without a position table); every step's logits must be those of
-    a full forward over the whole sequence at that position. A cache holds its window (or the context, when
-    shorter), never the whole sequence, and never grows past it."""
+def assert_decodes_like_full_recomputation(model, make_step, prompts, device, total=DECODE_BLOCK, batches=(1, 2, 3)):
+    """From each prompt length (batch sizes ``batches`` in turn), fill the cache, then decode one position at a time
+    to ``total`` positions (the end of the context, or past it for a model without a position table); every
+    step's logits must be those of a full forward over the whole sequence at that position. A cache holds its
+    window (or the context, when shorter), never the whole sequence, and never grows past it."""
     config = model.config
     capacity = min(n for n in (config.window, config.block_size) if n)
     gen = torch.Generator(device=device).manual_seed(2)
     for i, prompt in enumerate(prompts):
-        B = 1 + i % 3
+        B = batches[i % len(batches)]
         idx = torch.randint(0, 64, (B, total), device=device, generator=gen)
         with torch.inference_mode():
             full, _ = model(idx, idx)
@@ -372,7 +372,16 @@ def test_the_compiled_static_step_is_a_full_recomputation(layout, kernel, n_kv, 
         pytest.skip(flex_unavailable("cpu"))
     model = decode_model(layout, kernel, n_kv, window, "cpu")
     assert_decodes_like_full_recomputation(
-        model, lambda m, cache, batch: CompiledStep(m, cache, batch, torch.device("cpu")), [1, 5, 8], "cpu")
+        model, compiled_step, [1, 5, 8], "cpu", batches=COMPILED_BATCH)
+
+
+# The compiled step is the static step (held at batch sizes 1 to 3 above) compiled for one batch size: one batch
+# here, so that each prompt reuses its graph instead of compiling one more (seconds each on a CPU).
+COMPILED_BATCH = (2,)
+
+
+def compiled_step(model, cache, batch):
+    return CompiledStep(model, cache, batch, torch.device("cpu"))
 
 
 # The compiled static step past block_size: a rope model with a window (its ring wraps many times), and with
@@ -390,5 +399,4 @@ def test_the_compiled_static_step_past_block_size_is_a_full_forward(position, la
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
     model = decode_model(layout, kernel, 2, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
-    assert_decodes_like_full_recomputation(
-        model, lambda m, cache, batch: CompiledStep(m, cache, batch, torch.device("cpu")), [3, 21], "cpu", PAST_TOTAL)
+    assert_decodes_like_full_recomputation(model, compiled_step, [3, 21], "cpu", PAST_TOTAL, batches=COMPILED_BATCH)
