@@ -16,8 +16,9 @@ back.
 What a fork cannot give, a real ``subprocess.run`` gives instead (``run_python`` chooses): an environment
 that differs from the warm interpreter's in a variable that libraries read when they are imported (torch's
 CPU capability and threads, Hugging Face's offline switch and caches, tqdm's and matplotlib's defaults), or
-``HEADLAB_COLD_START=1`` (every command a fresh interpreter, as before). Tests of what only a whole process
-shows (signals while it runs, torchrun, SLURM, the README's lines as typed) start real subprocesses themselves.
+``HEADLAB_COLD_START=1`` (every command a fresh interpreter, as before). A process a test signals while it runs
+is a forked child too (``start_python``: a process of its own, with its pid); torchrun's ranks, SLURM's jobs and
+the README's lines as typed are real fresh processes.
 """
 
 from __future__ import annotations
