@@ -258,10 +258,16 @@ def test_every_curve_that_lies_on_another_is_named_beside_the_legend(trained_run
     def worse(records):
         return [{**r, "val/loss": r["val/loss"] + 0.1} if "val/loss" in r else r for r in records]
 
-    make_run(tmp_path, "0_wrapper", trained_run, 0, setting("model", attention="wrapper"))
-    make_run(tmp_path, "1_fused", trained_run, 1)
-    make_run(tmp_path, "2_separate", trained_run, 2, setting("model", attention="separate_qkv"), up_to_step_20)
-    make_run(tmp_path, "3_rope", trained_run, 3, setting("model", position="rope"), worse)
+    def timed(records):  # steps that slow down: a run stopped early has a median step time of its own (the
+        # trained run's own times may give 20 steps and 30 the same median, and the curves then coincide)
+        return [{**r, "perf/step_ms": 10.0 + r["step"]} if "perf/step_ms" in r else r for r in records]
+
+    make_run(tmp_path, "0_wrapper", trained_run, 0, setting("model", attention="wrapper"), timed)
+    make_run(tmp_path, "1_fused", trained_run, 1, None, timed)
+    make_run(tmp_path, "2_separate", trained_run, 2, setting("model", attention="separate_qkv"),
+             lambda records: up_to_step_20(timed(records)))  # fmt: skip
+    make_run(tmp_path, "3_rope", trained_run, 3, setting("model", position="rope"),
+             lambda records: worse(timed(records)))  # fmt: skip
     ax = val_loss_figure(find_runs([tmp_path]), against).axes[0]
     hidden = hidden_curves(ax)
     assert "wrapper-sdpa-learned" in hidden and "fused_qkv-sdpa-rope" not in hidden
