@@ -48,7 +48,7 @@ def test_grouped_query_weights_convert_exactly_and_compute_the_same_function(src
 
 
 def tiny(layout="fused_qkv", kernel="sdpa", n_kv=None, window=None, block_size=16, seed=1) -> GPT:
-    return sharp_gpt(seed, block_size=block_size, n_layer=2, n_head=4, n_embd=32, attention=layout, kernel=kernel,
+    return sharp_gpt(seed, block_size=block_size, n_layer=2, n_head=4, n_embd=64, attention=layout, kernel=kernel,
                      n_kv_head=n_kv, window=window)  # fmt: skip
 
 

@@ -235,7 +235,7 @@ COMPILED_CELLS = [("fused_qkv", "sdpa", 2, 7)]
 
 def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, **options) -> GPT:
     torch.manual_seed(0)
-    config = tiny_gpt_config(vocab_size=64, block_size=block_size, n_layer=2, n_head=4, n_embd=32, attention=layout,
+    config = tiny_gpt_config(vocab_size=64, block_size=block_size, n_layer=2, n_head=4, n_embd=64, attention=layout,
                              kernel=kernel, n_kv_head=n_kv, window=window, **options)  # fmt: skip
     model = GPT(config).to(device).eval()
     gen = torch.Generator().manual_seed(3)

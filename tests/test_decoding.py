@@ -13,7 +13,7 @@ from model.generation import generate, generate_batch
 
 
 def sharp_model(n_kv=None, window=None, attention="fused_qkv", kernel="sdpa") -> GPT:
-    return sharp_gpt(block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=n_kv, window=window,
+    return sharp_gpt(block_size=16, n_layer=2, n_head=4, n_embd=64, n_kv_head=n_kv, window=window,
                      attention=attention, kernel=kernel)  # fmt: skip
 
 
