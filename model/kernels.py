@@ -63,7 +63,7 @@ def _build_visible(q_len: int, k_len: int, window: int | None, device: torch.dev
 def _cached_visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     # A mask first built while generating (inference mode) would be an inference tensor, which a later
     # training step could not save for backward: the cached one is always an ordinary tensor.
-    with torch.inference_mode(False):
+    with ordinary_tensors():
         return _build_visible(q_len, k_len, window, device)
 
 
@@ -190,8 +190,10 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     # A CPU: one memory layout whatever the layout's projection gave, and one graph for every size; with a
     # score_mod, one for every batch size (torch 2.13 fails to build some CPU graphs of a score_mod whose lengths
     # are dynamic), so one per multiple of FLEX_BLOCK.
-    grad = torch.is_grad_enabled()
-    with _ordinary_tensors(), torch.set_grad_enabled(grad):
+    # Inference tensors copied into ordinary ones (a CPU's flex runs no backward, so nothing is lost): a graph
+    # compiled for an evaluation under no_grad then serves sampling under inference_mode, whose tensors carry other
+    # dispatch keys (one graph of seconds instead of two).
+    with ordinary_tensors():
         q, k, v = (t.clone() if t.is_inference() else t.contiguous() for t in (q, k, v))
         batch_only = contextlib.nullcontext()
         if mods is not None:
@@ -203,11 +205,13 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
             return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
 
 
-def _ordinary_tensors():
-    """Outside inference mode, with inference tensors copied into ordinary ones (a CPU's flex runs no backward, so
-    nothing is lost): a graph compiled for an evaluation under no_grad then serves sampling under inference_mode,
-    whose tensors carry other dispatch keys (one graph of seconds instead of two)."""
-    return torch.inference_mode(False)
+@contextlib.contextmanager
+def ordinary_tensors():
+    """Outside inference mode, in the caller's grad mode (leaving inference mode would turn gradients on): what is
+    made here is an ordinary tensor whatever the caller's mode, so a cache or a compiled graph serves both."""
+    grad = torch.is_grad_enabled()
+    with torch.inference_mode(False), torch.set_grad_enabled(grad):
+        yield
 
 
 def _sizes_of_one_in_general():
@@ -226,7 +230,7 @@ def _score_mod(softcap: float | None, slopes: torch.Tensor | None, sinks: torch.
     with sinks, key 0 is the sink (a key of zeros whose score is the sink's logit) and key j + 1 is key j. The
     offset is a tensor, so one compiled graph serves every length."""
     device = next((t.device for t in (slopes, sinks) if t is not None), None)
-    with torch.inference_mode(False):  # an ordinary tensor whatever the caller's mode: one graph for both
+    with ordinary_tensors():  # one graph for both modes
         shift, first = torch.tensor(offset, device=device), int(sinks is not None)
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -247,8 +251,10 @@ FLEX_BLOCK = 128  # FlexAttention's block size (its default): what CPU lengths a
 def flex_unavailable(device: torch.device) -> str | None:
     """Why FlexAttention cannot run on ``device``, or None: torch compiles it for a CPU only with vector
     instructions (AVX2 or AVX-512)."""
+    if device.type != "cpu":  # asked first: inside a compiled model, asking the CPU's capability breaks the graph
+        return None
     capability = torch.backends.cpu.get_cpu_capability()
-    if device.type == "cpu" and capability not in ("AVX2", "AVX512"):
+    if capability not in ("AVX2", "AVX512"):
         return (f"torch compiles FlexAttention only with AVX2 or AVX-512, and this process runs at CPU capability "
                 f"{capability} (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})")  # fmt: skip
     return None
@@ -282,7 +288,7 @@ def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device
     if device.type == "cpu":
         q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_pad, k_pad))
     # Kept across training and generation (cached), as the masks above: ordinary tensors, never inference ones.
-    with torch.inference_mode(False):
+    with ordinary_tensors():
         # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
         offset, keys = torch.tensor(k_len - q_len, device=device), torch.tensor(k_len, device=device)
         span = torch.tensor(window or k_pad + q_pad, device=device)  # no window: more than any distance

@@ -136,7 +136,7 @@ class WarmProcess:
 
     def running(self) -> bool:
         """Whether it has not ended: a zombie (ended, not yet reaped by the warm interpreter) has."""
-        if self.result is not None:
+        if self.waited:
             return False
         try:
             return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
