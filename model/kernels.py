@@ -286,7 +286,10 @@ def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device
     first = int(sink)
     q_pad, k_pad = q_len, k_len + first
     if device.type == "cpu":
-        q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_pad, k_pad))
+        # The queries padded as if they had the sink too: where there are as many as keys (training, evaluation),
+        # both take one padded size (a length of 128 with a sink: 256 and 256, not 128 and 256), and a score_mod's
+        # graph, compiled per padded shape, serves more lengths; the extra rows are cut off as the others are.
+        q_pad, k_pad = (-(-n // FLEX_BLOCK) * FLEX_BLOCK for n in (q_pad + first, k_pad))
     # Kept across training and generation (cached), as the masks above: ordinary tensors, never inference ones.
     with ordinary_tensors():
         # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
