@@ -181,7 +181,12 @@ def pytest_collection_modifyitems(config, items):
         if "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
     if config.getoption("--deep"):
-        return
+        return  # there each flex cell compiles graphs of its own: spread over the workers, not grouped
+    for item in items:
+        # The default run's flex tests share a handful of compiled graphs (a head shape and score
+        # modification each; about 10 s of CPU per graph and process): on one worker, each is compiled once.
+        if "flex" in item.name and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("flex"))
     skip = pytest.mark.skip(reason="part of the deep sweep: pytest --deep")
     for item in items:
         if "deep" in item.keywords:
