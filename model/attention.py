@@ -286,7 +286,7 @@ class MultiHeadAttention(nn.Module):
         """The score modifications of this block (``model.score_mods``), or None when it has none."""
         if self.alibi_slopes is None and self.softcap is None and self.sinks is None:
             return None
-        return ScoreMods(self.mods_span, self.alibi_slopes, self.softcap, self.sinks)
+        return ScoreMods(self.mods_span, self.alibi_slopes, self.softcap, self.sinks, slopes_key=(self.n_head,))
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None

@@ -118,11 +118,7 @@ def sdpa_attention(q, k, v, dropout: float, training: bool, window: int | None =
         window = None  # the same mask; and a model's context held as a window keeps the causal fast path
     with sdpa_backend(backend):
         if mods is not None and (mods.slopes is not None or mods.sinks is not None):
-            q_pos = query_positions(positions, q_len, k_len, q.device)
-            keep = visible(q_len, k_len, window, q.device) if mask is None else mask
-            bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(~keep, float("-inf"))
-            alibi = mods.bias(q_pos, k_len)
-            bias = bias if alibi is None else bias + alibi.to(q.dtype)  # (H, q_len, k_len) or broadcastable
+            bias = score_bias(q_len, k_len, window, mask, mods, positions, q.dtype, q.device)
             if mods.sinks is not None:
                 bias = bias.expand(*q.shape[:2], q_len, k_len)
                 bias = torch.cat((mods.sink_logits(q), bias), dim=-1)
@@ -137,6 +133,33 @@ def sdpa_attention(q, k, v, dropout: float, training: bool, window: int | None =
         # is_causal aligns the mask top-left; cached queries need it bottom-right, and a window bands it.
         mask = visible(q_len, k_len, window, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
+
+
+_last_bias: list = [None]  # ((positions, mask, key), bias): the float mask the last forward's layers shared
+
+
+def score_bias(q_len: int, k_len: int, window: int | None, mask: torch.Tensor | None, mods: ScoreMods,
+               positions: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # fmt: skip
+    """SDPA's float mask: 0 where a query sees a key, -inf where it does not, plus ALiBi's bias; (H, q_len,
+    k_len), or (q_len, k_len) without ALiBi.
+
+    Every layer of a forward asks for the same one (its positions tensor, mask, lengths, window and slopes), so
+    in eager mode it is built once per forward and kept while the same positions tensor comes back, as Rotary
+    keeps its angles (a forward's positions tensor is made once and never written)."""
+    slopes_known = mods.slopes is None or mods.slopes_key is not None
+    remembered = positions is not None and slopes_known and not torch.compiler.is_compiling()
+    key = (k_len, window, dtype, device, mods.span, mods.slopes_key if mods.slopes is not None else None,
+           None if mods.slopes is None else (mods.slopes.dtype, mods.slopes.device))  # fmt: skip
+    last = _last_bias[0]
+    if remembered and last is not None and last[0][0] is positions and last[0][1] is mask and last[0][2] == key:
+        return last[1]
+    keep = visible(q_len, k_len, window, device) if mask is None else mask
+    bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+    alibi = mods.bias(query_positions(positions, q_len, k_len, device), k_len)
+    bias = bias if alibi is None else bias + alibi.to(dtype)  # (H, q_len, k_len) or broadcastable
+    if remembered:  # one forward's (a training step's layers save the one tensor for backward, not one each)
+        _last_bias[0] = ((positions, mask, key), bias)
+    return bias
 
 
 def sdpa_backend(name: str):

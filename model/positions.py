@@ -30,6 +30,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from model.kernels import ordinary_tensors
 from model.registry import POSITIONS, register
 
 
@@ -62,8 +63,11 @@ class Rotary(nn.Module):
     dtype, as Llama's and nanochat's are. One Rotary serves every layer of a model (``RotaryPositions.rotary``
     hands out one per width and theta), and in eager mode it keeps the angles of the last positions tensor it
     saw: a forward computes them once, not twice per layer (a decode step of the nano model spent 0.5 ms
-    recomputing them). Compiled code computes them in the graph.
+    recomputing them). On a CPU they are rows of a table of every position so far (grown by doubling): a decode
+    step reads two rows instead of computing a dozen small tensors. Compiled code computes them in the graph.
     """
+
+    TABLE_LIMIT = 1 << 16  # positions a table may cover; past it (a very long generation) angles are computed
 
     def __init__(self, dim: int, theta: float) -> None:
         super().__init__()
@@ -74,14 +78,17 @@ class Rotary(nn.Module):
         # (positions, {dtype: (cos, sin)}): a forward's positions tensor is made once and never written (a static
         # step's is a fresh view of its position each step), so the same object means the same positions.
         self._last: tuple | None = None
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # angles of positions 0..n-1, on the CPU
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(T,) positions -> cos and sin, each (T, dim) in float32: the angle of pair i repeated for both
-        halves. The frequencies are made here (a buffer would be cast with the model's weights to bf16)."""
+        """(T,) positions -> cos and the signed sin, each (T, dim) in float32: the angle of pair i for both
+        halves, the sin negated in the first half (where rotate-half takes the negated second half). The
+        frequencies are made here (a buffer would be cast with the model's weights to bf16)."""
         pairs = torch.arange(0, self.dim, 2, dtype=torch.float32, device=positions.device)
         freqs = positions.to(torch.float32)[:, None] * (self.theta ** -(pairs / self.dim))[None, :]
         freqs = torch.cat((freqs, freqs), dim=-1)
-        return freqs.cos(), freqs.sin()
+        sin, half = freqs.sin(), self.dim // 2  # over both halves, as cos: the same elements take the same path
+        return freqs.cos(), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``angles`` cast to ``dtype``, reused while the same positions tensor comes back (eager mode)."""
@@ -91,15 +98,30 @@ class Rotary(nn.Module):
         if last is None or last[0] is not positions:
             last = self._last = (positions, {})
         if dtype not in last[1]:
-            last[1][dtype] = tuple(t.to(dtype) for t in self.angles(positions))
+            last[1][dtype] = tuple(t.to(dtype) for t in self.looked_up(positions))
         return last[1][dtype]
+
+    def looked_up(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``angles(positions)``, as rows of the table on a CPU (where reading the last position waits for
+        nothing; on a GPU it would wait for the device, so there they are computed)."""
+        if positions.device.type != "cpu" or positions.numel() == 0:
+            return self.angles(positions)
+        needed = int(positions[-1]) + 1  # positions ascend: the last is the largest
+        if self._table is None or self._table[0].size(0) < needed:
+            if needed > self.TABLE_LIMIT:
+                return self.angles(positions)
+            size = max(256, needed, 2 * (0 if self._table is None else self._table[0].size(0)))
+            with ordinary_tensors():  # built while sampling (inference mode), read by a later training step too
+                self._table = self.angles(torch.arange(min(size, self.TABLE_LIMIT)))
+        return tuple(t.index_select(0, positions) for t in self._table)
 
     def forward(self, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(..., T, dim) queries or keys at ``positions`` (T,) -> turned by their positions."""
-        cos, sin = self.cos_sin(positions, t.dtype)
+        cos, signed_sin = self.cos_sin(positions, t.dtype)
+        # rotate-half, (x1, x2) -> (-x2, x1), with the sign kept in the sin: no negation per call, and the same
+        # numbers ((-x2) * sin is x2 * (-sin), bit for bit). A decode step rotates twice per layer.
         half = t.size(-1) // 2
-        rotated = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
-        return t * cos + rotated * sin
+        return t * cos + torch.cat((t[..., half:], t[..., :half]), dim=-1) * signed_sin
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

@@ -36,6 +36,9 @@ class ScoreMods:
     slopes: torch.Tensor | None = None  # (H,) ALiBi
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # (H,) learned logits
+    # What the slopes' values are a function of (an attention block's head count; a wrapper head's index too),
+    # so that the kernels build one bias per forward for all layers alike; None: unknown, built per call.
+    slopes_key: tuple | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -47,7 +50,8 @@ class ScoreMods:
         """The modifications of query head ``h`` alone (a head axis of size 1)."""
         one = slice(h, h + 1)
         return replace(self, slopes=None if self.slopes is None else self.slopes[one],
-                       sinks=None if self.sinks is None else self.sinks[one])  # fmt: skip
+                       sinks=None if self.sinks is None else self.sinks[one],
+                       slopes_key=None if self.slopes_key is None else (*self.slopes_key, h))  # fmt: skip
 
     def distances(self, positions: torch.Tensor, k_len: int) -> torch.Tensor:
         """(q_len, k_len): each query's distance to each key slot (meaningful where the query sees it)."""

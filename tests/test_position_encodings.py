@@ -226,3 +226,30 @@ def test_a_checkpoint_written_before_the_new_fields_loads_and_resumes(trained_ru
     resumed = load_checkpoint(run)
     assert resumed.step == 40 and summary["step"] == 40, summary
     assert resumed.model_config["position"] == "learned", "written with today's fields"
+
+
+def test_rotarys_table_gives_the_angles_computed_directly_as_it_grows_and_past_its_limit():
+    # A CPU reads cos and sin from a table of every position so far (grown by doubling), not computed per
+    # forward: the same angles, at every length a forward or a decode step asks for, past each growth and past
+    # the table's limit (computed again there). Within one float32 rounding: the table's rows go through the
+    # same cos and sin, but torch's vectorised and scalar paths may split the elements differently.
+    rotary = Rotary(16, 10000.0)
+    asked = [torch.arange(n) for n in (1, 2, 7, 255, 256, 257)] + [torch.tensor([p]) for p in (0, 300, 511, 512, 1500)]
+    asked += [torch.arange(5, 12), torch.arange(Rotary.TABLE_LIMIT - 3, Rotary.TABLE_LIMIT + 2)]
+    for positions in asked:
+        for got, want in zip(rotary.looked_up(positions), rotary.angles(positions)):
+            torch.testing.assert_close(got, want, atol=2e-7, rtol=0, msg=lambda m, p=positions: f"{p}: {m}")
+    assert rotary._table[0].size(0) == 2048, "256, then doubled to cover 1500; past the limit not grown at all"
+
+
+def test_rotarys_table_made_while_sampling_serves_a_training_step():
+    # Sampling runs under inference_mode: a table first made there must still be an ordinary tensor, which a
+    # later training step's autograd can save for backward.
+    torch.manual_seed(0)
+    model = GPT(config(vocab_size=64, block_size=16, n_head=2, n_embd=32, position="rope", rope_theta=777.0))
+    idx = torch.randint(0, 64, (2, 16))
+    with torch.inference_mode():
+        model(idx)
+    _, loss = model(idx, targets=idx)
+    loss.backward()
+    assert model.transformer.wte.weight.grad is not None

@@ -141,3 +141,23 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(layout):
                 block.c_attn.bias[-32:] /= 5.0
         same = torch.allclose(block(x), before, atol=1e-5, rtol=1e-4)
         assert same is qk_norm, f"qk_norm={qk_norm}"
+
+
+@pytest.mark.parametrize("options", [dict(position="alibi"), dict(sinks=True),
+                                     dict(position="alibi", sinks=True, window=5)])
+def test_sdpa_builds_the_float_mask_once_per_forward_for_every_layer(options, monkeypatch):
+    # The mask (0 where a key is seen, -inf where not, plus ALiBi's bias) is the same in every layer: built once per
+    # forward, and again for the next forward's positions; not once per layer.
+    from model import GPT, kernels
+
+    built = []
+    build = kernels.visible
+    monkeypatch.setattr(kernels, "visible", lambda *args: built.append(args) or build(*args))
+    torch.manual_seed(0)
+    model = GPT(config(n_layer=3, n_head=4, n_embd=32, block_size=16, kernel="sdpa", **options)).eval()
+    idx = torch.randint(0, 50, (2, 11))
+    with torch.no_grad():
+        model(idx)
+        assert len(built) == 1, built
+        model(idx)
+    assert len(built) == 2, "the next forward's positions are another tensor: built again"
