@@ -291,9 +291,10 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
     ) -> torch.Tensor:
-        if positions is None:
-            positions = torch.arange(x.size(1), device=x.device)
-        return self.resid_dropout(self.c_proj(self.attend(x, positions, cache)))
+        if positions is None and (self.rotary is not None or self.alibi_slopes is not None):
+            positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
+        y = self.c_proj(self.attend(x, positions, cache))
+        return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute
@@ -359,14 +360,14 @@ class WrapperAttention(MultiHeadAttention):
         )
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        group, mods = self.n_head // self.n_kv_head, self.score_mods()
+        group, mods, heads = self.n_head // self.n_kv_head, self.score_mods(), list(self.heads)  # not heads[h]: slow
         outputs = []
         for g in range(self.n_kv_head):
-            k, v = self.heads[g * group].keys_values(x)  # the group's notes, once
+            k, v = heads[g * group].keys_values(x)  # the group's notes, once
             k, v, mask = remember(cache, g, self.encode_keys(k, positions), v)
             for h in range(g * group, (g + 1) * group):
-                q = self.encode_queries(self.heads[h].queries(x), positions)
-                outputs.append(self.heads[h](q, k, v, mask, None if mods is None else mods.head(h), positions))
+                q = self.encode_queries(heads[h].queries(x), positions)
+                outputs.append(heads[h](q, k, v, mask, None if mods is None else mods.head(h), positions))
         return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -67,6 +67,19 @@ def _cached_visible(q_len: int, k_len: int, window: int | None, device: torch.de
         return _build_visible(q_len, k_len, window, device)
 
 
+def hidden(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """``~visible``: True where a query may not look at a key (where its score is masked), cached as it is."""
+    if torch.compiler.is_compiling():
+        return ~_build_visible(q_len, k_len, window, device)
+    return _cached_hidden(q_len, k_len, window, device)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_hidden(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    with ordinary_tensors():
+        return ~_cached_visible(q_len, k_len, window, device)
+
+
 def sees_every_key(q_len: int, k_len: int, window: int | None) -> bool:
     """One new query after its cache sees every cached key: the cache never holds more than the window."""
     return q_len == 1 and (window is None or k_len <= window)
@@ -86,8 +99,8 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None,
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
     if mods is not None:
         scores = mods.modify(scores, query_positions(positions, q.size(-2), k.size(-2), q.device))
-    keep = visible(q.size(-2), k.size(-2), window, q.device) if mask is None else mask
-    return softmax_with_sinks(scores.masked_fill(~keep, float("-inf")), mods)
+    masked = hidden(q.size(-2), k.size(-2), window, q.device) if mask is None else ~mask
+    return softmax_with_sinks(scores.masked_fill(masked, float("-inf")), mods)
 
 
 def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
@@ -99,7 +112,9 @@ def manual_attention(q, k, v, dropout: float, training: bool, window: int | None
                      mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
                      positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The textbook formula: matmul, (score modifications,) causal mask, softmax, dropout, matmul."""
-    probs = F.dropout(attention_probs(q, k, window, mask, mods, positions), p=dropout, training=training)
+    probs = attention_probs(q, k, window, mask, mods, positions)
+    if dropout and training:  # a call that would return its input costs a small block a few percent
+        probs = F.dropout(probs, p=dropout)
     return probs @ repeat_kv(v, q.size(1))
 
 
