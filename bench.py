@@ -6,6 +6,7 @@
     python bench.py --position learned rope alibi --qk-norm off on --kernels manual   # the new axes
     python bench.py --layouts fused_qkv mla --kv-latent 64                             # latent keys/values
     python bench.py --mode decode --position learned rope --window 64 --seq-len 128 --context-multiples 1 4 16
+    python bench.py --mode plain --seq-len 1024 --batch 2 --n-embd 768 --n-head 12   # against the plainest code
 
 Grid: layout x kernel x (eager, compiled) x sequence length, and the attention
 options (--kv-heads, --window, --position, --qk-norm, --softcap, --sinks; attention=mla's --kv-latent).
@@ -16,7 +17,11 @@ after warm-up calls; peak memory is measured on CUDA. Decode mode generates
 (model.generation, with the KV cache, as sample.py does) up to the largest
 --context-multiples x block_size (--seq-len) tokens and reports tokens/s over
 the block_size tokens that end at each multiple: the median over --repeats
-generations. Writes bench.csv, bench.md and bench.png to --out, and prints the table.
+generations. Plain mode times each layout x kernel block against the plainest
+code of the same layout and kernel (bench_reference.py: the same weights, the
+same function), the two interleaved, and reports the ratios' median and range
+over --repeats rounds (default 5). Writes bench.csv, bench.md and bench.png
+(plain mode: no plot) to --out, and prints the table.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
+from bench_reference import PLAIN_KERNELS, plain_twin
 from cli import OneLineErrorParser
 from model import ATTENTION_LAYOUTS, GPT, GPTConfig, registry
 from model.attention import attention_of
@@ -62,6 +68,11 @@ SWITCHES = {"off": False, "on": True, "false": False, "true": True}
 # interquartile range says.
 NOISY_RANGE = 1.5
 DECODE_REPEATS = 3  # --mode decode's generations per cell by default: a median and a spread
+PLAIN_REPEATS = 5  # --mode plain's rounds by default: ratios of interleaved timings, a median and a spread
+PLAIN_LAYOUTS = ("wrapper", "separate_qkv", "fused_qkv")
+PLAIN_FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype", "forward_ms",
+                "plain_forward_ms", "forward_ratio", "forward_ratio_min", "forward_ratio_max", "step_ms",
+                "plain_step_ms", "step_ratio", "step_ratio_min", "step_ratio_max", "rounds"]  # fmt: skip
 
 
 def default_layouts() -> list[str]:
@@ -78,7 +89,8 @@ def takes_latent(layout: str) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["block", "gpt", "decode"], default="block")
+    p.add_argument("--mode", choices=["block", "gpt", "decode", "plain"], default="block",
+                   help="plain: each block against the plainest code of its layout and kernel (bench_reference.py)")
     p.add_argument("--layouts", nargs="+", default=default_layouts(),
                    help=f"from {', '.join(sorted(ATTENTION_LAYOUTS))} (default: {', '.join(default_layouts())})")
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
@@ -118,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
     if args.repeats is None:  # a decode ratio from one generation has no spread to say how far it holds
-        args.repeats = DECODE_REPEATS if args.mode == "decode" else 1
+        args.repeats = {"decode": DECODE_REPEATS, "plain": PLAIN_REPEATS}.get(args.mode, 1)
     for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
                                        ("--kernels", args.kernels, registry.kernel_options(), "kernel"),
                                        ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
@@ -160,11 +172,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if position not in registry.POSITIONS:
             p.error(f"--position: unknown position encoding {position!r}; choose from {', '.join(registry.POSITIONS)}")
     args.kv_latent = args.kv_latent or [args.n_embd // 2]
+    if args.mode == "plain":
+        check_plain_grid(p, args)
     try:  # a cell the model refuses (softcap with sdpa, an odd head dim with rope, ...) or an SDPA backend the
         check_cells(args)  # device cannot run is refused here, not after the first cells
     except ValueError as err:
         p.error(str(err))
     return args
+
+
+def check_plain_grid(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--mode plain times what a plain reference exists for: the three layouts' multi-head blocks with a manual
+    or SDPA kernel, no other option."""
+    for option, names, valid in (("--layouts", args.layouts, PLAIN_LAYOUTS),
+                                 ("--kernels", args.kernels, PLAIN_KERNELS)):
+        for name in names:
+            if name not in valid:
+                p.error(f"--mode plain: {option} {name} has no plain reference; choose from {', '.join(valid)}")
+    options = {"--kv-heads": args.kv_heads != [args.n_head], "--window": args.window != [None],
+               "--position": args.position != ["learned"], "--qk-norm": args.qk_norm != [False],
+               "--softcap": args.softcap != [None], "--sinks": args.sinks != [False]}  # fmt: skip
+    for option, set_away in options.items():
+        if set_away:
+            p.error(f"--mode plain times the plain multi-head block; leave out {option}")
 
 
 def switch(p: argparse.ArgumentParser, option: str, value: str) -> bool:
@@ -263,10 +293,15 @@ def make_cell(args: argparse.Namespace, cell: dict, compiled: bool, seq_len: int
         def loss_of(out):
             return out[1]
 
+    return closures(module, inputs, loss_of, optimizer, compiled, device, resolve_dtype(args.dtype, device, "--dtype"))
+
+
+def closures(module, inputs: tuple, loss_of, optimizer, compiled: bool, device, dtype):
+    """(forward, step) of ``module`` on ``inputs``: forward without gradients; step is forward, backward of
+    ``loss_of(output)``, the optimizer's step if any, and the gradients cleared."""
     if compiled:
         inductor_cache_per_cpu_capability()
     run = torch.compile(module) if compiled else module
-    dtype = resolve_dtype(args.dtype, device, option="--dtype")
 
     def forward():
         with torch.no_grad(), autocast(device, dtype):
@@ -785,10 +820,93 @@ def main_decode(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def plain_pair(args: argparse.Namespace, cell: tuple, device) -> dict:
+    """A headlab block and its plain reference (holding the block's own weights), each with its input (the same
+    values) and its (forward, step) closures; the two checked to compute one function first."""
+    seq_len, compile_mode, layout, kernel = cell
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=1, n_head=args.n_head,
+                       n_embd=args.n_embd, attention=layout, kernel=kernel)  # fmt: skip
+    block = attention_of(layout, config.attention_spec).to(device)
+    plain = plain_twin(block, layout, kernel, seq_len)
+    x = torch.randn(args.batch, seq_len, args.n_embd, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), block(x), msg=lambda m: f"{layout}/{kernel}: the plain reference "
+                                   f"computes another function ({m})")  # fmt: skip
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    return {side: closures(module, (x.clone().requires_grad_(),), lambda out: out.float().square().mean(), None,
+                           compile_mode == "compiled", device, dtype)
+            for side, module in (("headlab", block), ("plain", plain))}  # fmt: skip
+
+
+def measure_plain(args: argparse.Namespace) -> list[dict]:
+    """Each cell's forward and forward+backward, headlab's block against its plain reference: per round the two
+    timed one after the other (which goes first alternates), the ratio of the two; the median and range of the
+    ratios over --repeats rounds, so a shared machine's drifts cancel."""
+    device = resolve_device(args.device)
+    cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels))
+    ms = {(cell, side, what): [] for cell in cells for side in ("headlab", "plain") for what in ("forward", "step")}
+    with torch._dynamo.config.patch(recompile_limit=64):  # one forward per layout, kernel and length
+        pairs = {cell: plain_pair(args, cell, device) for cell in cells}
+        with tqdm(total=len(cells) * args.repeats, desc="benchmark (plain)") as bar:
+            for r in range(args.repeats):
+                for cell in cells:
+                    for w, what in enumerate(("forward", "step")):
+                        order = ("headlab", "plain") if r % 2 == 0 else ("plain", "headlab")
+                        for side in order:
+                            fn = pairs[cell][side][w]
+                            ms[cell, side, what].append(median_ms(fn, args.min_run_time, device)[0])
+                    bar.update()
+    rows = []
+    for cell in cells:
+        seq_len, compile_mode, layout, kernel = cell
+        row = dict(mode="plain", layout=layout, kernel=kernel, compile=compile_mode, seq_len=seq_len, batch=args.batch,
+                   n_embd=args.n_embd, n_head=args.n_head, rounds=args.repeats,
+                   dtype=str(resolve_dtype(args.dtype, device, option="--dtype")).removeprefix("torch."))  # fmt: skip
+        for what in ("forward", "step"):
+            ours, theirs = ms[cell, "headlab", what], ms[cell, "plain", what]
+            ratios = [a / b for a, b in zip(ours, theirs)]
+            row.update({f"{what}_ms": statistics.median(ours), f"plain_{what}_ms": statistics.median(theirs),
+                        f"{what}_ratio": statistics.median(ratios), f"{what}_ratio_min": min(ratios),
+                        f"{what}_ratio_max": max(ratios)})  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def plain_markdown(rows: list[dict], title: str) -> str:
+    header = ["cell", "compile", "seq_len", "forward ms (plain)", "forward ratio (min-max)",
+              "fwd+bwd ms (plain)", "fwd+bwd ratio (min-max)"]  # fmt: skip
+    body = [[f"{r['layout']}-{r['kernel']}", r["compile"], r["seq_len"],
+             *(x for what in ("forward", "step") for x in (
+                 f"{ms_text(r[f'{what}_ms'])} ({ms_text(r[f'plain_{what}_ms'])})",
+                 f"{r[f'{what}_ratio']:.3f} ({r[f'{what}_ratio_min']:.3f}-{r[f'{what}_ratio_max']:.3f})"))]
+            for r in rows]  # fmt: skip
+    note = ("ratio: headlab's block time / its plain reference's (bench_reference.py), the median of the rounds' "
+            "ratios and their range (below 1: headlab is faster)")
+    return "\n".join([title, "", markdown_table(header, body, [i >= 2 for i in range(len(header))]), "", note])
+
+
+def main_plain(args: argparse.Namespace) -> list[dict]:
+    rows = measure_plain(args)
+    device = resolve_device(args.device)
+    title = (f"plain references on {device_name(device)}, torch {torch.__version__}, {rows[0]['dtype']}, "
+             f"batch={args.batch}, n_embd={args.n_embd}, n_head={args.n_head}; {args.repeats} interleaved rounds")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "bench.csv", PLAIN_FIELDS, [[row[k] for k in PLAIN_FIELDS] for row in rows])
+    table = plain_markdown(rows, title)
+    write_text(out / "bench.md", table + "\n")
+    print("\n" + table)
+    print(f"\nwritten to {out}/ (bench.csv, bench.md)")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.mode == "decode":
         return main_decode(args)
+    if args.mode == "plain":
+        return main_plain(args)
     rows = measure(args)
     device = resolve_device(args.device)
     shape = f"batch={args.batch}, n_embd={args.n_embd}, n_head={args.n_head}"

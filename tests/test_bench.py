@@ -35,6 +35,43 @@ def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
     assert "USDT:" not in capfd.readouterr().err, "the profiler's start/stop notices stay off the console"
 
 
+@pytest.mark.parametrize("layout", ["wrapper", "separate_qkv", "fused_qkv"])
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+def test_each_plain_reference_computes_its_blocks_function_with_its_weights(layout, kernel):
+    # bench.py --mode plain times a block against the plainest code of its layout and kernel: the same function of
+    # the same weights (the reference holds the block's own projections), at lengths 1 to past a few heads' widths.
+    import torch
+
+    from bench_reference import plain_twin
+    from model import GPTConfig
+    from model.attention import attention_of
+
+    for n_head, n_embd, seq_len in ((1, 8, 1), (2, 16, 7), (3, 24, 13), (4, 32, 33)):
+        torch.manual_seed(seq_len)
+        config = GPTConfig(vocab_size=8, block_size=seq_len, n_layer=1, n_head=n_head, n_embd=n_embd,
+                           attention=layout, kernel=kernel)  # fmt: skip
+        block = attention_of(layout, config.attention_spec)
+        plain = plain_twin(block, layout, kernel, seq_len)
+        x = torch.randn(2, seq_len, n_embd, requires_grad=True)
+        torch.testing.assert_close(plain(x), block(x), atol=1e-6, rtol=1e-5)
+        assert {id(p) for p in plain.parameters()} <= {id(p) for p in block.parameters()}, "the block's own weights"
+
+
+def test_plain_mode_prints_each_cells_ratios_with_their_range(tmp_path, capsys):
+    rows = bench.main(["--mode", "plain", "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+                       "--min-run-time", "0.01", "--repeats", "2", "--device", "cpu",
+                       "--out", str(tmp_path)])  # fmt: skip
+    cells = {(lay, ker) for lay in ("fused_qkv", "separate_qkv", "wrapper") for ker in ("manual", "sdpa")}
+    assert {(r["layout"], r["kernel"]) for r in rows} == cells
+    for r in rows:
+        for what in ("forward", "step"):
+            assert r[f"{what}_ratio_min"] <= r[f"{what}_ratio"] <= r[f"{what}_ratio_max"], r
+            assert r[f"{what}_ms"] > 0 and r[f"plain_{what}_ms"] > 0 and r["rounds"] == 2
+    table = capsys.readouterr().out
+    assert "plain references on" in table and "threads" in table and table.count("| eager |") == 6
+    assert len(list(csv.DictReader((tmp_path / "bench.csv").open()))) == 6
+
+
 def test_compiled_cells_run(tmp_path):
     rows = bench.main(["--layouts", "fused_qkv", "--kernels", "sdpa", "--compile", "eager", "compiled",
                        "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
@@ -56,6 +93,10 @@ def test_compiled_cells_run(tmp_path):
         (["--kv-heads", "3"], "--kv-heads 3 does not divide --n-head 8"),
         (["--window", "wide"], "--window wide: give a positive number of positions, or none"),
         (["--compile", "jit"], "unknown compile mode 'jit'; choose from compiled, eager"),
+        (["--mode", "plain", "--kernels", "flex"], "--mode plain: --kernels flex has no plain reference; choose from "
+                                                   "manual, sdpa"),
+        (["--mode", "plain", "--layouts", "mla"], "--mode plain: --layouts mla has no plain reference"),
+        (["--mode", "plain", "--sinks", "on"], "--mode plain times the plain multi-head block; leave out --sinks"),
     ],
 )
 def test_unknown_grid_values_are_refused(args, message, capsys):
