@@ -39,7 +39,7 @@ import torch.utils.benchmark as benchmark
 from tqdm import tqdm
 
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
-from bench_reference import PLAIN_KERNELS, plain_twin
+from bench_reference import PLAIN_KERNELS, PLAIN_LAYOUTS, plain_twin
 from cli import OneLineErrorParser
 from model import ATTENTION_LAYOUTS, GPT, GPTConfig, registry
 from model.attention import attention_of
@@ -69,7 +69,6 @@ SWITCHES = {"off": False, "on": True, "false": False, "true": True}
 NOISY_RANGE = 1.5
 DECODE_REPEATS = 3  # --mode decode's generations per cell by default: a median and a spread
 PLAIN_REPEATS = 5  # --mode plain's rounds by default: ratios of interleaved timings, a median and a spread
-PLAIN_LAYOUTS = ("wrapper", "separate_qkv", "fused_qkv")
 PLAIN_FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype", "forward_ms",
                 "plain_forward_ms", "forward_ratio", "forward_ratio_min", "forward_ratio_max", "step_ms",
                 "plain_step_ms", "step_ratio", "step_ratio_min", "step_ratio_max", "rounds"]  # fmt: skip

@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent
 # QKV projection; torch's SDPA with is_causal): what headlab's own block must not be slower than
 # (``python bench.py --mode plain``). Each holds the very nn.Linear modules of a headlab block (``plain_twin``),
 # so both compute one function from one set of weights.
+PLAIN_LAYOUTS = ("wrapper", "separate_qkv", "fused_qkv")
 PLAIN_KERNELS = ("manual", "sdpa")
 
 
