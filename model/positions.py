@@ -106,7 +106,7 @@ class Rotary(nn.Module):
         nothing; on a GPU it would wait for the device, so there they are computed)."""
         if positions.device.type != "cpu" or positions.numel() == 0:
             return self.angles(positions)
-        needed = int(positions[-1]) + 1  # positions ascend: the last is the largest
+        needed = int(positions.max()) + 1
         if self._table is None or self._table[0].size(0) < needed:
             if needed > self.TABLE_LIMIT:
                 return self.angles(positions)
