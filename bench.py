@@ -819,7 +819,7 @@ def main_decode(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def plain_pair(args: argparse.Namespace, cell: tuple, device) -> dict:
+def plain_pair(args: argparse.Namespace, cell: tuple, device, dtype: torch.dtype) -> dict:
     """A headlab block and its plain reference (holding the block's own weights), each with its input (the same
     values) and its (forward, step) closures; the two checked to compute one function first."""
     seq_len, compile_mode, layout, kernel = cell
@@ -832,7 +832,6 @@ def plain_pair(args: argparse.Namespace, cell: tuple, device) -> dict:
     with torch.no_grad():
         torch.testing.assert_close(plain(x), block(x), msg=lambda m: f"{layout}/{kernel}: the plain reference "
                                    f"computes another function ({m})")  # fmt: skip
-    dtype = resolve_dtype(args.dtype, device, option="--dtype")
     return {side: closures(module, (x.clone().requires_grad_(),), lambda out: out.float().square().mean(), None,
                            compile_mode == "compiled", device, dtype)
             for side, module in (("headlab", block), ("plain", plain))}  # fmt: skip
@@ -843,10 +842,11 @@ def measure_plain(args: argparse.Namespace) -> list[dict]:
     timed one after the other (which goes first alternates), the ratio of the two; the median and range of the
     ratios over --repeats rounds, so a shared machine's drifts cancel."""
     device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
     cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels))
     ms = {(cell, side, what): [] for cell in cells for side in ("headlab", "plain") for what in ("forward", "step")}
     with torch._dynamo.config.patch(recompile_limit=64):  # one forward per layout, kernel and length
-        pairs = {cell: plain_pair(args, cell, device) for cell in cells}
+        pairs = {cell: plain_pair(args, cell, device, dtype) for cell in cells}
         with tqdm(total=len(cells) * args.repeats, desc="benchmark (plain)") as bar:
             for r in range(args.repeats):
                 for cell in cells:
@@ -861,7 +861,7 @@ def measure_plain(args: argparse.Namespace) -> list[dict]:
         seq_len, compile_mode, layout, kernel = cell
         row = dict(mode="plain", layout=layout, kernel=kernel, compile=compile_mode, seq_len=seq_len, batch=args.batch,
                    n_embd=args.n_embd, n_head=args.n_head, rounds=args.repeats,
-                   dtype=str(resolve_dtype(args.dtype, device, option="--dtype")).removeprefix("torch."))  # fmt: skip
+                   dtype=str(dtype).removeprefix("torch."))  # fmt: skip
         for what in ("forward", "step"):
             ours, theirs = ms[cell, "headlab", what], ms[cell, "plain", what]
             ratios = [a / b for a, b in zip(ours, theirs)]
