@@ -33,7 +33,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = attention_of(config.attention, config.attention_spec)
+        self.attn = attention_block(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -42,6 +42,30 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), positions, cache)
         return x + self.mlp(self.ln_2(x))
+
+
+def attention_block(config: GPTConfig) -> nn.Module:
+    """The layout's attention block, built so that the random generator ends where building the block of the
+    layout's initial form (``initial_form``: the canonical layout, in which ``GPT.reset_parameters`` draws)
+    leaves it: what a layout draws while it is built (its Linears' own init, any number of its own) is thrown
+    away, so the draws after it, the initial weights among them, never depend on how a layout is built."""
+    form = initial_form(config.attention)
+    if form == config.attention:
+        return attention_of(config.attention, config.attention_spec)
+    with _own_draws():
+        block = attention_of(config.attention, config.attention_spec)
+    attention_of(form, config.attention_spec)  # the form's draws, as if it had been built; the block is dropped
+    return block
+
+
+def _own_draws():
+    """A fork of the generators modules are built with (the CPU's, and the default device's when that is an
+    accelerator): what is drawn inside is undone on leaving."""
+    device = torch.get_default_device()
+    if device.type in ("cpu", "meta"):
+        return torch.random.fork_rng(devices=[])
+    index = device.index if device.index is not None else getattr(torch, device.type).current_device()
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
 
 
 class GPT(nn.Module):

@@ -21,8 +21,9 @@ from analysis.runs import find_runs
 from cli import check_attention_and_kernel
 from model import GPT, GPTConfig, build_attention, convert_attention_layout, detect_attention_layout
 from model.attention import SeparateQKVAttention
+from model.convert import initial_form
 from model.kernels import ManualKernel
-from model.registry import ATTENTION_LAYOUTS, KERNELS, kernel_options
+from model.registry import ATTENTION_LAYOUTS, KERNELS, canonical_layout, kernel_options
 from training.loop import train
 from training.plan import activation_bytes, make_plan
 
@@ -34,6 +35,19 @@ class RenamedQKVAttention(SeparateQKVAttention):
     QKV_KEY = re.compile(r"(?P<proj>q_proj|k_proj|v_proj)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "q_proj"
     LINEARS = ("q_proj", "k_proj", "v_proj")
+
+
+class DrawingQKVAttention(RenamedQKVAttention):
+    """renamed_qkv that draws numbers of its own while it is built (a random buffer, and its projections'
+    default init twice): a layout built otherwise than the canonical one."""
+
+    name = "drawing_qkv"
+
+    def __init__(self, spec) -> None:
+        super().__init__(spec)
+        self.register_buffer("noise", torch.rand(7), persistent=False)
+        for linear in (self.q_proj, self.k_proj, self.v_proj):
+            linear.reset_parameters()
 
 
 class TextbookKernel(ManualKernel):
@@ -99,6 +113,21 @@ def test_a_fourth_layout_starts_from_the_weights_of_every_other(fourth):
     fused = GPT(tiny_gpt_config(attention="fused_qkv")).state_dict()
     converted = convert_attention_layout(renamed, "renamed_qkv", "fused_qkv")
     assert all(torch.equal(converted[k], fused[k]) for k in fused)
+
+
+@pytest.mark.parametrize("layout", [*(name for name in ATTENTION_LAYOUTS if initial_form(name) == canonical_layout()),
+                                    DrawingQKVAttention.name])  # fmt: skip
+def test_same_seed_same_function_same_initial_weights_however_a_layout_is_built(monkeypatch, layout):
+    monkeypatch.setitem(ATTENTION_LAYOUTS, DrawingQKVAttention.name, DrawingQKVAttention)
+    canonical = canonical_layout()
+    built = {}
+    for name in (canonical, layout):
+        torch.manual_seed(11)
+        model = GPT(tiny_gpt_config(n_head=4, n_kv_head=2, attention=name))
+        built[name] = convert_attention_layout(model.state_dict(), name, canonical, n_head=4), torch.rand(3)
+    (theirs, after_theirs), (ours, after_ours) = built[canonical], built[layout]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert torch.equal(after_ours, after_theirs), "building the model leaves the generator where the canonical does"
 
 
 def test_a_fourth_kernel_attends_as_the_one_it_renames_and_is_a_valid_option_everywhere(fourth):
