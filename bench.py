@@ -48,6 +48,7 @@ from model.decoding import DECODINGS, choose_decoding
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.generation import generate_batch
 from model.kernels import check_kernel_runs
+from model.score_mods import with_fields
 from training.optim import fused_adamw
 from training.profiling import sdpa_backends, without_profiler_notices
 
@@ -57,13 +58,12 @@ FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len"
           "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
 # The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
 # their defaults: a default grid's CSV has exactly FIELDS.
-OPTION_DEFAULTS = {"position": "learned", "qk_norm": False, "softcap": None, "sinks": False, "kv_latent": None,
+OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_fields()}, "kv_latent": None,
                    "rope_head_dim": None}  # fmt: skip
 DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
                  "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
                  "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes",
                  "speed_ratio", "speed_ratio_min", "speed_ratio_max", "warnings"]  # fmt: skip
-SWITCHES = {"off": False, "on": True, "false": False, "true": True}
 # Measurements of one cell this far apart (slowest / fastest) make it noisy: a 2.5x outlier is, whatever the
 # interquartile range says.
 NOISY_RANGE = 1.5
@@ -99,9 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--position", nargs="+", default=["learned"],
                    help=f"position encodings (model.position): {', '.join(registry.POSITIONS)}")
     p.add_argument("--rope-theta", type=float, default=10000.0, help="rotary's base (model.rope_theta)")
-    p.add_argument("--qk-norm", nargs="+", default=["off"], help="QK-norm (model.qk_norm): off and/or on")
-    p.add_argument("--softcap", nargs="+", default=["none"], help="score caps (model.softcap): numbers, or none")
-    p.add_argument("--sinks", nargs="+", default=["off"], help="attention sinks (model.sinks): off and/or on")
+    for mod in with_fields():  # --qk-norm, --softcap, --sinks
+        p.add_argument(f"--{mod.flag()}", nargs="+", default=[mod.bench_off], help=mod.bench_help)
     p.add_argument("--kv-latent", nargs="+", type=int,
                    help="attention=mla's latent widths (model.kv_latent; default n_embd / 2)")
     p.add_argument("--rope-head-dim", type=int,
@@ -164,9 +163,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--window {w}: give a positive number of positions, or none")
         windows.append(None if w.lower() == "none" else int(w))
     args.window = windows
-    args.qk_norm = [switch(p, "--qk-norm", v) for v in args.qk_norm]
-    args.sinks = [switch(p, "--sinks", v) for v in args.sinks]
-    args.softcap = [cap_of(p, v) for v in args.softcap]
+    for mod in with_fields():
+        try:
+            setattr(args, mod.field, [mod.bench_value(v) for v in getattr(args, mod.field)])
+        except ValueError as err:
+            p.error(str(err))
     for position in args.position:
         if position not in registry.POSITIONS:
             p.error(f"--position: unknown position encoding {position!r}; choose from {', '.join(registry.POSITIONS)}")
@@ -189,29 +190,11 @@ def check_plain_grid(p: argparse.ArgumentParser, args: argparse.Namespace) -> No
             if name not in valid:
                 p.error(f"--mode plain: {option} {name} has no plain reference; choose from {', '.join(valid)}")
     options = {"--kv-heads": args.kv_heads != [args.n_head], "--window": args.window != [None],
-               "--position": args.position != ["learned"], "--qk-norm": args.qk_norm != [False],
-               "--softcap": args.softcap != [None], "--sinks": args.sinks != [False]}  # fmt: skip
+               "--position": args.position != ["learned"],
+               **{f"--{mod.flag()}": getattr(args, mod.field) != [mod.off] for mod in with_fields()}}  # fmt: skip
     for option, set_away in options.items():
         if set_away:
             p.error(f"--mode plain times the plain multi-head block; leave out {option}")
-
-
-def switch(p: argparse.ArgumentParser, option: str, value: str) -> bool:
-    if value.lower() not in SWITCHES:
-        p.error(f"{option} {value}: give off and/or on")
-    return SWITCHES[value.lower()]
-
-
-def cap_of(p: argparse.ArgumentParser, value: str) -> float | None:
-    if value.lower() == "none":
-        return None
-    try:
-        cap = float(value)
-    except ValueError:
-        cap = -1.0
-    if not cap > 0:
-        p.error(f"--softcap {value}: give a positive number (Gemma 2 caps at 50), or none")
-    return cap
 
 
 def attention_cells(args: argparse.Namespace) -> list[dict]:
@@ -221,13 +204,15 @@ def attention_cells(args: argparse.Namespace) -> list[dict]:
     for layout, kernel in itertools.product(args.layouts, args.kernels):
         latent = takes_latent(layout)
         shared = [(None, k) for k in args.kv_latent] if latent else [(kv, None) for kv in args.kv_heads]
-        for (kv, k), window, position, qk, cap, sinks in itertools.product(shared, args.window, args.position,
-                                                                           args.qk_norm, args.softcap, args.sinks):
+        mods = with_fields()
+        for (kv, k), window, position, *values in itertools.product(shared, args.window, args.position,
+                                                                    *(getattr(args, mod.field) for mod in mods)):
             rope_dim = None
             if latent and registry.position(position).turns_queries_keys:
                 rope_dim = args.rope_head_dim or max(2, args.n_embd // args.n_head // 4 * 2)
             cells.append(dict(layout=layout, kernel=kernel, kv_heads=kv, window=window, position=position,
-                              qk_norm=qk, softcap=cap, sinks=sinks, kv_latent=k, rope_head_dim=rope_dim))
+                              **{mod.field: value for mod, value in zip(mods, values)}, kv_latent=k,
+                              rope_head_dim=rope_dim))
     return cells
 
 
@@ -237,8 +222,8 @@ def config_of(args: argparse.Namespace, cell: dict, seq_len: int) -> GPTConfig:
     return GPTConfig(vocab_size=args.vocab_size, block_size=seq_len, n_layer=args.n_layer, n_head=args.n_head,
                      n_embd=args.n_embd, attention=cell["layout"], kernel=kernel, sdpa_backend=backend,
                      n_kv_head=cell["kv_heads"], window=cell["window"], position=cell["position"],
-                     rope_theta=args.rope_theta, qk_norm=cell["qk_norm"], softcap=cell["softcap"],
-                     sinks=cell["sinks"], kv_latent=cell["kv_latent"], rope_head_dim=cell["rope_head_dim"])  # fmt: skip
+                     rope_theta=args.rope_theta, **{mod.field: cell[mod.field] for mod in with_fields()},
+                     kv_latent=cell["kv_latent"], rope_head_dim=cell["rope_head_dim"])  # fmt: skip
 
 
 def check_cells(args: argparse.Namespace) -> None:

@@ -25,6 +25,7 @@ from analysis.report import SHARED_MARK
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
 from model.registry import ATTENTION_LAYOUTS, KERNELS
+from model.score_mods import with_fields
 
 Curve = tuple[np.ndarray, np.ndarray]  # a line's (x, y) points
 
@@ -167,7 +168,7 @@ def halo_widths(groups: list[list[str]]) -> dict[str, float]:
 LABEL_PARTS = (
     (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
     (r"(no)?window\d*", "-window<positions>"), (r"learned|rope[\d.e+]*|alibi|nopos", "-<position>"),
-    (r"qknorm", "-qknorm"), (r"softcap[\d.e+]+", "-softcap<cap>"), (r"sinks", "-sinks"),
+    *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks
 )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from analysis.runs import Run
 from model.config import GPTConfig, attention_label
+from model.score_mods import score_mod_fields, with_fields
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 # Columns a report shows only when some run departs from plain multi-head attention over the whole context
@@ -18,9 +19,7 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "window": lambda row: bool(row.get("window")),
               "position": lambda row: row.get("position") not in (None, "learned"),
               "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
-              "qk_norm": lambda row: bool(row.get("qk_norm")),
-              "softcap": lambda row: row.get("softcap") is not None,
-              "sinks": lambda row: bool(row.get("sinks"))}  # fmt: skip
+              **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()}}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
 SHOWN_WHEN_VARIED = ("kv_cache_bytes", "token_budget")
@@ -33,7 +32,7 @@ ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compu
 COLUMNS = [
     ("label", "label"), ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"),
     ("kv_latent", "kv latent"), ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"),
-    ("qk_norm", "qk norm"), ("softcap", "softcap"), ("sinks", "sinks"), ("seed", "seed"), ("state", "state"),
+    *((mod.field, mod.column) for mod in with_fields()), ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
@@ -94,7 +93,7 @@ def identity(run: Run) -> dict:
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
             "kv_latent": latent, "window": m.get("window"), "position": m.get("position", "learned"),
             "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
-            "qk_norm": bool(m.get("qk_norm")), "softcap": m.get("softcap"), "sinks": bool(m.get("sinks")),
+            **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "kv_cache_bytes": kv_cache_bytes(run)}  # fmt: skip
 
 
@@ -293,7 +292,7 @@ def format_value(key: str, value) -> str:
         return f"{value:,}"
     if isinstance(value, bool):
         return "yes" if value else "-"
-    if key in ("softcap", "rope_theta"):
+    if key in ("rope_theta", *score_mod_fields()):  # a number: the softcap
         return f"{value:g}"
     if key == "mfu":
         return f"{100 * value:.1f}%"
@@ -330,7 +329,8 @@ def position_label(position: str) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    text = ("label", "layout", "kernel", "position", "qk_norm", "sinks", "state", "sdpa_backend", "flag")
+    switches = [mod.field for mod in with_fields() if mod.off is False]  # yes or -: QK-norm, sinks
+    text = ("label", "layout", "kernel", "position", *switches, "state", "sdpa_backend", "flag")
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]

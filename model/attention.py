@@ -17,7 +17,6 @@ layout is one class in this file (plus its configs file).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -29,8 +28,8 @@ from torch import nn
 from model import registry
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
 from model.positions import alibi_slopes
-from model.registry import ATTENTION_LAYOUTS, KERNELS, lookup, register
-from model.score_mods import MOD_NAMES, ScoreMods
+from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
+from model.score_mods import ScoreMods, finite_number
 
 if TYPE_CHECKING:
     from model.kv_cache import LayerCache
@@ -40,11 +39,6 @@ if TYPE_CHECKING:
 # tensors: q (n_head * head_dim, n_embd) or (n_head * head_dim,), k and v with n_kv_head heads.
 QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 PROJECTIONS = ("query", "key", "value")
-
-
-def finite_number(value) -> bool:
-    """A real number a formula can use: not a bool, a string, NaN or an infinity (YAML reads 1e400 as inf)."""
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -93,18 +87,14 @@ class AttentionSpec:
         if not finite_number(self.rope_theta) or not self.rope_theta > 1:  # NaN compares false: it is refused too
             raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a finite number above 1 (10000: "
                              f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
-        for flag in ("qk_norm", "sinks"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"model.{flag}={getattr(self, flag)!r} must be true or false")
-        cap = self.softcap
-        if cap is not None and (not finite_number(cap) or not cap > 0):
-            raise ValueError(f"model.softcap={cap!r} must be a finite positive number (Gemma 2 caps at 50), or null "
-                             f"(none)")  # fmt: skip
-        for mod in self.score_mods:
-            if mod not in kernel.score_mods:
-                takers = " or ".join(name for name, k in KERNELS.items() if mod in k.score_mods)
-                raise ValueError(f"{MOD_OPTIONS[mod](self)} changes the scores before the softmax, which "
-                                 f"kernel={self.kernel} cannot do; use kernel={takers}")  # fmt: skip
+        for mod in SCORE_MODS.values():
+            mod.check(getattr(self, mod.field))
+        for name in self.score_mods:
+            if name not in kernel.score_mods:
+                takers = " or ".join(kernel_name for kernel_name, k in KERNELS.items() if name in k.score_mods)
+                raise ValueError(f"{SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field))} changes the "
+                                 f"scores before the softmax, which kernel={self.kernel} cannot do; use "
+                                 f"kernel={takers}")  # fmt: skip
 
     @property
     def kv_heads(self) -> int:
@@ -116,9 +106,8 @@ class AttentionSpec:
 
     @property
     def score_mods(self) -> tuple[str, ...]:
-        """The score modifications this attention uses (``model.score_mods``), by name."""
-        used = (registry.position(self.position).biases_scores, self.softcap is not None, self.sinks)
-        return tuple(name for name, on in zip(MOD_NAMES, used) if on)
+        """The modifications of the scores this attention uses (``model.score_mods``), by name."""
+        return tuple(name for name, mod in SCORE_MODS.items() if mod.on_scores and mod.used(getattr(self, mod.field)))
 
     @property
     def context(self) -> int | None:
@@ -130,11 +119,6 @@ class AttentionSpec:
 
     def build_kernel(self):
         return get_kernel(self.kernel, self.context, self.sdpa_backend)
-
-
-# How each score modification is chosen, for errors.
-MOD_OPTIONS = {"alibi": lambda s: "model.position=alibi", "softcap": lambda s: f"model.softcap={s.softcap}",
-               "sinks": lambda s: "model.sinks=true"}  # fmt: skip
 
 
 def remember(
@@ -267,7 +251,11 @@ class MultiHeadAttention(nn.Module):
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap = spec.qk_norm, spec.softcap
-        self.sinks = nn.Parameter(torch.zeros(spec.n_head)) if spec.sinks else None
+        self.sinks = None
+        for mod in SCORE_MODS.values():  # each one's (n_head,) parameters, at the values they start at
+            if mod.used(getattr(spec, mod.field)):
+                for name, value in mod.parameters(spec.n_head).items():
+                    setattr(self, name, nn.Parameter(torch.full((spec.n_head,), value)))
         slopes = alibi_slopes(spec.n_head) if registry.position(spec.position).biases_scores else None
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
         self.mods_span = spec.context or spec.block_size or 0

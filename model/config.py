@@ -8,11 +8,12 @@ what differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
 from model.attention import AttentionSpec
+from model.score_mods import score_mod_fields
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -55,18 +56,15 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         parts.append(f"rope{spelled}" if theta != 10000 or "rope_theta" in show else "rope")
     elif position != "learned" or "position" in show:
         parts.append({"none": "nopos"}.get(position, position))
-    if model.get("qk_norm"):
-        parts.append("qknorm")
-    if model.get("softcap") is not None:
-        parts.append(f"softcap{model['softcap']:g}")
-    if model.get("sinks"):
-        parts.append("sinks")
+    for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
+        part = mod.label(model.get(mod.field, mod.off))
+        if part:
+            parts.append(part)
     return sep.join(parts)
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", "qk_norm", "softcap",
-              "sinks")  # fmt: skip
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", *score_mod_fields())
 
 
 @dataclass
@@ -116,11 +114,7 @@ class GPTConfig:
     @property
     def attention_spec(self) -> AttentionSpec:
         """What every attention block is built from (its checks run as it is made)."""
-        return AttentionSpec(
-            self.n_embd, self.n_head, self.kernel, self.dropout, self.bias, self.n_kv_head, self.window,
-            self.sdpa_backend, self.position, self.rope_theta, self.qk_norm, self.softcap, self.sinks,
-            self.block_size, self.kv_latent, self.rope_head_dim,
-        )  # fmt: skip
+        return AttentionSpec(**{f.name: getattr(self, f.name) for f in fields(AttentionSpec)})
 
     @property
     def kv_heads(self) -> int:

@@ -99,15 +99,20 @@ class GPT(nn.Module):
         form = initial_form(self.config.attention)  # the canonical layout; attention=mla's own (another function)
         canonical = _as_layout(self.state_dict(), self.config.attention, form, self.config.n_head)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        starts = {f".{name}": value for mod in registry.SCORE_MODS.values()  # QK-norm's scales 1, sinks 0
+                  for name, value in mod.initial_values(self.config.n_head).items()}  # fmt: skip
         drawn: dict[str, torch.Tensor] = {}
         for name in sorted(canonical):
             template = canonical[name]
+            start = next((value for ending, value in starts.items() if name.endswith(ending)), None)
             if name == "lm_head.weight":
                 continue  # tied to the token embedding
             if template.dim() == 2:
                 std = residual_std if name.endswith("c_proj.weight") else 0.02
                 drawn[name] = torch.empty_like(template).normal_(0.0, std)
-            elif (".ln_" in name or "_norm." in name) and name.endswith(".weight"):  # LayerNorm, QK-norm
+            elif start is not None:
+                drawn[name] = torch.full_like(template, start)
+            elif (".ln_" in name or "_norm." in name) and name.endswith(".weight"):  # LayerNorm, a latent's RMSNorm
                 drawn[name] = torch.ones_like(template)
             else:
                 drawn[name] = torch.zeros_like(template)

@@ -36,12 +36,10 @@ def what_gpt2_cannot_hold(config) -> list[str]:
     if not registry.position(config.position).in_gpt2:
         problems.append(f"model.position={config.position} (GPT-2 holds learned positions only: a table of "
                         f"block_size vectors)")  # fmt: skip
-    if config.qk_norm:
-        problems.append("model.qk_norm=true (GPT-2 has no norm of the queries and keys)")
-    if config.softcap is not None:
-        problems.append(f"model.softcap={config.softcap} (GPT-2 does not cap its scores)")
-    if config.sinks:
-        problems.append("model.sinks=true (GPT-2's softmax has no sink)")
+    for mod in registry.SCORE_MODS.values():  # QK-norm, softcap, sinks (ALiBi: its position encoding's, above)
+        problem = mod.gpt2_problem(getattr(config, mod.field))
+        if problem:
+            problems.append(problem)
     layout, gpt2 = registry.layout(config.attention), registry.layout(registry.canonical_layout())  # GPT-2's form
     if getattr(layout, "function", None) != getattr(gpt2, "function", None):
         problems.append(f"attention={config.attention} (it computes {layout.computes}: another function than "

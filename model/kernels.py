@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from model.registry import KERNELS, register
 from model.registry import kernel as kernel_class
-from model.score_mods import MOD_NAMES, ScoreMods, softmax_with_sinks
+from model.score_mods import ScoreMods, softmax_with_sinks
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
 
@@ -348,7 +348,8 @@ class AttentionKernel:
 
     name: ClassVar[str]
     attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None, mods=None, positions=None)
-    score_mods: ClassVar[tuple[str, ...]] = MOD_NAMES  # the score modifications it applies (model.score_mods)
+    # the modifications of the scores it applies (model.registry.SCORE_MODS' names): the manual kernel all of them
+    score_mods: ClassVar[tuple[str, ...]] = ("alibi", "softcap", "sinks")
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     has_dropout: ClassVar[bool] = True  # applies attention dropout (else model.dropout must be 0)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU

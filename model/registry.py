@@ -17,6 +17,9 @@ from common.choices import lookup as lookup  # re-exported: model.config and mod
 ATTENTION_LAYOUTS: dict[str, type] = {}
 KERNELS: dict[str, type] = {}
 POSITIONS: dict[str, type] = {}  # model.position: filled by model.positions
+# The modifications of the attention (ALiBi's bias, QK-norm, softcap, sinks): filled by model.score_mods, in the
+# order their parts of a run's label come and a kernel applies them.
+SCORE_MODS: dict[str, type] = {}
 
 
 def register(registry: dict[str, type]):

@@ -1,8 +1,14 @@
-"""Score modifications: what a model does to the attention scores between Q K^T / sqrt(d) and the softmax.
+"""Score modifications: what a model does to the attention scores between Q K^T / sqrt(d) and the softmax,
+and to the queries and keys before them (QK-norm).
 
-Three, each a config value and a fact of the kernels that take it (``AttentionKernel.score_mods``):
+Each is a class registered in ``model.registry.SCORE_MODS`` that states its own facts: its config field, its
+part of a run's label, its report column, its ``bench.py`` flag, whether GPT-2's format holds it, its
+parameters and their initial values, its plan memory term; the config checks, run names, reports, plots,
+``bench.py``, the export and the plan iterate the registry. Its float64 reference is
+``tests/attention_reference.py``'s (the tests refuse a registered modification without one).
 
 - ``alibi`` (``model.position=alibi``): head h adds -slope_h x (query position - key position);
+- ``qk_norm`` (``model.qk_norm=true``, Qwen3, OLMo 2): RMSNorm of each head's queries and keys, learned scales;
 - ``softcap`` (``model.softcap=c``, Gemma 2): scores become c x tanh(scores / c), before the bias and mask;
 - ``sinks`` (``model.sinks=true``, gpt-oss): a learned logit per head joins the softmax's denominator and
   attends to nothing: a head may put weight on "no key" instead of being forced to spread it.
@@ -15,11 +21,215 @@ property tests hold every kernel to the float64 formula.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
-MOD_NAMES = ("alibi", "softcap", "sinks")
+from model import registry
+from model.registry import SCORE_MODS, register
+
+
+def finite_number(value) -> bool:
+    """A real number a formula can use: not a bool, a string, NaN or an infinity (YAML reads 1e400 as inf)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+class ScoreMod:
+    """A modification of the attention, as a model's config sets it: a switch (``model.<field>=true``) unless a
+    subclass says otherwise. Every fact is asked of the class; nothing else spells its name."""
+
+    name: ClassVar[str]
+    field: ClassVar[str]  # the GPTConfig (and AttentionSpec) field that sets it
+    off: ClassVar = False  # the field's value when unused (its default)
+    example: ClassVar = True  # a value that uses it (for docs and tests)
+    on_scores: ClassVar[bool] = True  # acts between the scores and the softmax: a kernel must say it applies it
+    column: ClassVar[str | None] = None  # its report column's title; None: another axis shows it
+    label_pattern: ClassVar[str | None] = None  # its part of a run's label as a pattern, and as a legend spells it
+    label_title: ClassVar[str | None] = None
+    bench_help: ClassVar[str | None] = None  # help of its bench.py flag (--<field>); None: no flag of its own
+    bench_off: ClassVar[str] = "off"  # the flag's value that leaves it unused (its default)
+    gpt2_lacks: ClassVar[str | None] = None  # why GPT-2's format cannot hold it, for the export; None: it can
+
+    @classmethod
+    def used(cls, value) -> bool:
+        """Whether a model with ``value`` in its field uses the modification."""
+        return bool(value)
+
+    @classmethod
+    def row_value(cls, value):
+        """Its value in a report's row (``analysis/report.py``): a switch's on/off."""
+        return bool(value)
+
+    @classmethod
+    def check(cls, value) -> None:
+        """Refuse a value the field cannot take, in one line naming it."""
+        if not isinstance(value, bool):
+            raise ValueError(f"model.{cls.field}={value!r} must be true or false")
+
+    @classmethod
+    def option(cls, value) -> str:
+        """How a user sets it, for errors: ``model.sinks=true``."""
+        return f"model.{cls.field}=true"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        """Its part of a run's label (``attention_label``), or None when unused or another part says it."""
+        return cls.name if cls.used(value) else None
+
+    @classmethod
+    def gpt2_problem(cls, value) -> str | None:
+        """Why GPT-2's format cannot hold a model that uses it, or None."""
+        if cls.gpt2_lacks is None or not cls.used(value):
+            return None
+        return f"{cls.option(value)} ({cls.gpt2_lacks})"
+
+    @classmethod
+    def parameters(cls, n_head: int) -> dict[str, float]:
+        """The (n_head,) parameters it adds to an attention block, by name, and the value each starts at."""
+        return {}
+
+    @classmethod
+    def initial_values(cls, n_head: int) -> dict[str, float]:
+        """The value each parameter it owns starts at (``GPT.reset_parameters``), by its name's ending."""
+        return cls.parameters(n_head)
+
+    @classmethod
+    def plan_bytes(cls, elements: int, kv_share: float) -> float:
+        """Bytes autograd keeps for it per layer in one forward (``training/plan.py``), for queries of
+        ``elements`` elements and keys and values ``kv_share`` of that; 0 for most."""
+        return 0
+
+    @classmethod
+    def bench_value(cls, text: str):
+        """A value of its bench.py flag: ``on`` / ``off`` (ValueError: the one-line reason)."""
+        switches = {"off": False, "on": True, "false": False, "true": True}
+        if text.lower() not in switches:
+            raise ValueError(f"--{cls.flag()} {text}: give off and/or on")
+        return switches[text.lower()]
+
+    @classmethod
+    def flag(cls) -> str:
+        """Its bench.py flag without the dashes: the field, dashed (``qk-norm``)."""
+        return cls.field.replace("_", "-")
+
+
+@register(SCORE_MODS)
+class Alibi(ScoreMod):
+    """ALiBi (Press et al. 2022): a position encoding that biases the scores, so it is set, named, shown, benched
+    and refused for GPT-2 as ``model.position`` (the position encoding's own facts)."""
+
+    name, field, off, example = "alibi", "position", "learned", "alibi"
+
+    @classmethod
+    def used(cls, value) -> bool:
+        return registry.position(value).biases_scores
+
+    @classmethod
+    def check(cls, value) -> None:
+        registry.position(value)
+
+    @classmethod
+    def option(cls, value) -> str:
+        return f"model.position={value}"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return None  # the position's part of the label says it
+
+
+@register(SCORE_MODS)
+class QKNorm(ScoreMod):
+    """QK-norm (Qwen3's, OLMo 2's): queries and keys RMS-normalised per head, one learned scale per head dim."""
+
+    name, field, on_scores, column = "qk_norm", "qk_norm", False, "qk norm"
+    label_pattern, label_title = r"qknorm", "-qknorm"
+    bench_help, gpt2_lacks = "QK-norm (model.qk_norm): off and/or on", "GPT-2 has no norm of the queries and keys"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return "qknorm" if value else None
+
+    @classmethod
+    def initial_values(cls, n_head: int) -> dict[str, float]:
+        return {"q_norm.weight": 1.0, "k_norm.weight": 1.0}
+
+    @classmethod
+    def plan_bytes(cls, elements: int, kv_share: float) -> float:
+        return 2.75 * ((1 + kv_share) * elements) * 4  # RMSNorm's float32 steps: about 2.75 copies, measured
+
+
+@register(SCORE_MODS)
+class Softcap(ScoreMod):
+    """Gemma 2's logit softcap: scores -> c tanh(scores / c)."""
+
+    name, field, off, example, column, bench_off = "softcap", "softcap", None, 30.0, "softcap", "none"
+    label_pattern, label_title = r"softcap[\d.e+]+", "-softcap<cap>"
+    bench_help, gpt2_lacks = "score caps (model.softcap): numbers, or none", "GPT-2 does not cap its scores"
+
+    @classmethod
+    def used(cls, value) -> bool:
+        return value is not None
+
+    @classmethod
+    def row_value(cls, value):
+        return value
+
+    @classmethod
+    def check(cls, value) -> None:
+        if value is not None and (not finite_number(value) or not value > 0):
+            raise ValueError(f"model.softcap={value!r} must be a finite positive number (Gemma 2 caps at 50), or "
+                             f"null (none)")  # fmt: skip
+
+    @classmethod
+    def option(cls, value) -> str:
+        return f"model.softcap={value}"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return None if value is None else f"softcap{value:g}"
+
+    @classmethod
+    def bench_value(cls, text: str):
+        if text.lower() == "none":
+            return None
+        try:
+            cap = float(text)
+        except ValueError:
+            cap = -1.0
+        if not cap > 0:
+            raise ValueError(f"--softcap {text}: give a positive number (Gemma 2 caps at 50), or none")
+        return cap
+
+
+@register(SCORE_MODS)
+class Sinks(ScoreMod):
+    """gpt-oss's attention sinks: a learned logit per head in the softmax's denominator, attending to nothing."""
+
+    name, field, column = "sinks", "sinks", "sinks"
+    label_pattern, label_title = r"sinks", "-sinks"
+    bench_help, gpt2_lacks = "attention sinks (model.sinks): off and/or on", "GPT-2's softmax has no sink"
+
+    @classmethod
+    def parameters(cls, n_head: int) -> dict[str, float]:
+        return {"sinks": 0.0}
+
+
+def with_fields() -> list[type[ScoreMod]]:
+    """The modifications that have a config field and report column of their own (ALiBi's are the position
+    encoding's), in the registry's order."""
+    return [mod for mod in SCORE_MODS.values() if mod.column is not None]
+
+
+def score_mod_fields() -> tuple[str, ...]:
+    """The config fields of the modifications that have their own (``with_fields``)."""
+    return tuple(mod.field for mod in with_fields())
+
+
+def on_scores() -> tuple[str, ...]:
+    """The modifications that act between the scores and the softmax, by name: what a kernel may apply."""
+    return tuple(name for name, mod in SCORE_MODS.items() if mod.on_scores)
 
 
 @dataclass(frozen=True)
@@ -39,12 +249,6 @@ class ScoreMods:
     # What the slopes' values are a function of (an attention block's head count; a wrapper head's index too),
     # so that the kernels build one bias per forward for all layers alike; None: unknown, built per call.
     slopes_key: tuple | None = None
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The modifications in use, by their config names."""
-        present = (self.slopes is not None, self.softcap is not None, self.sinks is not None)
-        return tuple(name for name, used in zip(MOD_NAMES, present) if used)
 
     def head(self, h: int) -> ScoreMods:
         """The modifications of query head ``h`` alone (a head axis of size 1)."""

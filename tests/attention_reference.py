@@ -65,6 +65,11 @@ def paper_alibi_slopes(n_head: int) -> list[float]:
     return geometric(lower) + geometric(2 * lower)[0::2][: n_head - lower]
 
 
+# The modifications of the attention (model.registry.SCORE_MODS) this formula writes out: a registered one it
+# lacks fails tests/test_score_mods.py (each modification's float64 reference lives here, apart from the model).
+REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks")
+
+
 def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_head: int, n_kv_head: int,
                         window: int | None, position: str = "learned", rope_theta: float = 10000.0,
                         qk_norm: bool = False, softcap: float | None = None,

@@ -13,10 +13,19 @@ import subprocess
 
 import pytest
 import torch
+from attention_reference import REFERENCED_MODS
 from helpers import run_script
 from helpers import tiny_gpt_config as config
 
+import bench
+from analysis.plots import legend_title
+from analysis.report import COLUMNS, shown_columns
 from model import build_attention
+from model.config import LABEL_AXES, attention_label
+from model.gpt2_export import what_gpt2_cannot_hold
+from model.registry import KERNELS, SCORE_MODS
+from model.score_mods import with_fields
+from training.plan import activation_bytes
 
 LAYOUTS = ("fused_qkv", "separate_qkv", "wrapper")
 
@@ -47,6 +56,47 @@ def test_a_bad_value_is_refused_by_the_config_naming_it(options, expected):
     message = str(refused.value)
     assert expected in message, message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", SCORE_MODS)
+def test_each_modification_is_checked_named_shown_benched_and_refused_for_gpt2_as_its_class_says(name):
+    """Everything a modification means outside its arithmetic is asked of its registered class: a new one appears
+    in every place below without another file naming it (issue 37)."""
+    mod = SCORE_MODS[name]
+    assert name in REFERENCED_MODS, f"{name} has no float64 reference in tests/attention_reference.py"
+    kernel = next(k for k, cls in KERNELS.items() if name in cls.score_mods or not mod.on_scores)
+    model = config(**{mod.field: mod.example}, kernel=kernel, n_head=4)
+    assert mod.used(getattr(model, mod.field)) and not mod.used(mod.off)
+    assert (name in model.attention_spec.score_mods) == mod.on_scores
+    label = attention_label(vars(model))
+    problems = " ".join(what_gpt2_cannot_hold(model))
+    assert mod.option(mod.example) in problems or mod.gpt2_lacks is None
+    if mod.column is None:  # ALiBi: its position encoding's part, column and flag say it
+        return
+    part = mod.label(mod.example)
+    assert label.endswith(f"-{part}") and mod.field in LABEL_AXES
+    assert mod.label_title in legend_title([label])
+    row = {mod.field: mod.row_value(mod.example)}
+    assert (mod.field, mod.column) in COLUMNS and (mod.field, mod.column) in shown_columns([row])
+    assert (mod.field, mod.column) not in shown_columns([{mod.field: mod.row_value(mod.off)}])
+    args = bench.parse_args(["--kernels", kernel, f"--{mod.flag()}", mod.bench_off, str(mod.example).lower()])
+    assert getattr(args, mod.field) == [mod.off, mod.example]
+    assert [cell[mod.field] for cell in bench.attention_cells(args)][-2:] == [mod.off, mod.example]
+    with pytest.raises(SystemExit):
+        bench.parse_args([f"--{mod.flag()}", "sideways"])
+    with pytest.raises(ValueError, match=rf"model\.{mod.field}='sideways'"):
+        config(**{mod.field: "sideways"}, kernel=kernel)
+
+
+def test_the_plan_counts_what_each_modification_keeps_as_its_class_says():
+    """The activation memory a modification adds to the plan is its own term (``plan_bytes``), and no other."""
+    plain = config(kernel="manual", n_head=4)
+    n = 2 * plain.block_size * plain.n_embd  # one query tensor of a micro-batch of 2
+    for mod in with_fields():
+        used = config(**{mod.field: mod.example}, kernel="manual", n_head=4)
+        added = sum(activation_bytes(used, 2, torch.float32).values()) - sum(
+            activation_bytes(plain, 2, torch.float32).values())
+        assert added == plain.n_layer * int(mod.plan_bytes(n, 1.0)), mod.name
 
 
 def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:

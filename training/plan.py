@@ -150,13 +150,13 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
 
 
 def encoding_bytes(config: GPTConfig, n: int, kv_share: float, a: int) -> int:
-    """Per layer, what QK-norm and rotary positions keep of the queries and keys (``n`` elements is one query
-    tensor): QK-norm's RMSNorm its float32 steps (about 2.75 copies, measured), rotary the input and its
-    rotated half (one copy in the matmul dtype, measured). 0 for a model without them."""
-    qk = (1 + kv_share) * n
-    norm = 2.75 * qk * 4 if config.qk_norm else 0
-    rotary = qk * a if registry.position(config.position).turns_queries_keys else 0
-    return int(norm + rotary)
+    """Per layer, what the modifications (``SCORE_MODS``: QK-norm's RMSNorm its float32 steps) and rotary
+    positions keep of the queries and keys (``n`` elements is one query tensor): rotary the input and its rotated
+    half (one copy in the matmul dtype, measured). 0 for a model without them."""
+    mods = sum(mod.plan_bytes(n, kv_share) for mod in registry.SCORE_MODS.values()
+               if mod.used(getattr(config, mod.field)))  # fmt: skip
+    rotary = (1 + kv_share) * n * a if registry.position(config.position).turns_queries_keys else 0
+    return int(mods + rotary)
 
 
 @dataclass
