@@ -14,9 +14,13 @@ from warm_python import run_python
 
 import training.config  # noqa: F401  (registers the config schema)
 from model import KERNELS, GPTConfig
+from model.convert import same_function_layouts
 from model.kernels import flex_unavailable
+from model.registry import canonical_layout
 
 ROOT = Path(__file__).resolve().parents[1]
+# The layouts of GPT-2's function (the canonical layout's: fused_qkv, separate_qkv, wrapper), from the registry.
+GPT2_LAYOUTS = same_function_layouts(canonical_layout())
 CONFIGS = ROOT / "configs"
 
 # The kernels that train on a CPU: FlexAttention runs only its forward there (torch 2.13), compiled

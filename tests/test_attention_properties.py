@@ -31,7 +31,7 @@ from helpers import tiny_gpt_config
 
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, KVCache, build_attention, kernels
 from model.decoding import CompiledStep, StaticStep
-from model.registry import canonical_layout
+from model.registry import POSITIONS, SCORE_MODS, canonical_layout
 
 # The layouts of one function, GPT-2's (the canonical layout's): attention=mla computes another (tests/test_mla.py).
 GPT2_FUNCTION = getattr(ATTENTION_LAYOUTS[canonical_layout()], "function", None)
@@ -93,6 +93,27 @@ def pytest_generate_tests(metafunc):
                        ("encoding_decode_cell", encoding_decode_cells), ("past_context_cell", past_context_cells)):
         if name in metafunc.fixturenames:
             metafunc.parametrize(name, [p.values for p in make(deep)], ids=[p.id for p in make(deep)])
+
+
+def test_the_default_grids_reach_every_registered_layout_kernel_position_and_modification():
+    """The grids take their names from the registries: a layout, kernel, position encoding or modification
+    registered tomorrow gets cells in the default run, none lost to a round-robin over a fixed count."""
+    alone = {tuple(options.items()) for options in ENCODINGS.values()}
+    for name in POSITIONS:
+        assert name == "learned" or (("position", name),) in alone, f"position={name} has no encoding cell"
+    fields_alone = {tuple(options) for options in ENCODINGS.values()}
+    for name, mod in SCORE_MODS.items():  # ALiBi is a position encoding: its cell is above
+        assert (mod.field,) in fields_alone or mod.field == "position", f"{name} has no cell of its own"
+    every = set(itertools.product(LAYOUTS, KERNEL_NAMES))
+    grids = {"cells": ({(p.values[0], p.values[1]) for p in cells(False)}, every),
+             "encoding_cells": ({(p.values[1], p.values[2]) for p in encoding_cells(False)}, None),
+             "encoding_decode_cells": ({(p.values[1], p.values[2]) for p in encoding_decode_cells(False)}, None),
+             "past_context_cells": ({(p.values[1], p.values[2]) for p in past_context_cells(False)}, None)}
+    for grid, (seen, expected) in grids.items():
+        assert {layout for layout, _ in seen} == set(LAYOUTS), grid
+        assert {kernel for _, kernel in seen} == set(KERNEL_NAMES), grid
+        assert expected is None or seen == expected, grid
+    assert {p.values[0] for p in past_context_cells(False)} == set(PAST_CONTEXT)
 
 
 def seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, seed=0, **options):
@@ -168,7 +189,8 @@ ENCODINGS = {
     "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
     "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
 }
-PAST_CONTEXT = ("rope", "alibi", "none")  # the encodings without a position table: they read past block_size
+# The encodings without a position table: they read past block_size (rope, alibi, none).
+PAST_CONTEXT = tuple(name for name, cls in POSITIONS.items() if cls.runs_past_context)
 # The encoding cells' block size: the longest default length (200) and the deep ones past it read past the
 # context, where each query sees at most ENCODING_BLOCK keys; window100 stays shorter than it.
 ENCODING_BLOCK = 150
@@ -176,8 +198,11 @@ ENCODING_LENGTHS = [1, 2, 5, 8, 17, 40, 127, 129, 200]
 
 
 def takes(kernel: str, options: dict) -> bool:
-    """Whether the kernel accepts the options (sdpa cannot cap scores: it has no step before the softmax)."""
-    return not (kernel == "sdpa" and options.get("softcap") is not None)
+    """Whether the kernel applies every modification of the scores the options use (sdpa cannot cap scores: it
+    has no step before the softmax), as the registries say."""
+    used = [name for name, mod in SCORE_MODS.items()
+            if mod.on_scores and mod.field in options and mod.used(options[mod.field])]  # fmt: skip
+    return all(name in KERNELS[kernel].score_mods for name in used)
 
 
 def keys_seen(options: dict, window: int | None) -> int | None:
@@ -208,7 +233,8 @@ def encoding_cells(deep: bool):
     windows = list({**WINDOWS, **(DEEP_WINDOWS if deep else {})}.items())
     shapes = list(HEAD_SHAPES.items())
     for e, (name, options) in enumerate(ENCODINGS.items()):
-        for c, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep, flex_turn=e % 3)):
+        turns = encoding_layouts_kernels(e, name, options, deep, flex_turn=e % len(LAYOUTS))
+        for c, (layout, kernel) in enumerate(turns):
             kv_name = ("mha", "gqa", "mqa")[(c + 2 * e) % 3]
             (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
             yield pytest.param(name, layout, kernel, n_head, head_dim, kvs[kv_name], window,
@@ -316,7 +342,8 @@ def encoding_decode_cells(deep: bool):
     every kernel that takes it), key/value heads and window turning with them."""
     windows = list(DECODE_WINDOWS.items())
     for e, (name, options) in enumerate(ENCODINGS.items()):
-        for i, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep, flex_turn=(e + 1) % 3)):
+        for i, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep,
+                                                                   flex_turn=(e + 1) % len(LAYOUTS))):
             n_kv, (w_name, window) = (4, 2, 1)[(i + 2 * e) % 3], windows[(i + e) % 2]
             yield pytest.param(name, layout, kernel, n_kv, window, id=f"{name}-{layout}-{kernel}-{n_kv}kv-{w_name}")
 
@@ -351,7 +378,7 @@ def past_context_cells(deep: bool):
             grid = [(layout, kernel, mod_sets[(i + c) % 3])
                     for i, (layout, kernel) in enumerate(itertools.product(LAYOUTS, KERNEL_NAMES))]  # fmt: skip
         else:
-            grid = [(LAYOUTS[c % 3], KERNEL_NAMES[(c + c // 3) % 3], {})]
+            grid = [(LAYOUTS[c % len(LAYOUTS)], KERNEL_NAMES[(c + c // len(LAYOUTS)) % len(KERNEL_NAMES)], {})]
         for layout, kernel, mods in grid:
             if not takes(kernel, mods):
                 mods = {"sinks": True}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import itertools
 
 import pytest
 
 import bench
+from bench_reference import PLAIN_KERNELS, PLAIN_LAYOUTS
 
 
 @pytest.mark.parametrize("mode", ["block", "gpt"])
@@ -19,9 +21,9 @@ def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
     with open(tmp_path / "bench.csv") as f:
         rows = list(csv.DictReader(f))
     cells = {(r["layout"], r["kernel"], r["compile"], r["seq_len"]) for r in rows}
-    expected = {(lay, ker, "eager", t) for lay in ("fused_qkv", "separate_qkv", "wrapper")
-                for ker in ("manual", "sdpa") for t in ("8", "16")}  # fmt: skip
-    assert len(rows) == 12 and cells == expected
+    defaults = bench.parse_args([])  # the default grid: GPT-2's layouts x the default kernels
+    expected = {(lay, ker, "eager", t) for lay in defaults.layouts for ker in defaults.kernels for t in ("8", "16")}
+    assert len(rows) == len(expected) and cells == expected
     for r in rows:
         assert float(r["forward_ms"]) > 0 and float(r["step_ms"]) > 0 and r["peak_mem_mb"] == ""
         assert float(r["tokens_per_sec"]) == pytest.approx(2 * int(r["seq_len"]) / float(r["step_ms"]) * 1e3)
@@ -35,8 +37,8 @@ def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
     assert "USDT:" not in capfd.readouterr().err, "the profiler's start/stop notices stay off the console"
 
 
-@pytest.mark.parametrize("layout", ["wrapper", "separate_qkv", "fused_qkv"])
-@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+@pytest.mark.parametrize("layout", PLAIN_LAYOUTS)
+@pytest.mark.parametrize("kernel", PLAIN_KERNELS)
 def test_each_plain_reference_computes_its_blocks_function_with_its_weights(layout, kernel):
     # bench.py --mode plain times a block against the plainest code of its layout and kernel: the same function of
     # the same weights (the reference holds the block's own projections), at lengths 1 to past a few heads' widths.
@@ -61,7 +63,7 @@ def test_plain_mode_prints_each_cells_ratios_with_their_range(tmp_path, capsys):
     rows = bench.main(["--mode", "plain", "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
                        "--min-run-time", "0.01", "--repeats", "2", "--device", "cpu",
                        "--out", str(tmp_path)])  # fmt: skip
-    cells = {(lay, ker) for lay in ("fused_qkv", "separate_qkv", "wrapper") for ker in ("manual", "sdpa")}
+    cells = set(itertools.product(PLAIN_LAYOUTS, PLAIN_KERNELS))
     assert {(r["layout"], r["kernel"]) for r in rows} == cells
     for r in rows:
         for what in ("forward", "step"):

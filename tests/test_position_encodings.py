@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from attention_reference import paper_alibi_slopes, rotate
-from helpers import TINY, compose_train
+from helpers import GPT2_LAYOUTS, TINY, compose_train
 from helpers import tiny_gpt_config as config
 
 from model import GPT, KVCache, convert_attention_layout
@@ -23,7 +23,7 @@ from model.checkpoint import load_checkpoint
 from model.load import model_from_checkpoint
 from model.positions import Rotary, alibi_slopes
 
-LAYOUTS = ("fused_qkv", "separate_qkv", "wrapper")
+LAYOUTS = GPT2_LAYOUTS
 # The fields issue 30 added to GPTConfig: a checkpoint written before them has none of them.
 NEW_FIELDS = {"position", "rope_theta", "qk_norm", "softcap", "sinks", "kv_latent", "rope_head_dim"}
 

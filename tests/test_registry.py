@@ -5,12 +5,13 @@ name is matched outside its own module, the registry and the configs (a source s
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, TINY, compose_train, read_metrics, tiny_gpt_config
+from helpers import GPT2_LAYOUTS, ROOT, TINY, compose_train, read_metrics, tiny_gpt_config
 from omegaconf import OmegaConf
 from test_gpu_readiness import saved_tensor_bytes
 
@@ -89,7 +90,7 @@ def test_a_fourth_layouts_bf16_estimate_is_within_25_percent_of_what_autograd_sa
     assert abs(estimated - measured) / measured < 0.25, (estimated, measured)
 
 
-@pytest.mark.parametrize("other", ["wrapper", "separate_qkv", "fused_qkv"])
+@pytest.mark.parametrize("other", GPT2_LAYOUTS)
 def test_a_fourth_layout_converts_exactly_to_and_from_every_other(fourth, other):
     torch.manual_seed(0)
     config = tiny_gpt_config(n_head=4, n_kv_head=2)
@@ -179,10 +180,11 @@ def test_bench_draws_and_names_a_fourth_kernels_line_style(fourth):
 
 
 # Layout and kernel names as string literals: only their own modules, the registry and the configs say them.
-NAMES = ("wrapper", "separate_qkv", "fused_qkv", "manual", "sdpa", "flex")
+NAMES = (*ATTENTION_LAYOUTS, *KERNELS)  # as registered at import: the fixtures' fourth ones come later
 SCANNED = ["model", "training", "analysis", "cli", "bench.py", "sample.py", "heads.py", "evaluate.py", "export.py",
            "compare.py"]  # fmt: skip
-OWN_MODULES = {"model/attention.py", "model/kernels.py", "model/registry.py"}
+OWN_MODULES = {Path(inspect.getfile(cls)).relative_to(ROOT).as_posix()  # attention.py, latent.py, kernels.py
+               for cls in (*ATTENTION_LAYOUTS.values(), *KERNELS.values())} | {"model/registry.py"}
 # Places that only NAME a default (or a fixed format), each with why; a literal that goes away must leave here.
 ALLOWED = {
     ("model/config.py", "fused_qkv"): "GPTConfig's default attention",

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from helpers import FLEX_ON_CPU_UNAVAILABLE, run_script
+from helpers import FLEX_ON_CPU_UNAVAILABLE, GPT2_LAYOUTS, run_script
 from same_choices import Step, Trace, assert_same_choices, record_choices
 
 import sample
@@ -56,7 +56,7 @@ def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_oth
                                                                                    monkeypatch):  # fmt: skip
     recorder = record_choices(monkeypatch)
     texts = []
-    for layout in ("wrapper", "separate_qkv", "fused_qkv"):
+    for layout in GPT2_LAYOUTS:
         for kernel in ("manual", "sdpa"):
             recorder.start()
             texts += sample.run(config(source=str(trained_run), prompt="def ", temperature=0.0, attention=layout,

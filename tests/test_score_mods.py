@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import torch
 from attention_reference import REFERENCED_MODS
-from helpers import run_script
+from helpers import GPT2_LAYOUTS, run_script
 from helpers import tiny_gpt_config as config
 
 import bench
@@ -27,7 +27,7 @@ from model.registry import KERNELS, SCORE_MODS
 from model.score_mods import with_fields
 from training.plan import activation_bytes
 
-LAYOUTS = ("fused_qkv", "separate_qkv", "wrapper")
+LAYOUTS = GPT2_LAYOUTS
 
 
 @pytest.mark.parametrize(("options", "expected"), [
