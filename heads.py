@@ -151,7 +151,7 @@ def run(cfg: HeadsConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     # how it attends: its layout, and the options set that change what a head attends to (-rope, -sinks, ...)
     name = f"{loaded.name} ({'-'.join([model.config.attention, *attention_label(vars(model.config)).split('-')[2:]])})"
-    sinks = model.config.sinks
+    sinks = model.config.in_any_layer("sinks")  # a schedule's layers without sinks: their rows sum to 1
 
     # Attention maps of one text.
     ids = tokenizer.encode(cfg.prompt)[-block:] if cfg.prompt is not None else x[0, : cfg.map_tokens].tolist()

@@ -27,7 +27,7 @@ STAT_UNITS = {
 
 def stats_of(config) -> tuple[str, ...]:
     """The statistics of a model's heads: ``STATS``, and the sink's weight for a model with sinks."""
-    return (*STATS, SINK) if config.sinks else STATS
+    return (*STATS, SINK) if config.in_any_layer("sinks") else STATS
 
 
 def check_head(model: GPT, layer: int, head: int) -> None:

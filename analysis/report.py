@@ -19,7 +19,8 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "window": lambda row: bool(row.get("window")),
               "position": lambda row: row.get("position") not in (None, "learned"),
               "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
-              **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()}}
+              **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()},
+              "layers": lambda row: row.get("layers") is not None}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
 SHOWN_WHEN_VARIED = ("kv_cache_bytes", "token_budget")
@@ -32,7 +33,7 @@ ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compu
 COLUMNS = [
     ("label", "label"), ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"),
     ("kv_latent", "kv latent"), ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"),
-    *((mod.field, mod.column) for mod in with_fields()), ("seed", "seed"), ("state", "state"),
+    *((mod.field, mod.column) for mod in with_fields()), ("layers", "layers"), ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
@@ -94,6 +95,7 @@ def identity(run: Run) -> dict:
             "kv_latent": latent, "window": m.get("window"), "position": m.get("position", "learned"),
             "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
+            "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
             "kv_cache_bytes": kv_cache_bytes(run)}  # fmt: skip
 
 
@@ -110,11 +112,11 @@ def kv_cache_bytes(run: Run) -> int | None:
     m = run.info["model"]
     try:
         config = GPTConfig(**{f.name: m[f.name] for f in fields(GPTConfig) if f.name in m})
-        width = registry.layout(config.attention).cache_width(config.attention_spec)
+        width = sum(registry.layout(config.attention).cache_width(spec) for spec in config.layer_specs)
     except (ValueError, TypeError, KeyError):  # a layout or option this checkout does not know
         return None
     dtype = getattr(torch, str(run.info.get("dtype", "float32")), torch.float32)
-    return config.n_layer * width * (torch.finfo(dtype).bits // 8)
+    return width * (torch.finfo(dtype).bits // 8)  # every layer's (a schedule's layers each their own)
 
 
 def failed_row(run: Run) -> dict:
@@ -330,7 +332,7 @@ def position_label(position: str) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     switches = [mod.field for mod in with_fields() if mod.off is False]  # yes or -: QK-norm, sinks
-    text = ("label", "layout", "kernel", "position", *switches, "state", "sdpa_backend", "flag")
+    text = ("label", "layout", "kernel", "position", *switches, "layers", "state", "sdpa_backend", "flag")
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]

@@ -10,7 +10,7 @@ import re
 import stat
 import statistics
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from common.run_files import FAILURE, METRICS, OWNER, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
@@ -19,7 +19,13 @@ from model.config import GPTConfig, attention_label, kernel_option
 from model.registry import ATTENTION_LAYOUTS
 
 NOT_THE_FUNCTION = ("label", "layout", "implementation")  # GPTConfig reuse kinds that leave the numbers alone
-GPT_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}  # a field a run.json lacks (older runs) had these
+# A field a run.json lacks (older runs) had these.
+GPT_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(GPTConfig)}
+
+
+def hashable(value):
+    """A field's value as a key: a mapping (a schedule's layer kinds) as its sorted JSON, others as they are."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
 
 
 @dataclass
@@ -60,7 +66,7 @@ class Run:
         layout = ATTENTION_LAYOUTS.get(model.get("attention"))
         same = (f.name for f in fields(GPTConfig) if f.metadata.get("reuse") not in NOT_THE_FUNCTION)
         return (layout.function if layout else model.get("attention"),
-                *((name, model.get(name, GPT_DEFAULTS[name])) for name in same))  # fmt: skip
+                *((name, hashable(model.get(name, GPT_DEFAULTS[name]))) for name in same))  # fmt: skip
 
     @property
     def seed(self) -> int:

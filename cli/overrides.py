@@ -189,6 +189,19 @@ def _has_key(cfg: DictConfig, dotted: str) -> bool:
     return True
 
 
+def _adds_to_a_mapping(cfg: DictConfig, dotted: str) -> bool:
+    """Whether ``dotted`` is a new key inside an option that is a mapping of any keys (a ``dict`` field, such as
+    ``model.layer_kinds``): Hydra adds it with ``+`` (``+model.layer_kinds.L.window=128``)."""
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig):
+            return False
+        if part not in node.keys():
+            return node._metadata.object_type is dict
+        node = node._get_node(part)
+    return False
+
+
 def _nearest(typed: str, options: list[str]) -> list[str]:
     """The options closest to ``typed``: among its siblings where its parent exists (``trainer.max_step`` ->
     ``trainer.max_steps``), else by the whole dotted key, else by its last part (``max_steps`` alone)."""
@@ -208,6 +221,10 @@ def _check_key(o, cfg: DictConfig, options: list[str], command: str) -> None:
     from hydra.core.override_parser.types import OverrideType
 
     key = o.key_or_group
+    if _adds_to_a_mapping(cfg, key):
+        if o.type != OverrideType.ADD:
+            sys.exit(f"error: {o.input_line}: {key} is a new key of a mapping; add it with a +: +{o.input_line}")
+        return
     known = _has_key(cfg, key)
     if known and o.type == OverrideType.ADD:
         sys.exit(f"error: {o.input_line}: {key} is an option already; set it without the +: {o.input_line[1:]}")

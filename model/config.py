@@ -8,7 +8,8 @@ what differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
@@ -60,11 +61,31 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         part = mod.label(model.get(mod.field, mod.off))
         if part:
             parts.append(part)
+    if model.get("layer_pattern"):
+        parts.append(schedule_part(model, parts, show))
     return sep.join(parts)
 
 
+def schedule_part(model: dict, parts: list[str], show) -> str:
+    """A schedule's part of the label: the pattern, then each kind with the parts its fields change, as the
+    label spells them (a field it sets is spelled even at its default: ``kv4``, ``nowindow``; a modification
+    it turns off is ``no<part>``): ``LLLG_L.window128.nosinks_G.nopos``."""
+    spelled = [model["layer_pattern"]]
+    uniform = {**model, "layer_pattern": None, "layer_kinds": {}}
+    for kind, overrides in (model.get("layer_kinds") or {}).items():
+        theirs = attention_label({**uniform, **overrides}, "|", [*show, *overrides]).split("|")
+        changes = [p for p in theirs[2:] if p not in parts]
+        for mod in registry.SCORE_MODS.values():  # one a kind turns off: its part, with "no"
+            own = mod.label(model.get(mod.field, mod.off))
+            if own and mod.field in overrides and not mod.used(overrides[mod.field]):
+                changes.append(f"no{own}")
+        spelled.append(".".join([kind, *changes]))
+    return "_".join(spelled)
+
+
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", *score_mod_fields())
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", *score_mod_fields(),
+              "layer_pattern", "layer_kinds")  # fmt: skip
 
 
 @dataclass
@@ -97,6 +118,11 @@ class GPTConfig:
     # attention=mla: the keys' and values' latent width, and the decoupled rotary key's width (position=rope)
     kv_latent: int | None = field(default=None, metadata={"reuse": "weights"})
     rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})
+    # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
+    # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
+    # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
+    layer_pattern: str | None = field(default=None, metadata={"reuse": "weights"})
+    layer_kinds: dict[str, Any] = field(default_factory=dict, metadata={"reuse": "weights"})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -110,11 +136,43 @@ class GPTConfig:
         layout = registry.layout(self.attention)
         self.kernel, self.sdpa_backend = one_kernel_vocabulary(self.kernel, self.sdpa_backend)
         layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
+        self.layer_kinds = {str(kind): dict(fields) for kind, fields in (self.layer_kinds or {}).items()}
+        check_schedule(self)
 
     @property
     def attention_spec(self) -> AttentionSpec:
         """What every attention block is built from (its checks run as it is made)."""
         return AttentionSpec(**{f.name: getattr(self, f.name) for f in fields(AttentionSpec)})
+
+    @property
+    def layer_kind_names(self) -> list[str | None]:
+        """Each layer's kind (a letter of ``layer_pattern``), or None for every layer of a uniform model."""
+        if self.layer_pattern is None:
+            return [None] * self.n_layer
+        return [self.layer_pattern[i % len(self.layer_pattern)] for i in range(self.n_layer)]
+
+    def layer_config(self, layer: int) -> GPTConfig:
+        """Layer ``layer``'s model as a uniform one: these fields with its kind's (what every per-layer figure,
+        check and block is made from)."""
+        kind = self.layer_kind_names[layer]
+        if kind is None:
+            return self
+        return replace(self, layer_pattern=None, layer_kinds={}, **self.layer_kinds[kind])
+
+    def in_any_layer(self, name: str) -> bool:
+        """Whether any layer sets the attention field ``name`` (``sinks``: some layer has sinks)."""
+        return any(getattr(self.layer_config(i), name) for i in range(self.n_layer))
+
+    @property
+    def layer_specs(self) -> list[AttentionSpec]:
+        """Each layer's attention block's spec (all alike without a schedule)."""
+        return [self.layer_config(i).attention_spec for i in range(self.n_layer)]
+
+    @property
+    def cache_capacities(self) -> list[int]:
+        """Positions a KV cache keeps for each layer: the context, or the layer's window when shorter (a local
+        layer's ring stays its window's size)."""
+        return [self.layer_config(i).cache_capacity for i in range(self.n_layer)]
 
     @property
     def kv_heads(self) -> int:
@@ -141,6 +199,61 @@ class GPTConfig:
         if self.vocab_size is None:
             raise ValueError("vocab_size is not set; set model.vocab_size or let training take it from the tokenizer")
         return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+# The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>).
+LAYER_FIELDS = ("window", "position", "rope_theta", "n_kv_head", *score_mod_fields())
+
+
+def check_schedule(config: GPTConfig) -> None:
+    """Refuse a bad schedule of layers before any work, in one line naming the layer kind (its layers) and the
+    value: a pattern that does not tile the layers, a letter with no kind, a field a kind cannot set, a value
+    its layers' attention cannot take (each kind's layers are checked as a uniform model is)."""
+    pattern, kinds = config.layer_pattern, config.layer_kinds
+    if pattern is None:
+        if kinds:
+            raise ValueError(f"model.layer_kinds names {', '.join(kinds)} but model.layer_pattern is not set; say "
+                             f"which layers are which, e.g. model.layer_pattern={''.join(kinds)}")  # fmt: skip
+        return
+    if not isinstance(pattern, str) or not pattern or not all("A" <= c <= "Z" for c in pattern):
+        raise ValueError(f"model.layer_pattern={pattern!r} must be capital letters, one per layer kind (e.g. LLLG), "
+                         f"or null (every layer alike)")  # fmt: skip
+    if config.n_layer % len(pattern):
+        raise ValueError(f"model.layer_pattern={pattern} has {len(pattern)} layers, which does not tile "
+                         f"model.n_layer={config.n_layer}; use a pattern whose length divides "
+                         f"{config.n_layer}")  # fmt: skip
+    for kind in kinds:
+        if kind not in pattern:
+            raise ValueError(f"model.layer_kinds.{kind} is in no layer of model.layer_pattern={pattern}; use it in "
+                             f"the pattern or remove it")  # fmt: skip
+    for kind in dict.fromkeys(pattern):
+        if kind not in kinds:
+            raise ValueError(f"model.layer_pattern={pattern}: layer kind {kind} is not in model.layer_kinds (has: "
+                             f"{', '.join(kinds) or 'none'}); add model.layer_kinds.{kind} (its fields, or "
+                             f"{{}})")  # fmt: skip
+        layers = [i for i, k in enumerate(config.layer_kind_names) if k == kind]
+        where = f"model.layer_kinds.{kind} (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})"
+        for name, value in kinds[kind].items():
+            if name not in LAYER_FIELDS:
+                raise ValueError(f"{where}: {name}={value!r} is not a field a layer sets; choose from "
+                                 f"{', '.join(LAYER_FIELDS)}")  # fmt: skip
+        try:
+            check_layer_position(config, kinds[kind].get("position", config.position))
+            config.layer_config(layers[0])
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
+
+def check_layer_position(config: GPTConfig, position: str) -> None:
+    """A layer's position encoding may differ from the model's only among those without a table (learned
+    positions are the model's input table, not a layer's)."""
+    if position == config.position:
+        return
+    if not (registry.position(config.position).runs_past_context and registry.position(position).runs_past_context):
+        tableless = ", ".join(n for n, p in registry.POSITIONS.items() if p.runs_past_context)
+        raise ValueError(f"position={position} with model.position={config.position}: layers' encodings may differ "
+                         f"only among those without a table ({tableless}), the model's among them; learned positions "
+                         f"are the model's input table, not a layer's")  # fmt: skip
 
 
 def one_kernel_vocabulary(kernel: str, sdpa_backend: str) -> tuple[str, str]:

@@ -31,6 +31,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
+        """``config``: this layer's model as a uniform one (``GPTConfig.layer_config``)."""
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = attention_block(config)
@@ -77,7 +78,7 @@ class GPT(nn.Module):
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
                 wpe=build_positions(config),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                h=nn.ModuleList(Block(config.layer_config(i)) for i in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
@@ -147,7 +148,7 @@ class GPT(nn.Module):
         """The absolute positions of ``idx``'s tokens, computed once for the embedding and every block:
         0..T-1, or after the cached ones (the cache's bookkeeping, a static decode step's tensor included)."""
         if cache is not None and cache.in_static_step:
-            return cache.positions(idx.size(1), idx.device, self.config.cache_capacity)
+            return cache.positions(idx.size(1), idx.device, self.config.cache_capacities)
         seq_len = (cache.length if cache is not None else 0) + idx.size(1)
         if seq_len > self.config.block_size and not self.config.runs_past_context:
             raise ValueError(
@@ -156,7 +157,7 @@ class GPT(nn.Module):
             )
         if cache is None:
             return torch.arange(idx.size(1), device=idx.device)
-        return cache.positions(idx.size(1), idx.device, self.config.cache_capacity)
+        return cache.positions(idx.size(1), idx.device, self.config.cache_capacities)
 
     def logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The last block's output -> final norm -> logits over the real vocabulary, and the mean
@@ -192,8 +193,12 @@ class GPT(nn.Module):
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = self.num_params() - self.position_params()
-        widths = sum(registry.layout(cfg.attention).score_widths(cfg.attention_spec))
-        return 6 * matmul_params + 6 * cfg.n_layer * widths * min(seq_len, cfg.window or seq_len)
+        layout = registry.layout(cfg.attention)
+        if cfg.layer_pattern is None:  # one product for all layers alike: the figure of every run before schedules
+            widths = sum(layout.score_widths(cfg.attention_spec))
+            return 6 * matmul_params + 6 * cfg.n_layer * widths * min(seq_len, cfg.window or seq_len)
+        scores = sum(sum(layout.score_widths(spec)) * min(seq_len, spec.window or seq_len) for spec in cfg.layer_specs)
+        return 6 * matmul_params + 6 * scores
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load a GPT state dict of any attention layout, converting it to this model's.

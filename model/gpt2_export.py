@@ -29,6 +29,10 @@ def what_gpt2_cannot_hold(config) -> list[str]:
     """The options of a model (a GPTConfig) that GPT-2's format has no place for, each named with why: in
     GPT-2's format the model would compute another function. Grouped-query heads are not among them: their
     keys and values are written repeated per query head, the same function."""
+    if config.layer_pattern is not None:  # each kind's layers as a uniform model: GPT-2's layers are all alike
+        first = {kind: config.layer_kind_names.index(kind) for kind in dict.fromkeys(config.layer_kind_names)}
+        problems = [problem for i in first.values() for problem in what_gpt2_cannot_hold(config.layer_config(i))]
+        return list(dict.fromkeys(problems))
     problems = []
     if config.window is not None:
         problems.append(f"model.window={config.window} (GPT-2 has no sliding-window attention: it attends over its "

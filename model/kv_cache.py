@@ -21,9 +21,14 @@ class LayerCache:
     (position p in slot p % capacity) and one new query sees all of it, exactly its window.
     """
 
-    def __init__(self, owner: KVCache) -> None:
-        self.owner = owner  # the KVCache: how many positions are cached, the capacity, a static step's state
+    def __init__(self, owner: KVCache, index: int) -> None:
+        self.owner = owner  # the KVCache: how many positions are cached, the capacities, a static step's state
+        self.index = index  # the layer's: its capacity is its own (a local layer's ring, its window)
         self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.owner.capacities[self.index]
 
     def update(
         self, slot: int, k: torch.Tensor, v: torch.Tensor
@@ -31,13 +36,13 @@ class LayerCache:
         """Store the new positions' k, v (each its own width: attention=mla's latents and rotary keys); return
         the keys and values the new queries attend over, and the mask of those visible when a static decode
         step attends over the whole cache (else None: the shapes say)."""
-        start, new, capacity = self.owner.length, k.size(2), self.owner.capacity
+        start, new, capacity = self.owner.length, k.size(2), self.capacity
         if self.owner.position is not None:  # a static decode step: one position, given as a tensor
             k_all, v_all = self.slots[slot]
             where = (self.owner.position % capacity).view(1)
             k_all.index_copy_(2, where, k)
             v_all.index_copy_(2, where, v)
-            return k_all, v_all, self.owner.mask  # every slot; the step's mask says which hold keys
+            return k_all, v_all, self.owner.masks[capacity]  # every slot; the step's mask says which hold keys
         if slot not in self.slots:
             # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
             # 0 x NaN would be NaN.
@@ -65,32 +70,44 @@ class LayerCache:
 class KVCache:
     """Keys and values of every layer for the positions processed so far (a batch of sequences).
 
-    ``capacity`` positions are preallocated per layer: unless given, the model's context, or its
-    attention window when shorter (``GPTConfig.cache_capacity``); with ``n_kv_head`` key/value heads.
+    ``capacity`` positions are preallocated per layer (a number for every layer, or one per layer): unless given,
+    the model's context, or each layer's attention window when shorter (``GPTConfig.cache_capacities``); with
+    ``n_kv_head`` key/value heads.
     """
 
-    def __init__(self, n_layer: int, capacity: int | None = None) -> None:
-        self.layers = [LayerCache(self) for _ in range(n_layer)]
+    def __init__(self, n_layer: int, capacity: int | list[int] | None = None) -> None:
+        self.layers = [LayerCache(self, i) for i in range(n_layer)]
         self.length = 0
-        self.capacity = capacity
-        # During a static decode step: the new position as a 0-d tensor, and the (1, 1, 1, capacity) mask of
-        # the slots its query sees. Static shapes: a CUDA graph can replay it.
+        self.capacities: list[int] | None = None
+        if capacity is not None:
+            self.size_layers(capacity)
+        # During a static decode step: the new position as a 0-d tensor, and for each capacity the
+        # (1, 1, 1, capacity) mask of the slots its query sees. Static shapes: a CUDA graph can replay it.
         self.position: torch.Tensor | None = None
-        self.mask: torch.Tensor | None = None
-        self.slot_ids: torch.Tensor | None = None  # 0 .. capacity-1, what a static step's mask compares with
+        self.masks: dict[int, torch.Tensor] = {}
+        self.slot_ids: torch.Tensor | None = None  # 0 .. capacity-1, what a static step's masks compare with
+
+    def size_layers(self, capacity: int | list[int]) -> None:
+        """Each layer's capacity: one number for all, or one per layer."""
+        self.capacities = [capacity] * len(self.layers) if isinstance(capacity, int) else list(capacity)
+
+    @property
+    def capacity(self) -> int | None:
+        """The largest layer's capacity (every layer's, without a schedule of layers)."""
+        return None if self.capacities is None else max(self.capacities)
 
     @property
     def in_static_step(self) -> bool:
         return self.position is not None
 
-    def positions(self, count: int, device: torch.device, capacity: int) -> torch.Tensor:
+    def positions(self, count: int, device: torch.device, capacity: int | list[int]) -> torch.Tensor:
         """The positions of ``count`` new tokens after the cached ones, (count,); in a static step its position
-        tensor (no Python number of it: one captured step serves every position). ``capacity`` sizes a cache
-        made without one."""
+        tensor (no Python number of it: one captured step serves every position). ``capacity`` (one, or one
+        per layer) sizes a cache made without one."""
         if self.in_static_step:
             return self.position.view(1)
-        if self.capacity is None:
-            self.capacity = capacity
+        if self.capacities is None:
+            self.size_layers(capacity)
         return torch.arange(self.length, self.length + count, device=device)
 
     def advance(self, count: int) -> None:
@@ -117,12 +134,14 @@ class KVCache:
 
     def open_step(self, position: torch.Tensor) -> None:
         """A static step at ``position`` (a 0-d tensor) writes its keys there and attends over every slot
-        holding keys: up to the position, or all of them once a windowed ring has filled."""
-        self.mask = ((self.slot_ids <= position) | (position >= self.capacity)).view(1, 1, 1, -1)
+        holding keys: up to the position, or all of them once a windowed ring has filled (each capacity its own
+        mask: a schedule's local layers wrap before its global ones)."""
+        self.masks = {c: ((self.slot_ids[:c] <= position) | (position >= c)).view(1, 1, 1, -1)
+                      for c in dict.fromkeys(self.capacities)}  # fmt: skip
         self.position = position
 
     def close_step(self) -> None:
-        self.position = self.mask = None
+        self.position, self.masks = None, {}
 
     def stepped(self, position: int) -> None:
         """A static step at ``position`` has run: the cache holds every position up to it."""

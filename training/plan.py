@@ -15,6 +15,7 @@ note); ``plan_variants`` is a sweep's (``train.py -m ... trainer.plan=true``): a
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from dataclasses import dataclass, replace
@@ -58,14 +59,14 @@ def duration_text(minutes: float) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _counted(fields: tuple) -> tuple[int, int]:
+def _counted(fields: str) -> tuple[int, int]:
     """(parameters, training FLOPs per token) of the model these GPTConfig fields build, built on the meta
     device (no memory, no arithmetic): every layout, position encoding and score modification counts its own
     (QK-norm scales, sinks, a latent's projections, no position table without learned positions)."""
     from model.gpt import GPT
 
     with torch.device("meta"):
-        model = GPT(GPTConfig(**dict(fields)))
+        model = GPT(GPTConfig(**json.loads(fields)))
     return model.num_params(), model.flops_per_token()
 
 
@@ -73,7 +74,7 @@ def model_counts(config: GPTConfig) -> tuple[int, int]:
     """(parameters, FLOPs per token) as the model counts them (``GPT.num_params``, ``GPT.flops_per_token``: the
     figures training's MFU uses): 6 per weight that multiplies a token (the position table excluded; a latent
     attention's up-projections are weights and count), plus the score and value matmuls over the keys seen."""
-    return _counted(tuple(sorted(vars(config).items())))
+    return _counted(json.dumps(vars(config), sort_keys=True))  # hashable, a schedule's layer kinds too
 
 
 def param_count(config: GPTConfig) -> int:
@@ -107,6 +108,35 @@ def cache_width(config: GPTConfig) -> int:
     return registry.layout(config.attention).cache_width(config.attention_spec)
 
 
+def cache_widths(config: GPTConfig) -> list[int]:
+    """Numbers sampling's KV cache keeps per token for each layer (a schedule's layers each their own)."""
+    return [cache_width(config.layer_config(i)) for i in range(config.n_layer)]
+
+
+def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
+    """A schedule's plan, by layer kind: its layers, parameters, FLOPs per token and KV cache (per position, and
+    per sample once its ring or the context is full), each per layer and for the kind's layers together."""
+    from model.gpt import Block
+
+    a = torch.finfo(dtype).bits // 8
+    rows = []
+    for kind in dict.fromkeys(config.layer_kind_names):
+        layers = [i for i, k in enumerate(config.layer_kind_names) if k == kind]
+        one = config.layer_config(layers[0])
+        with torch.device("meta"):
+            params = sum(p.numel() for p in Block(one).parameters())
+        spec, T = one.attention_spec, config.block_size
+        flops = 6 * params + 6 * sum(registry.layout(one.attention).score_widths(spec)) * min(T, spec.window or T)
+        per_position = cache_width(one) * a
+        full = per_position * one.cache_capacity
+        options = ", ".join(attention_label(vars(one), sep="|").split("|")[2:]) or "no other option"
+        rows.append(f"    {kind} x {len(layers)} (layers {', '.join(map(str, layers))}; {options}): {params:,} "
+                    f"parameters and {flops / 1e6:,.2f} M FLOPs per token each; KV cache {per_position:,} B per "
+                    f"position up to {one.cache_capacity:,} positions, {full * len(layers) / 1024:,.1f} KiB per "
+                    f"sample for the {len(layers)} when full")  # fmt: skip
+    return rows
+
+
 def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) -> dict[str, int]:
     """Bytes of the tensors eager autograd keeps for backward in one forward pass, by part.
 
@@ -115,6 +145,12 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     layout says how many copies of the block's input its projections keep (``input_casts``: the wrapper's
     one per head and key/value group), and the kernel whether it keeps the attention matrices.
     """
+    if config.layer_pattern is not None:  # each layer's parts as its own uniform model's, then summed
+        each = [activation_bytes(config.layer_config(i), micro_batch, dtype) for i in range(config.n_layer)]
+        shared = ("final norm and LM head input", "log-softmax of the logits")
+        names = dict.fromkeys(name for parts in each for name in parts)
+        return {name: each[0][name] if name in shared else sum(parts.get(name, 0) for parts in each) // config.n_layer
+                for name in names}  # fmt: skip
     a = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     B, T, C, H, L = micro_batch, config.block_size, config.n_embd, config.n_head, config.n_layer
     N = B * T * C  # one (batch, seq, width) tensor, in elements
@@ -179,7 +215,7 @@ class Plan:
     def kv_cache_bytes_per_token(self) -> int:
         """What sampling's KV cache holds per position and sample: every layer's ``cache_width`` numbers (the
         layout's: keys and values, or a latent) in the plan's dtype."""
-        return self.config.n_layer * cache_width(self.config) * (torch.finfo(self.dtype).bits // 8)
+        return sum(cache_widths(self.config)) * (torch.finfo(self.dtype).bits // 8)
 
     @property
     def peak_bytes(self) -> int:
@@ -241,6 +277,14 @@ class Plan:
         ]
         lines += [f"    {name}: {value / GIB:,.2f} GiB" for name, value in self.activations.items()]
         lines.append(f"    logits in flight: {self.logits_transient_bytes / GIB:,.2f} GiB")
+        if c.layer_pattern is not None:
+            full = sum(w * n for w, n in zip(cache_widths(c), c.cache_capacities)) * (torch.finfo(self.dtype).bits // 8)
+            lines.append(f"  layers ({c.layer_pattern} repeated over {c.n_layer}), by kind:")
+            lines += layer_rows(c, self.dtype)
+            lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
+                         f"sample while every layer's ring fills, {full / 1024:,.1f} KiB per sample when all are "
+                         f"full ({str(self.dtype).removeprefix('torch.')})")  # fmt: skip
+            return "\n".join(lines)
         window = f", window {c.window}: at most {c.cache_capacity} positions" if c.window else ""
         lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
                      f"sample ({cache_kind(c)}; {cache_width(c):,} numbers per layer x {c.n_layer} layers{window}, "

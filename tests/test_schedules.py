@@ -1,0 +1,174 @@
+"""A model as a schedule of layers (issue 37, item 4): ``model.layer_pattern`` names each layer's kind, and
+``model.layer_kinds`` says what each kind's attention sets (window, position, rope_theta, key/value heads, the
+modifications). Every bad schedule is refused before any work in one line naming the layer and the value; a
+schedule trains, samples (cached decoding a full recomputation from every prompt length, each layer's ring its own
+size), plans, converts and reports; a uniform schedule is the uniform model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import GPT2_LAYOUTS, TINY, compose_train, read_metrics, run_script
+from helpers import tiny_gpt_config as config
+from omegaconf import OmegaConf
+
+import sample
+from analysis.report import build_rows, markdown_table
+from analysis.runs import find_runs
+from model import GPT, KVCache, convert_attention_layout
+from model.config import attention_label
+from model.decoding import StaticStep
+from model.gpt2_export import what_gpt2_cannot_hold
+from training.loop import train
+from training.plan import activation_bytes, cache_widths, make_plan
+
+# Three local layers with a window, then a global one (gpt-oss and Gemma 3 alternate so; nanochat's SSSL).
+LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_kv_head": 1}, "G": {}})
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (dict(n_layer=6, layer_pattern="LLLG", layer_kinds={"L": {}, "G": {}}),
+     "model.layer_pattern=LLLG has 4 layers, which does not tile model.n_layer=6; use a pattern whose length "
+     "divides 6"),
+    (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5}}),
+     "model.layer_pattern=LLLG: layer kind G is not in model.layer_kinds (has: L); add model.layer_kinds.G"),
+    (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"windw": 5}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 1, 2): windw=5 is not a field a layer sets; choose from window, position,"),
+    (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {}, "G": {"window": 0}}),
+     "model.layer_kinds.G (layer 3): model.window=0 must be a positive number of positions"),
+    (dict(n_layer=4, kernel="sdpa", layer_pattern="LLLG", layer_kinds={"L": {"softcap": 30.0}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 1, 2): model.softcap=30.0 changes the scores before the softmax, which "
+     "kernel=sdpa cannot do; use kernel=manual or flex"),
+    (dict(n_layer=4, n_head=4, layer_pattern="LG", layer_kinds={"L": {"n_kv_head": 3}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 2): model.n_kv_head=3 does not divide model.n_head=4"),
+    (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {"position": "rope"}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 2): position=rope with model.position=learned: layers' encodings may differ "
+     "only among those without a table (rope, alibi, none)"),
+    (dict(n_layer=4, position="rope", layer_pattern="LG", layer_kinds={"L": {"position": "spiral"}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 2): unknown model.position 'spiral'; choose one of: alibi, learned, none, rope"),
+    (dict(n_layer=4, layer_pattern="llg"), "model.layer_pattern='llg' must be capital letters"),
+    (dict(n_layer=4, layer_kinds={"L": {}}), "model.layer_kinds names L but model.layer_pattern is not set"),
+    (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {}, "G": {}, "X": {}}),
+     "model.layer_kinds.X is in no layer of model.layer_pattern=LG"),
+])  # fmt: skip
+def test_a_bad_schedule_is_refused_in_one_line_naming_the_layer_and_the_value(options, expected):
+    with pytest.raises(ValueError) as err:
+        config(**options)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_train_py_refuses_a_bad_schedule_before_any_work(tmp_path):
+    result = run_script("train.py", *TINY, "model.n_layer=4", "model.layer_pattern=LLLG",
+                        "+model.layer_kinds.L.window=3", "+model.layer_kinds.G.sinks=maybe",
+                        f"trainer.run_dir={tmp_path / 'run'}", "logger=none", cwd=tmp_path)  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: model.layer_kinds.G (layer 3): model.sinks='maybe' must be true or false")
+    assert not (tmp_path / "run").exists(), "refused before any work"
+
+
+def test_a_uniform_schedule_is_the_uniform_model_bit_for_bit():
+    plain = config(n_layer=4, position="rope", window=5, sinks=True, kernel="manual")
+    scheduled = config(n_layer=4, position="rope", window=5, sinks=True, kernel="manual", layer_pattern="AB",
+                       layer_kinds={"A": {}, "B": {"window": 5, "sinks": True}})  # fmt: skip
+    models = []
+    for c in (plain, scheduled):
+        torch.manual_seed(0)
+        models.append(GPT(c).eval())
+    (a, b), idx = models, torch.randint(0, 50, (2, 8))
+    assert all(torch.equal(a.state_dict()[k], t) for k, t in b.state_dict().items())
+    assert torch.equal(a(idx, idx)[0], b(idx, idx)[0])
+    assert b.flops_per_token() == a.flops_per_token()
+
+
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+@pytest.mark.parametrize("position", ["learned", "rope"])
+@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+def test_cached_decoding_of_a_schedule_is_a_full_recomputation_each_layer_ring_its_own_size(kernel, position,
+                                                                                          static):  # fmt: skip
+    torch.manual_seed(0)
+    block = 12
+    model = GPT(config(**LLLG, n_head=2, kernel=kernel, position=position, block_size=block)).eval()
+    total = block if position == "learned" else 3 * block  # a rotary model reads past its context
+    capacities = model.config.cache_capacities
+    assert capacities == [5, 5, 5, block]
+    gen = torch.Generator().manual_seed(1)
+    for prompt in (1, 4, 5, 6, 11, block):
+        B = 1 + prompt % 3
+        idx = torch.randint(0, 50, (B, total), generator=gen)
+        with torch.inference_mode():
+            full = model(idx, idx)[0]
+            cache = KVCache(model.config.n_layer)
+            first = model(idx[:, :prompt], cache=cache)[0][:, -1]
+            torch.testing.assert_close(first, full[:, prompt - 1], atol=1e-5, rtol=0)
+            held = [{t.size(2) for pair in layer.slots.values() for t in pair} for layer in cache.layers]
+            assert held == [{c} for c in capacities], "each layer's ring holds its own window (or the context)"
+            step = StaticStep(model, cache, B, torch.device("cpu")) if static else None
+            for t in range(prompt, total):
+                logits = step(idx[:, t : t + 1], t) if static else model(idx[:, t : t + 1], cache=cache)[0][:, -1]
+                torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=0, msg=f"prompt {prompt}, pos {t}")
+
+
+@pytest.mark.parametrize("other", [name for name in GPT2_LAYOUTS if name != "fused_qkv"])
+def test_a_schedule_starts_from_the_same_weights_and_converts_per_layer_in_every_layout(other):
+    options = dict(**LLLG, n_head=4, kernel="manual", position="rope")
+    options["layer_kinds"] = {"L": {"window": 5, "n_kv_head": 1}, "G": {"n_kv_head": 2, "qk_norm": True}}
+    models = {}
+    for layout in ("fused_qkv", other):
+        torch.manual_seed(4)
+        models[layout] = GPT(config(**options, attention=layout)).eval()
+    fused = models["fused_qkv"].state_dict()
+    there = convert_attention_layout(fused, "fused_qkv", other, n_head=4)
+    assert there.keys() == models[other].state_dict().keys()
+    assert all(torch.equal(there[k], t) for k, t in models[other].state_dict().items()), "same initial weights"
+    back = convert_attention_layout(there, other, "fused_qkv", n_head=4)
+    assert all(torch.equal(back[k], t) for k, t in fused.items())
+    idx = torch.randint(0, 50, (2, 8))
+    torch.testing.assert_close(models[other](idx, idx)[0], models["fused_qkv"](idx, idx)[0], atol=1e-5, rtol=0)
+
+
+def test_the_plan_counts_each_layer_as_its_kind_and_names_the_kinds():
+    scheduled = config(**LLLG, n_head=2, block_size=16)
+    layers = [scheduled.layer_config(i) for i in range(4)]
+    plan = make_plan(OmegaConf.to_object(compose_train(*TINY)), scheduled, 1, torch.float32)
+    with torch.device("meta"):
+        model = GPT(scheduled)
+    assert plan.params == model.num_params()
+    local, global_ = (GPT(config(**{**vars(c), "n_layer": 1})).flops_per_token() for c in (layers[0], layers[3]))
+    all_local = GPT(config(**{**vars(layers[0]), "n_layer": 4})).flops_per_token()
+    assert plan.flops_per_token == all_local - local + global_, "each layer's FLOPs at its own window and heads"
+    assert cache_widths(scheduled) == [16, 16, 16, 32] and plan.kv_cache_bytes_per_token == 4 * 80
+    parts = activation_bytes(scheduled, 2, torch.float32)
+    each = [activation_bytes(c, 2, torch.float32) for c in layers]
+    assert parts["attention projections"] == sum(e["attention projections"] for e in each) // 4
+    text = plan.text()
+    assert "layers (LLLG repeated over 4), by kind:" in text
+    assert "L x 3 (layers 0, 1, 2; kv1, window5)" in text and "G x 1 (layer" in text
+    assert "up to 5 positions" in text and "up to 16 positions" in text
+
+
+def test_a_schedule_is_named_in_its_label_and_each_kind_refused_for_gpt2_as_a_uniform_model_would_be():
+    c = config(n_layer=4, n_head=4, position="rope", sinks=True, kernel="manual", layer_pattern="LLLG",
+               layer_kinds={"L": {"window": 5, "sinks": False}, "G": {"position": "none", "rope_theta": 500.0}})
+    assert attention_label(vars(c)) == "fused_qkv-manual-rope-sinks-LLLG_L.window5.nosinks_G.nopos"
+    problems = what_gpt2_cannot_hold(c)
+    assert "model.window=5 (GPT-2 has no sliding-window attention: it attends over its whole context)" in problems
+    assert "model.position=none (GPT-2 holds learned positions only: a table of block_size vectors)" in problems
+    assert len(problems) == len(set(problems))
+
+
+def test_a_schedule_spelled_in_hydra_trains_samples_converted_and_reports(tmp_path, data_cache):
+    run_dir = tmp_path / "sched"
+    cfg = compose_train(*TINY, "model.n_layer=4", "model.position=rope", "model.layer_pattern=LLLG",
+                        "+model.layer_kinds.L.window=4", "+model.layer_kinds.G={}", "trainer.max_steps=4",
+                        "trainer.eval_interval=2", "logger=none", f"trainer.run_dir={run_dir}",
+                        f"data.cache_dir={data_cache}")  # fmt: skip
+    train(cfg)
+    assert len([m for m in read_metrics(run_dir) if "train/loss" in m]) == 4
+    texts = [sample.run(sample.SampleConfig(source=str(run_dir), prompt="def ", max_new_tokens=40, temperature=0.0,
+                                            device="cpu", attention=layout)) for layout in GPT2_LAYOUTS]  # fmt: skip
+    assert all(text == texts[0] for text in texts), "every layout samples the same greedy text from the weights"
+    rows, _ = build_rows(find_runs([tmp_path]), None)
+    assert rows[0]["label"] == "fused_qkv-sdpa-rope-LLLG_L.window4_G" and rows[0]["layers"] == "LLLG_L.window4_G"
+    assert "| layers |" in markdown_table(rows) and "| LLLG_L.window4_G |" in markdown_table(rows)
