@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import statistics
 import textwrap
@@ -59,7 +60,7 @@ FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len"
 # The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
 # their defaults: a default grid's CSV has exactly FIELDS.
 OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_fields()}, "kv_latent": None,
-                   "rope_head_dim": None}  # fmt: skip
+                   "rope_head_dim": None, "layer_pattern": None, "layer_kinds": None}  # fmt: skip
 DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
                  "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
                  "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes",
@@ -113,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=8)
     p.add_argument("--n-layer", type=int, default=4, help="GPT depth (--mode gpt)")
+    p.add_argument("--layer-pattern", help="--mode gpt or decode: a schedule of layers (model.layer_pattern: LLLG)")
+    p.add_argument("--layer-kinds", help='with --layer-pattern: each kind\'s fields as JSON (model.layer_kinds: '
+                                        '\'{"L": {"window": 128}, "G": {}}\')')
     p.add_argument("--vocab-size", type=int, default=50257, help="GPT vocabulary (--mode gpt)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -172,6 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if position not in registry.POSITIONS:
             p.error(f"--position: unknown position encoding {position!r}; choose from {', '.join(registry.POSITIONS)}")
     args.kv_latent = args.kv_latent or [args.n_embd // 2]
+    check_schedule_args(p, args)
     if args.mode == "plain":
         check_plain_grid(p, args)
     try:  # a cell the model refuses (softcap with sdpa, an odd head dim with rope, ...) or an SDPA backend the
@@ -179,6 +184,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as err:
         p.error(str(err))
     return args
+
+
+def check_schedule_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A schedule of layers is a whole model's (--mode gpt or decode); its kinds are JSON, kept as typed for the
+    CSV and the table, and checked with the cells as the model checks them."""
+    if args.layer_kinds is not None and args.layer_pattern is None:
+        p.error("--layer-kinds needs --layer-pattern (which layers are which kind)")
+    if args.layer_pattern is not None and args.mode in ("block", "plain"):
+        p.error(f"--layer-pattern: --mode {args.mode} times one attention block; use --mode gpt or decode")
+    try:
+        if not isinstance(json.loads(args.layer_kinds or "{}"), dict):
+            raise ValueError("not an object")
+    except ValueError as err:
+        p.error(f"--layer-kinds {args.layer_kinds}: give a JSON object of kinds, e.g. '{{\"L\": {{\"window\": 128}}, "
+                f"\"G\": {{}}}}' ({err})")
 
 
 def check_plain_grid(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -212,7 +232,8 @@ def attention_cells(args: argparse.Namespace) -> list[dict]:
                 rope_dim = args.rope_head_dim or max(2, args.n_embd // args.n_head // 4 * 2)
             cells.append(dict(layout=layout, kernel=kernel, kv_heads=kv, window=window, position=position,
                               **{mod.field: value for mod, value in zip(mods, values)}, kv_latent=k,
-                              rope_head_dim=rope_dim))
+                              rope_head_dim=rope_dim, layer_pattern=args.layer_pattern,
+                              layer_kinds=args.layer_kinds))
     return cells
 
 
@@ -223,7 +244,9 @@ def config_of(args: argparse.Namespace, cell: dict, seq_len: int) -> GPTConfig:
                      n_embd=args.n_embd, attention=cell["layout"], kernel=kernel, sdpa_backend=backend,
                      n_kv_head=cell["kv_heads"], window=cell["window"], position=cell["position"],
                      rope_theta=args.rope_theta, **{mod.field: cell[mod.field] for mod in with_fields()},
-                     kv_latent=cell["kv_latent"], rope_head_dim=cell["rope_head_dim"])  # fmt: skip
+                     kv_latent=cell["kv_latent"], rope_head_dim=cell["rope_head_dim"],
+                     layer_pattern=cell["layer_pattern"],
+                     layer_kinds=json.loads(cell["layer_kinds"] or "{}"))  # fmt: skip
 
 
 def check_cells(args: argparse.Namespace) -> None:
@@ -456,7 +479,8 @@ def cell_label(r: dict, axes: list[str]) -> str:
     kernel, backend = split_kernel(r["kernel"])
     model = {"attention": r["layout"], "kernel": kernel, "sdpa_backend": backend, "n_head": r["n_head"],
              "n_kv_head": r["kv_heads"], "window": r["window"],
-             **{k: r.get(k, default) for k, default in OPTION_DEFAULTS.items()}}  # fmt: skip
+             **{k: r.get(k, default) for k, default in OPTION_DEFAULTS.items()},
+             "layer_kinds": json.loads(r.get("layer_kinds") or "{}")}  # fmt: skip
     return attention_label(model, show=[{"kv_heads": "n_kv_head"}.get(axis, axis) for axis in axes])
 
 

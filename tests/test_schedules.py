@@ -13,6 +13,7 @@ from helpers import GPT2_LAYOUTS, TINY, compose_train, read_metrics, run_script
 from helpers import tiny_gpt_config as config
 from omegaconf import OmegaConf
 
+import bench
 import sample
 from analysis.report import build_rows, markdown_table
 from analysis.runs import find_runs
@@ -172,3 +173,20 @@ def test_a_schedule_spelled_in_hydra_trains_samples_converted_and_reports(tmp_pa
     rows, _ = build_rows(find_runs([tmp_path]), None)
     assert rows[0]["label"] == "fused_qkv-sdpa-rope-LLLG_L.window4_G" and rows[0]["layers"] == "LLLG_L.window4_G"
     assert "| layers |" in markdown_table(rows) and "| LLLG_L.window4_G |" in markdown_table(rows)
+
+
+def test_bench_times_a_schedule_as_a_whole_model_and_names_it(tmp_path, capsys):
+    kinds = '{"L": {"window": 4}, "G": {}}'
+    rows = bench.main(["--mode", "gpt", "--layouts", "fused_qkv", "--kernels", "manual", "--seq-len", "8",
+                       "--batch", "1", "--n-embd", "16", "--n-head", "2", "--n-layer", "4", "--vocab-size", "64",
+                       "--layer-pattern", "LLLG", "--layer-kinds", kinds, "--min-run-time", "0.01",
+                       "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    assert [(r["layer_pattern"], r["layer_kinds"]) for r in rows] == [("LLLG", kinds)]
+    assert "| LLLG | " + kinds + " |" in capsys.readouterr().out
+    assert bench.cell_label(rows[0], []) == "fused_qkv-manual-LLLG_L.window4_G"
+    for argv, expected in ((["--layer-pattern", "LLLG"], "--mode block times one attention block"),
+                           (["--mode", "gpt", "--layer-kinds", "{}"], "--layer-kinds needs --layer-pattern"),
+                           (["--mode", "gpt", "--layer-pattern", "LG", "--layer-kinds", "[1]"], "a JSON object")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert expected in capsys.readouterr().err
