@@ -23,6 +23,7 @@ from model.decoding import StaticStep
 from model.gpt2_export import what_gpt2_cannot_hold
 from training.loop import train
 from training.plan import activation_bytes, cache_widths, make_plan
+from training.run_log import run_tags
 
 # Three local layers with a window, then a global one (gpt-oss and Gemma 3 alternate so; nanochat's SSSL).
 LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_kv_head": 1}, "G": {}})
@@ -190,3 +191,12 @@ def test_bench_times_a_schedule_as_a_whole_model_and_names_it(tmp_path, capsys):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
         assert expected in capsys.readouterr().err
+
+
+def test_a_long_schedule_is_tagged_in_wandb_by_its_pattern_and_kinds_each_under_wandbs_limit():
+    kinds = ", ".join(f"{k}: {{window: {w}, rope_theta: {t}}}" for k, w, t in (("A", 16, 20000), ("B", 24, 30000),
+                                                                             ("C", 8, 40000)))  # fmt: skip
+    cfg = OmegaConf.to_object(compose_train(*TINY, "model.n_layer=3", "model.position=rope",
+                                            "model.layer_pattern=ABC", f"+model.layer_kinds={{{kinds}}}"))  # fmt: skip
+    tags = run_tags(cfg)
+    assert "ABC" in tags and "A.window16.rope20000" in tags and all(len(tag) <= 64 for tag in tags)

@@ -46,8 +46,14 @@ def run_tags(cfg: TrainConfig) -> list[str]:
     """The wandb tags: layout, kernel, each other part of the run's label (``kv2``, ``rope``, ``sinks``: only
     the options set), the model, the data and the user's tags."""
     m = cfg.model
-    return [m.attention, m.kernel, *attention_label(vars(m), sep="|").split("|")[2:], m.name, cfg.data.name,
-            *cfg.logger.tags]  # fmt: skip
+    parts = attention_label(vars(m), sep="|").split("|")[2:]
+    # wandb refuses a tag past 64 characters: a long schedule's part goes as its pattern and each kind's part
+    parts = [piece[:WANDB_TAG_LIMIT] for part in parts
+             for piece in ([part] if len(part) <= WANDB_TAG_LIMIT else part.split("_"))]  # fmt: skip
+    return [m.attention, m.kernel, *parts, m.name, cfg.data.name, *cfg.logger.tags]
+
+
+WANDB_TAG_LIMIT = 64  # characters (wandb's settings refuse a longer tag)
 
 
 class RunDirClaim:
