@@ -84,6 +84,7 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying
+        self.cache_capacities = config.cache_capacities  # each layer's, asked once: a decode step reads them
         self.reset_parameters()
 
     @torch.no_grad()
@@ -148,7 +149,7 @@ class GPT(nn.Module):
         """The absolute positions of ``idx``'s tokens, computed once for the embedding and every block:
         0..T-1, or after the cached ones (the cache's bookkeeping, a static decode step's tensor included)."""
         if cache is not None and cache.in_static_step:
-            return cache.positions(idx.size(1), idx.device, self.config.cache_capacities)
+            return cache.positions(idx.size(1), idx.device, self.cache_capacities)
         seq_len = (cache.length if cache is not None else 0) + idx.size(1)
         if seq_len > self.config.block_size and not self.config.runs_past_context:
             raise ValueError(
@@ -157,7 +158,7 @@ class GPT(nn.Module):
             )
         if cache is None:
             return torch.arange(idx.size(1), device=idx.device)
-        return cache.positions(idx.size(1), idx.device, self.config.cache_capacities)
+        return cache.positions(idx.size(1), idx.device, self.cache_capacities)
 
     def logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The last block's output -> final norm -> logits over the real vocabulary, and the mean
