@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["block", "gpt", "decode", "plain"], default="block",
                    help="plain: each block against the plainest code of its layout and kernel (bench_reference.py)")
-    p.add_argument("--layouts", nargs="+", default=default_layouts(),
+    p.add_argument("--layouts", nargs="+",
                    help=f"from {', '.join(sorted(ATTENTION_LAYOUTS))} (default: {', '.join(default_layouts())})")
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
                    help=f"from {', '.join(registry.kernel_options())}{forward_only()}")
@@ -131,6 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--mode decode: how a cached step runs (auto: a CUDA graph on CUDA, eager on a CPU)")
     p.add_argument("--out", default="bench-out", help="folder for bench.csv, bench.md, bench.png")
     args = p.parse_args(argv)
+    if args.layouts is None:  # plain mode: those of them a plain reference exists for
+        args.layouts = [name for name in default_layouts() if args.mode != "plain" or name in PLAIN_LAYOUTS]
     if args.repeats is None:  # a decode ratio from one generation has no spread to say how far it holds
         args.repeats = {"decode": DECODE_REPEATS, "plain": PLAIN_REPEATS}.get(args.mode, 1)
     for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from analysis.report import SHARED_MARK
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
-from model.registry import ATTENTION_LAYOUTS, KERNELS
+from model.registry import ATTENTION_LAYOUTS, KERNELS, POSITIONS
 from model.score_mods import with_fields
 
 Curve = tuple[np.ndarray, np.ndarray]  # a line's (x, y) points
@@ -167,7 +167,8 @@ def halo_widths(groups: list[list[str]]) -> dict[str, float]:
 # What each optional part of a label (model.config.attention_label) is, in its order: its pattern, its title.
 LABEL_PARTS = (
     (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
-    (r"(no)?window\d*", "-window<positions>"), (r"learned|rope[\d.e+]*|alibi|nopos", "-<position>"),
+    (r"(no)?window\d*", "-window<positions>"),  # then each position encoding's part (rope<theta> too)
+    ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in POSITIONS.items()), "-<position>"),
     *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks
 )  # fmt: skip
 

@@ -14,7 +14,7 @@ from typing import Any
 from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
 from model.attention import AttentionSpec
-from model.score_mods import score_mod_fields
+from model.score_mods import finite_number, score_mod_fields
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -53,10 +53,14 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     position = model.get("position", "learned")
     if position == "rope":
         theta = model.get("rope_theta", 10000.0)
-        spelled = f"{int(theta)}" if float(theta).is_integer() else f"{theta:g}"  # 500000, not 5e+05
+        if not finite_number(theta):  # a bad value (a layer kind's, unchecked yet), spelled as given
+            spelled = str(theta)
+        else:
+            spelled = f"{int(theta)}" if float(theta).is_integer() else f"{theta:g}"  # 500000, not 5e+05
         parts.append(f"rope{spelled}" if theta != 10000 or "rope_theta" in show else "rope")
     elif position != "learned" or "position" in show:
-        parts.append({"none": "nopos"}.get(position, position))
+        # an unknown name is spelled as given: the label also names runs before the config is checked
+        parts.append(getattr(registry.POSITIONS.get(position), "label", None) or position)
     for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:

@@ -348,8 +348,9 @@ class AttentionKernel:
 
     name: ClassVar[str]
     attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None, mods=None, positions=None)
-    # the modifications of the scores it applies (model.registry.SCORE_MODS' names): the manual kernel all of them
-    score_mods: ClassVar[tuple[str, ...]] = ("alibi", "softcap", "sinks")
+    # The modifications of the scores it applies (model.registry.SCORE_MODS' names), each kernel its own: a new
+    # modification is refused by every kernel until the kernel applies it and says so.
+    score_mods: ClassVar[tuple[str, ...]] = ()
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     has_dropout: ClassVar[bool] = True  # applies attention dropout (else model.dropout must be 0)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
@@ -384,6 +385,7 @@ class AttentionKernel:
 class ManualKernel(AttentionKernel):
     name = "manual"
     attend = staticmethod(manual_attention)
+    score_mods = ("alibi", "softcap", "sinks")  # literally, between the scores and the softmax
     scores_kept = True
     line_style, line_name, hatch = "--", "dashed", "//"
 
@@ -425,6 +427,7 @@ class SDPAKernel(AttentionKernel):
 class FlexKernel(AttentionKernel):
     name = "flex"
     attend = staticmethod(flex_attention)
+    score_mods = ("alibi", "softcap", "sinks")  # in its score_mod (a sink as one more key)
     has_dropout = trains_on_cpu = False
     compiles = True
     line_style, line_name = ":", "dotted"

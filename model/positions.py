@@ -143,6 +143,7 @@ class PositionEncoding:
     """An encoding's facts and its two sides (see the module's docstring)."""
 
     name: ClassVar[str]
+    label: ClassVar[str | None] = None  # its part of a run's label (attention_label), when not its name
     runs_past_context: ClassVar[bool] = True  # attends by distance or not at all: no table to run out of
     in_gpt2: ClassVar[bool] = False  # GPT-2's format (export) holds it
     biases_scores: ClassVar[bool] = False  # adds to the attention scores (a kernel must take a score bias)
@@ -188,7 +189,7 @@ class ALiBi(PositionEncoding):
 
 @register(POSITIONS)
 class NoPositions(PositionEncoding):
-    name = "none"
+    name, label = "none", "nopos"  # "-none" would read as no option at all
 
 
 @functools.cache

@@ -188,7 +188,9 @@ class Softcap(ScoreMod):
 
     @classmethod
     def label(cls, value) -> str | None:
-        return None if value is None else f"softcap{value:g}"
+        if value is None:
+            return None
+        return f"softcap{value:g}" if finite_number(value) else f"softcap{value}"  # a bad value, named as given
 
     @classmethod
     def bench_value(cls, text: str):

@@ -49,6 +49,10 @@ LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_
      "only among those without a table (rope, alibi, none)"),
     (dict(n_layer=4, position="rope", layer_pattern="LG", layer_kinds={"L": {"position": "spiral"}, "G": {}}),
      "model.layer_kinds.L (layers 0, 2): unknown model.position 'spiral'; choose one of: alibi, learned, none, rope"),
+    (dict(n_layer=4, kernel="manual", layer_pattern="LG", layer_kinds={"L": {"softcap": "abc"}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 2): model.softcap='abc' must be a finite positive number"),
+    (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": [1, 2]}, "G": {}}),
+     "model.layer_kinds.L (layers 0, 2): model.window=[1, 2] must be a positive number of positions"),
     (dict(n_layer=4, layer_pattern="llg"), "model.layer_pattern='llg' must be capital letters"),
     (dict(n_layer=4, layer_kinds={"L": {}}), "model.layer_kinds names L but model.layer_pattern is not set"),
     (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {}, "G": {}, "X": {}}),
@@ -61,12 +65,14 @@ def test_a_bad_schedule_is_refused_in_one_line_naming_the_layer_and_the_value(op
 
 
 def test_train_py_refuses_a_bad_schedule_before_any_work(tmp_path):
-    result = run_script("train.py", *TINY, "model.n_layer=4", "model.layer_pattern=LLLG",
-                        "+model.layer_kinds.L.window=3", "+model.layer_kinds.G.sinks=maybe",
+    # A kind's value is checked after the run's name is made from it (Hydra's run dir): spelled as given there.
+    result = run_script("train.py", *TINY, "model.n_layer=4", "model.position=rope", "model.layer_pattern=LLLG",
+                        "+model.layer_kinds.L.window=3", "+model.layer_kinds.G.rope_theta=x",
                         f"trainer.run_dir={tmp_path / 'run'}", "logger=none", cwd=tmp_path)  # fmt: skip
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines()[-1] == (
-        "error: model.layer_kinds.G (layer 3): model.sinks='maybe' must be true or false")
+    assert result.stderr.strip().splitlines() == [
+        "error: model.layer_kinds.G (layer 3): model.rope_theta='x' must be a finite number above 1 (10000: "
+        "RoFormer's, Llama 2's; 500000: Llama 3's)"]
     assert not (tmp_path / "run").exists(), "refused before any work"
 
 

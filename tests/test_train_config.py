@@ -8,6 +8,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
+from model.registry import ATTENTION_LAYOUTS
 from training.config import TrainConfig, grad_accum_steps, micro_batch_for, validate
 from training.loop import train
 
@@ -149,7 +150,7 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     expected = [
-        "attention: fused_qkv, mla, separate_qkv, wrapper",
+        f"attention: {', '.join(sorted(ATTENTION_LAYOUTS))}",
         "kernel: flex, manual, sdpa, sdpa_cudnn, sdpa_efficient, sdpa_flash, sdpa_math",
         "model: gpt2_medium, gpt2_small, mini, nano",
         "logger: none, wandb",
