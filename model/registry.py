@@ -49,8 +49,9 @@ def position(name: str) -> type:
 
 def canonical_layout() -> str:
     """The layout every model's initial weights are drawn in (then converted): for a seed, every layout
-    starts from the same weights. The one layout that says ``canonical = True``."""
-    (name,) = [name for name, cls in ATTENTION_LAYOUTS.items() if cls.canonical]
+    starts from the same weights. The one layout that says ``canonical = True`` itself (a subclass of it, a new
+    layout built on the fused one, does not inherit the claim)."""
+    (name,) = [name for name, cls in ATTENTION_LAYOUTS.items() if cls.__dict__.get("canonical", False)]
     return name
 
 
