@@ -8,6 +8,7 @@ what differs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -77,6 +78,9 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
     spelled = [model["layer_pattern"]]
     uniform = {**model, "layer_pattern": None, "layer_kinds": {}}
     for kind, overrides in (model.get("layer_kinds") or {}).items():
+        if not isinstance(overrides, Mapping):  # a bad value, spelled as given (the config refuses it)
+            spelled.append(f"{kind}.{overrides}")
+            continue
         theirs = attention_label({**uniform, **overrides}, "|", [*show, *overrides]).split("|")
         changes = [p for p in theirs[2:] if p not in parts]
         for mod in registry.SCORE_MODS.values():  # one a kind turns off: its part, with "no"
@@ -140,7 +144,11 @@ class GPTConfig:
         layout = registry.layout(self.attention)
         self.kernel, self.sdpa_backend = one_kernel_vocabulary(self.kernel, self.sdpa_backend)
         layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
-        self.layer_kinds = {str(kind): dict(fields) for kind, fields in (self.layer_kinds or {}).items()}
+        for kind, values in (self.layer_kinds or {}).items():
+            if not isinstance(values, Mapping):
+                raise ValueError(f"model.layer_kinds.{kind}={values!r} must be the kind's fields, e.g. "
+                                 f"{{window: 128}}, or {{}} for none")  # fmt: skip
+        self.layer_kinds = {str(kind): dict(values) for kind, values in (self.layer_kinds or {}).items()}
         check_schedule(self)
 
     @property

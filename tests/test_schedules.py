@@ -53,6 +53,8 @@ LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_
      "model.layer_kinds.L (layers 0, 2): model.softcap='abc' must be a finite positive number"),
     (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": [1, 2]}, "G": {}}),
      "model.layer_kinds.L (layers 0, 2): model.window=[1, 2] must be a positive number of positions"),
+    (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": 5, "G": {}}),
+     "model.layer_kinds.L=5 must be the kind's fields, e.g. {window: 128}, or {} for none"),
     (dict(n_layer=4, layer_pattern="llg"), "model.layer_pattern='llg' must be capital letters"),
     (dict(n_layer=4, layer_kinds={"L": {}}), "model.layer_kinds names L but model.layer_pattern is not set"),
     (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {}, "G": {}, "X": {}}),
