@@ -106,13 +106,12 @@ def kv_cache_bytes(run: Run) -> int | None:
 
     import torch
 
-    from model import registry
     from model.config import GPTConfig
 
     m = run.info["model"]
     try:
         config = GPTConfig(**{f.name: m[f.name] for f in fields(GPTConfig) if f.name in m})
-        width = sum(registry.layout(config.attention).cache_width(spec) for spec in config.layer_specs)
+        width = sum(config.cache_widths)
     except (ValueError, TypeError, KeyError):  # a layout or option this checkout does not know
         return None
     dtype = getattr(torch, str(run.info.get("dtype", "float32")), torch.float32)

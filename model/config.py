@@ -181,6 +181,12 @@ class GPTConfig:
         return [self.layer_config(i).attention_spec for i in range(self.n_layer)]
 
     @property
+    def cache_widths(self) -> list[int]:
+        """Numbers sampling's KV cache keeps per token for each layer, as the layout says (``cache_width``)."""
+        layout = registry.layout(self.attention)
+        return [layout.cache_width(spec) for spec in self.layer_specs]
+
+    @property
     def cache_capacities(self) -> list[int]:
         """Positions a KV cache keeps for each layer: the context, or the layer's window when shorter (a local
         layer's ring stays its window's size)."""

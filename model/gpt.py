@@ -69,6 +69,12 @@ def _own_draws():
     return torch.random.fork_rng(devices=[index], device_type=device.type)
 
 
+def score_flops(layout: type, spec, seq_len: int) -> int:
+    """Training FLOPs per token of one layer's score and value matmuls: 6 x their widths (``score_widths``) x the
+    keys each query sees (``seq_len``, or the window)."""
+    return 6 * sum(layout.score_widths(spec)) * min(seq_len, spec.window or seq_len)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -195,11 +201,7 @@ class GPT(nn.Module):
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = self.num_params() - self.position_params()
         layout = registry.layout(cfg.attention)
-        if cfg.layer_pattern is None:  # one product for all layers alike: the figure of every run before schedules
-            widths = sum(layout.score_widths(cfg.attention_spec))
-            return 6 * matmul_params + 6 * cfg.n_layer * widths * min(seq_len, cfg.window or seq_len)
-        scores = sum(sum(layout.score_widths(spec)) * min(seq_len, spec.window or seq_len) for spec in cfg.layer_specs)
-        return 6 * matmul_params + 6 * scores
+        return 6 * matmul_params + sum(score_flops(layout, spec, seq_len) for spec in cfg.layer_specs)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load a GPT state dict of any attention layout, converting it to this model's.

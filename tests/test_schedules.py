@@ -22,7 +22,7 @@ from model.config import attention_label
 from model.decoding import StaticStep
 from model.gpt2_export import what_gpt2_cannot_hold
 from training.loop import train
-from training.plan import activation_bytes, cache_widths, make_plan
+from training.plan import activation_bytes, make_plan
 from training.run_log import run_tags
 
 # Three local layers with a window, then a global one (gpt-oss and Gemma 3 alternate so; nanochat's SSSL).
@@ -148,7 +148,7 @@ def test_the_plan_counts_each_layer_as_its_kind_and_names_the_kinds():
     local, global_ = (GPT(config(**{**vars(c), "n_layer": 1})).flops_per_token() for c in (layers[0], layers[3]))
     all_local = GPT(config(**{**vars(layers[0]), "n_layer": 4})).flops_per_token()
     assert plan.flops_per_token == all_local - local + global_, "each layer's FLOPs at its own window and heads"
-    assert cache_widths(scheduled) == [16, 16, 16, 32] and plan.kv_cache_bytes_per_token == 4 * 80
+    assert scheduled.cache_widths == [16, 16, 16, 32] and plan.kv_cache_bytes_per_token == 4 * 80
     parts = activation_bytes(scheduled, 2, torch.float32)
     each = [activation_bytes(c, 2, torch.float32) for c in layers]
     assert parts["attention projections"] == sum(e["attention projections"] for e in each) // 4

@@ -108,15 +108,10 @@ def cache_width(config: GPTConfig) -> int:
     return registry.layout(config.attention).cache_width(config.attention_spec)
 
 
-def cache_widths(config: GPTConfig) -> list[int]:
-    """Numbers sampling's KV cache keeps per token for each layer (a schedule's layers each their own)."""
-    return [cache_width(config.layer_config(i)) for i in range(config.n_layer)]
-
-
 def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
     """A schedule's plan, by layer kind: its layers, parameters, FLOPs per token and KV cache (per position, and
     per sample once its ring or the context is full), each per layer and for the kind's layers together."""
-    from model.gpt import Block
+    from model.gpt import Block, score_flops
 
     a = torch.finfo(dtype).bits // 8
     rows = []
@@ -126,7 +121,7 @@ def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
         with torch.device("meta"):
             params = sum(p.numel() for p in Block(one).parameters())
         spec, T = one.attention_spec, config.block_size
-        flops = 6 * params + 6 * sum(registry.layout(one.attention).score_widths(spec)) * min(T, spec.window or T)
+        flops = 6 * params + score_flops(registry.layout(one.attention), spec, T)
         per_position = cache_width(one) * a
         full = per_position * one.cache_capacity
         options = ", ".join(attention_label(vars(one), sep="|").split("|")[2:]) or "no other option"
@@ -215,7 +210,7 @@ class Plan:
     def kv_cache_bytes_per_token(self) -> int:
         """What sampling's KV cache holds per position and sample: every layer's ``cache_width`` numbers (the
         layout's: keys and values, or a latent) in the plan's dtype."""
-        return sum(cache_widths(self.config)) * (torch.finfo(self.dtype).bits // 8)
+        return sum(self.config.cache_widths) * (torch.finfo(self.dtype).bits // 8)
 
     @property
     def peak_bytes(self) -> int:
@@ -278,7 +273,7 @@ class Plan:
         lines += [f"    {name}: {value / GIB:,.2f} GiB" for name, value in self.activations.items()]
         lines.append(f"    logits in flight: {self.logits_transient_bytes / GIB:,.2f} GiB")
         if c.layer_pattern is not None:
-            full = sum(w * n for w, n in zip(cache_widths(c), c.cache_capacities)) * (torch.finfo(self.dtype).bits // 8)
+            full = sum(w * n for w, n in zip(c.cache_widths, c.cache_capacities)) * (torch.finfo(self.dtype).bits // 8)
             lines.append(f"  layers ({c.layer_pattern} repeated over {c.n_layer}), by kind:")
             lines += layer_rows(c, self.dtype)
             lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
