@@ -424,22 +424,25 @@ class SplitHeadsAttention(MultiHeadAttention):
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.project(x)
-        q = self.encode_queries(self.split_heads(q, self.n_head), positions)  # (B, H, T, hd)
-        k = self.encode_keys(self.split_heads(k, self.n_kv_head), positions)
-        k, v, mask = remember(cache, 0, k, self.split_heads(v, self.n_kv_head))
+        q, k, v = self.heads_qkv(x, positions)
+        k, v, mask = remember(cache, 0, k, v)
         y = self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=self.score_mods(), positions=positions)
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
+
+    def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, C) -> queries (B, H, T, hd), keys and values (B, kv_heads, T, hd); queries and keys encoded."""
+        q, k, v = self.project(x)
+        q = self.encode_queries(self.split_heads(q, self.n_head), positions)
+        k = self.encode_keys(self.split_heads(k, self.n_kv_head), positions)
+        return q, k, self.split_heads(v, self.n_kv_head)
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         B, T, _ = t.shape
         return t.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, T, heads*hd) -> (B, heads, T, hd)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, _ = self.project(x)
-        positions = torch.arange(x.size(1), device=x.device)
-        q = self.encode_queries(self.split_heads(q, self.n_head), positions)
-        return q, repeat_kv(self.encode_keys(self.split_heads(k, self.n_kv_head), positions), self.n_head)
+        q, k, _ = self.heads_qkv(x, torch.arange(x.size(1), device=x.device))
+        return q, repeat_kv(k, self.n_head)
 
 
 @register(ATTENTION_LAYOUTS)
@@ -493,6 +496,17 @@ class FusedQKVAttention(SplitHeadsAttention):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.c_attn(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
+
+    def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.rotary is None or self.qk_norm:
+            return super().heads_qkv(x, positions)
+        # Queries and keys sit side by side in c_attn's output: one rotation turns both (the same numbers as one
+        # each). In a decode step of the nano model the rotations were all of rotary's extra cost.
+        B, T, C = x.shape
+        qk, v = self.c_attn(x).split([C + self.kv_width, self.kv_width], dim=-1)
+        qk = self.rotary(qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim), positions, time_dim=-3)
+        q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
+        return q, k, self.split_heads(v, self.n_kv_head)
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:

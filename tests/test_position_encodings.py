@@ -242,6 +242,52 @@ def test_rotarys_table_gives_the_angles_computed_directly_as_it_grows_and_past_i
     assert rotary._table[0].size(0) == 2048, "256, then doubled to cover 1500; past the limit not grown at all"
 
 
+def test_a_decode_steps_angles_are_the_tables_own_rows_at_every_position_dtype_and_shape():
+    # A step at one position takes (cos, sin) as views made ahead of the table's rows: the same numbers as the
+    # rows a longer forward slices (bit for bit: both are the table), shaped for (..., T, dim) or (..., T, heads,
+    # dim), across the table's growth, at the last row made ahead and past it (sliced per step there); the rows
+    # made ahead are kept, so though made under inference mode they are ordinary tensors a training step can save.
+    for dim in (2, 16, 64):
+        rotary = Rotary(dim, 500.0)
+        for p in (0, 1, 255, 256, 257, 1000, Rotary.ROW_LIMIT - 1, Rotary.ROW_LIMIT, Rotary.ROW_LIMIT + 5, 3):
+            for dtype in (torch.float32, torch.bfloat16, torch.float64):
+                for time_dim in (-2, -3):
+                    key, positions = (dtype, time_dim), torch.tensor([p])
+                    with torch.inference_mode():
+                        got = rotary.cos_sin(positions, dtype, time_dim)
+                    want = rotary.shaped(rotary.looked_up(torch.tensor([p])), key)
+                    for g, w in zip(got, want):
+                        assert g.shape == w.shape == ((1, 1, dim) if time_dim == -3 else (1, dim)), (p, key)
+                        assert torch.equal(g, w), (p, key)
+                        assert p >= Rotary.ROW_LIMIT or not g.is_inference(), "kept past this forward: ordinary"
+        assert len(rotary._rows[(torch.float32, -3)][0]) == Rotary.ROW_LIMIT, "made ahead up to the limit only"
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim, seq_len", [
+    (1, 1, 2, 1), (2, 1, 8, 7), (3, 3, 16, 13), (4, 2, 32, 1), (4, 4, 32, 64), (6, 3, 4, 129), (8, 1, 64, 31),
+])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_fused_qkv_turns_queries_and_keys_in_one_call_with_the_numbers_of_one_call_each(
+    heads, kv_heads, head_dim, seq_len, dtype
+):
+    # c_attn's queries and keys sit side by side, so fused_qkv rotates them as one tensor (a decode step's
+    # cost): the same queries, keys, values and input gradients, bit for bit, as rotating each on its own.
+    from model.attention import SplitHeadsAttention, build_attention
+
+    torch.manual_seed(heads * 100 + seq_len)
+    block = build_attention("fused_qkv", heads * head_dim, heads, "sdpa", n_kv_head=kv_heads, position="rope").to(dtype)
+    x = torch.randn(2, seq_len, heads * head_dim, dtype=dtype, requires_grad=True)
+    outs, grads = [], []
+    for heads_qkv in (block.heads_qkv, lambda x, p: SplitHeadsAttention.heads_qkv(block, x, p)):
+        qkv = heads_qkv(x, torch.arange(5, 5 + seq_len))
+        weights = [torch.randn_like(t, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(qkv)]
+        grads.append(torch.autograd.grad(sum((t * w).sum() for t, w in zip(qkv, weights)), x)[0])
+        outs.append(qkv)
+    for joint, each in zip(*outs):
+        assert joint.shape == each.shape and torch.equal(joint, each)
+    assert torch.equal(*grads)
+
+
 def test_rotarys_table_made_while_sampling_serves_a_training_step():
     # Sampling runs under inference_mode: a table first made there must still be an ordinary tensor, which a
     # later training step's autograd can save for backward.
