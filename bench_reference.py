@@ -4,6 +4,7 @@
     python bench_reference.py generate              # greedy / sampled generation vs transformers' generate
     python bench_reference.py sample-process        # sample.py num_samples=8 vs 1, whole process
     python bench_reference.py prepare               # data preparation with gpt2 vs tiktoken's batch encode
+    python bench_reference.py decode-positions      # a decode step with rope, alibi, sinks vs learned positions
 
 Each comparison alternates the two sides for ``--rounds`` rounds and reports the
 median of the per-round ratios (headlab / reference time; < 1 is faster), so a
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cli import OneLineErrorParser
-from model import GPT, Checkpoint, GPTConfig
+from model import GPT, Checkpoint, GPTConfig, KVCache
 from model.decoding import choose_decoding
 from model.device import (
     autocast,
@@ -334,9 +335,41 @@ def prepare_speed(args) -> None:
            f"ours includes loading, splitting and writing)", a, b, megabytes, "MB/s")  # fmt: skip
 
 
+def decode_positions(args) -> None:
+    """What a position encoding or sinks add to a decode step: one model per variant (the same shape, batch 1,
+    fp32, ``--new-tokens`` steps per generation, ``--rounds`` generations), one step of each model in turn (which
+    goes first rotates), each step's time over the learned-position model's step of the same turn."""
+    device = resolve_device(args.device, option="--device")
+    variants = {"learned": {}, "rope": {"position": "rope"}, "alibi": {"position": "alibi"}, "sinks": {"sinks": True}}
+    models = {}
+    for name, fields in variants.items():
+        torch.manual_seed(0)
+        config = GPTConfig(vocab_size=args.vocab, block_size=args.new_tokens, n_layer=args.n_layer,
+                           n_head=args.n_head, n_embd=args.n_embd, attention=args.attention, kernel=args.kernel,
+                           **fields)  # fmt: skip
+        models[name] = GPT(config).to(device).eval()
+    steps = {name: [] for name in models}
+    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            caches = {name: KVCache(args.n_layer, model.cache_capacities) for name, model in models.items()}
+            for step in range(args.new_tokens):
+                names = list(models)[step % len(models):] + list(models)[:step % len(models)]  # each goes first
+                for name in names:
+                    steps[name].append(timed(lambda m=models[name], c=caches[name]: m(token, cache=c)))
+    print(f"decode steps, {args.attention}/{args.kernel}, n_layer={args.n_layer}, n_embd={args.n_embd}, "
+          f"n_head={args.n_head}, vocab={args.vocab}, batch 1, {torch.get_num_threads()} thread(s), "
+          f"{args.rounds} x {args.new_tokens} steps each")  # fmt: skip
+    for name, times in steps.items():
+        ratios = sorted(t / base for t, base in zip(times, steps["learned"]))
+        quarter = len(ratios) // 4
+        print(f"{name:8s} median step {statistics.median(times) * 1e3:.3f} ms; / learned: median "
+              f"{statistics.median(ratios):.3f} (quartiles {ratios[quarter]:.3f}-{ratios[-1 - quarter]:.3f})")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare"])
+    p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare", "decode-positions"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")
     p.add_argument("--batch", type=int, default=12, help="train-step: batch; generate/sample-process: samples")
@@ -347,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab", type=int, default=257)
     p.add_argument("--attention", default="fused_qkv")
     p.add_argument("--kernel", default="sdpa")
-    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128, help="generate, decode-positions: tokens per generation")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="train-step: autocast dtype; generate: the weights' dtype (auto: bf16 on GPUs, fp32 on CPUs)")
@@ -362,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     device = resolve_device(args.device, option="--device")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     {"train-step": train_step, "generate": generation, "sample-process": sample_process,
-     "prepare": prepare_speed}[args.what](args)  # fmt: skip
+     "prepare": prepare_speed, "decode-positions": decode_positions}[args.what](args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -83,16 +83,31 @@ class Rotary(nn.Module):
         self._last: tuple | None = None
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # angles of positions 0..n-1, on the CPU
         self._rows: dict[tuple, tuple[tuple, tuple]] = {}  # (dtype, time_dim) -> each position's (cos, sin) views
+        self._frequencies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # see ``frequencies``
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(T,) positions -> cos and the signed sin, each (T, dim) in float32: the angle of pair i for both
         halves, the sin negated in the first half (where rotate-half takes the negated second half). The
         frequencies are made here (a buffer would be cast with the model's weights to bf16)."""
-        pairs = torch.arange(0, self.dim, 2, dtype=torch.float32, device=positions.device)
-        freqs = positions.to(torch.float32)[:, None] * (self.theta ** -(pairs / self.dim))[None, :]
-        freqs = torch.cat((freqs, freqs), dim=-1)
-        sin, half = freqs.sin(), self.dim // 2  # over both halves, as cos: the same elements take the same path
-        return freqs.cos(), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        inverse, sign = self.frequencies(positions.device)
+        freqs = positions.to(torch.float32)[:, None] * inverse  # over both halves: the same elements, one path
+        return freqs.cos(), freqs.sin() * sign  # x * -1 is -x exactly
+
+    def frequencies(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """theta^(-2i/dim) for pair i, repeated for both halves, and rotate-half's sign (-1 on the first half, 1
+        on the second), made once per device: a GPU decode step computes its angles, in a few kernels."""
+        if torch.compiler.is_compiling():
+            return self.made_frequencies(device)
+        if device not in self._frequencies:
+            with ordinary_tensors():  # kept: made while sampling, read by a later training step too
+                self._frequencies[device] = self.made_frequencies(device)
+        return self._frequencies[device]
+
+    def made_frequencies(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device)
+        sign = torch.ones(self.dim, device=device)
+        sign[: self.dim // 2] = -1.0
+        return (self.theta ** -(pairs / self.dim)).repeat(2), sign
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, time_dim: int = -2) -> tuple[torch.Tensor, ...]:
         """``angles`` cast to ``dtype`` and shaped to broadcast over (..., T, dim) (``time_dim=-2``) or
