@@ -8,6 +8,15 @@ evenly over the validation split (for a run, its ``trainer.eval_windows`` and
 micro-batch), so a finished run's last ``val/loss`` is reproduced. The text comes
 from ``data=`` (default pystdlib), tokenized with the model's own tokenizer.
 Prints ``val/loss`` and ``val/bpb`` and writes them as JSON to ``out`` (default: beside the weights).
+
+Past the trained length (a model without a position table: rope, alibi, none):
+
+    python evaluate.py source=<run> lengths=[1x,2x,4x,16x] protocol=chunks past_context=full
+
+``lengths`` are token counts or multiples of ``block_size``; ``protocol`` is ``chunks`` (independent chunks,
+ALiBi's) or ``sliding`` (windows ``stride`` apart, YaRN's perplexity); ``past_context`` is ``ring`` (each
+position sees its last ``block_size`` keys, as sample.py decodes) or ``full`` (every earlier key). The loss at
+each length, and at each position of a sequence, go to the JSON, a table, and a plot beside it.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -36,9 +46,10 @@ from data.loader import PreparedData
 from data.prepare import prepare
 from model import load_model
 from model.checkpoint import BEST, LAST
+from model.context import check_past_context, check_reaches, with_context
 from model.device import resolve_device, resolve_dtype
 from training.config import TrainerConfig
-from training.evaluate import Evaluator
+from training.evaluate import Evaluator, LengthEvaluator, check_protocol
 
 
 @dataclass
@@ -53,6 +64,10 @@ class EvaluateConfig:
     device: str = "auto"
     dtype: str = "auto"
     out: str | None = None  # None: beside the weights (run dir, .pt's folder, HF folder), else ./eval-out/
+    lengths: Any = None  # evaluate at these lengths too: tokens (512) or multiples of block_size (4x), a list
+    protocol: str = "chunks"  # chunks (independent, ALiBi's) | sliding (windows `stride` apart, YaRN's)
+    stride: int | None = None  # sliding: tokens between windows (None: half the length)
+    past_context: str = "ring"  # ring: each position sees its last block_size keys | full: every earlier key
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -68,8 +83,44 @@ def check(cfg: EvaluateConfig) -> None:
     check_choice("checkpoint", cfg.checkpoint, (BEST, LAST))
     check_attention_and_kernel(cfg.attention, cfg.kernel)
     resolve_dtype(cfg.dtype, resolve_device(cfg.device, option="device"), option="dtype")
+    if cfg.lengths is not None:
+        length_spellings(cfg.lengths)
+    check_protocol(cfg.protocol, cfg.stride)
+    check_past_context(cfg.past_context)
+    if cfg.lengths is None and (cfg.protocol != "chunks" or cfg.stride is not None or cfg.past_context != "ring"):
+        raise ValueError("protocol, stride and past_context apply to lengths=[...]; add e.g. lengths=[1x,4x,16x]")
     if cfg.out is not None and Path(cfg.out).is_dir():
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
+
+
+LENGTH_HINT = "each length is a number of tokens, at least 1 (512), or a multiple of block_size (4x)"
+
+
+def length_spellings(lengths: Any) -> list:
+    """``lengths`` as given (one value or a list), each checked for its spelling: an int, or ``<number>x``."""
+    values = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
+    if not values:
+        raise ValueError(f"lengths=[] names no length; {LENGTH_HINT}, e.g. lengths=[1x,4x,16x]")
+    for value in values:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if isinstance(value, str) and value.endswith("x"):
+            try:
+                ok = float(value[:-1]) > 0
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ValueError(f"lengths={values}: {value!r} is not a length; {LENGTH_HINT}")
+    return values
+
+
+def resolve_lengths(lengths: Any, block_size: int) -> list[int]:
+    """Token counts of ``lengths``: a multiple ``4x`` is 4 x block_size (rounded; at least 1)."""
+    resolved = []
+    for value in length_spellings(lengths):
+        tokens = value if isinstance(value, int) else max(1, round(float(value[:-1]) * block_size))
+        if tokens not in resolved:
+            resolved.append(tokens)
+    return resolved
 
 
 def evaluation_batch(trained: dict, defaults: TrainerConfig) -> int:
@@ -122,17 +173,94 @@ def run(cfg: EvaluateConfig) -> dict:
     data = PreparedData(prepare(replace(cfg.data, tokenizer=loaded.tokenizer.name)))
     block = model.config.block_size
     data.check_fits(block, model.config.vocab_size)
+    lengths = resolve_lengths(cfg.lengths, block) if cfg.lengths is not None else []
+    for length in lengths:  # before any work: a learned table, or a split too short
+        try:
+            check_reaches(model.config, length)
+        except ValueError as err:
+            raise ValueError(f"lengths={cfg.lengths}: {err}") from None
+        if length + 1 > len(data.tokens["val"]):
+            raise ValueError(f"lengths={cfg.lengths}: {length} tokens is more than the validation split holds "
+                             f"({len(data.tokens['val']):,} tokens of data={cfg.data.name}); evaluate shorter "
+                             f"lengths")  # fmt: skip
     evaluator = Evaluator(data.tokens["val"], block, windows, batch, data.bytes_per_token("val"), device, dtype)
     metrics = evaluator(model)
     result = {**metrics, "source": cfg.source, "checkpoint": str(loaded.path) if loaded.path else None,
               "step": loaded.step, "data": cfg.data.name, "data_dir": str(data.folder), "windows": windows,
               "block_size": block, "tokenizer": loaded.tokenizer.name}  # fmt: skip
+    if lengths:
+        result["lengths"] = [
+            {"length": length, "multiple": length / block, "protocol": cfg.protocol, "past_context": cfg.past_context,
+             "stride": evaluator_at.stride if cfg.protocol == "sliding" else None, **evaluator_at(
+                 with_context(model, length, cfg.past_context), progress=True)}
+            for length in lengths
+            for evaluator_at in [LengthEvaluator(data.tokens["val"], length, cfg.protocol, windows, cfg.stride,
+                                                 batch * block, data.bytes_per_token("val"), device, dtype)]
+        ]  # fmt: skip
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.parent.mkdir(parents=True, exist_ok=True)  # out=results/eval.json: the folder too
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"val/loss {metrics['val/loss']:.4f}  val/bpb {metrics['val/bpb']:.4f}  ({loaded.name}, {windows} windows of "
           f"{block} tokens of data={cfg.data.name}); written to {out}")  # fmt: skip
+    if lengths:
+        print(length_table(result["lengths"], block))
+        picture = out.with_suffix(".png")
+        plot_loss_by_position(result["lengths"], block, picture, f"{loaded.name}: loss by position "
+                              f"({cfg.protocol}, past_context={cfg.past_context})")  # fmt: skip
+        print(f"loss by position: {picture}")
     return result
+
+
+def length_table(rows: list[dict], block: int) -> str:
+    """The loss at each length, then the mean loss over each block_size-long span of positions: where a model
+    stops generalising, the spans past its trained length climb."""
+    spans = max(-(-row["length"] // block) for row in rows)
+    head = ["length", "x block_size", "protocol", "past context", "loss", "bpb", "tokens scored"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in rows:
+        lines.append(f"| {row['length']} | {row['multiple']:g}x | {row['protocol']} | {row['past_context']} | "
+                     f"{row['loss']:.4f} | {row['bpb']:.4f} | {row['tokens']:,} |")  # fmt: skip
+    lines += ["", f"loss by position, the mean over each span of {block} positions (positions count from 0):", ""]
+    names = [f"{i * block}-{(i + 1) * block - 1}" for i in range(spans)]
+    lines += ["| length | " + " | ".join(names) + " |", "|" + " --- |" * (spans + 1)]
+    for row in rows:
+        cells = []
+        for i in range(spans):
+            part = [v for v in row["loss_by_position"][i * block : (i + 1) * block] if v == v]  # no NaN
+            cells.append(f"{sum(part) / len(part):.3f}" if part else "")
+        lines.append(f"| {row['length']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_loss_by_position(rows: list[dict], block: int, path: Path, title: str) -> None:
+    """Loss against position, one line per length (averaged over spans of positions equally wide on the
+    log axis), with the trained length marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for row in rows:  # spans of positions equally wide on the log axis: early positions stay visible
+        losses = np.asarray(row["loss_by_position"], dtype=float)
+        edges = np.unique(np.geomspace(1, len(losses) + 1, 48).astype(int))  # over tokens seen: position + 1
+        centres, means = [], []
+        for low, high in zip(edges[:-1], edges[1:]):
+            part = losses[low - 1 : high - 1]
+            if np.isfinite(part).any():
+                centres.append(float(np.sqrt(low * (high - 1)) if high - 1 > low else low))
+                means.append(float(np.nanmean(part)))
+        ax.plot(centres, means, marker=".", markersize=3, label=f"{row['length']} tokens ({row['multiple']:g}x)")
+    ax.axvline(block, color="grey", linestyle=":", label=f"block_size {block} (trained length)")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens seen (a token's position + 1)")
+    ax.set_ylabel("mean loss (nats per token)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")

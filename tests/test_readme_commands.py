@@ -47,6 +47,9 @@ NOT_HERE = {
     "python bench_reference.py generate": "a benchmark of GPT-2 small (124M) generation: minutes on a CPU; "
                                           "test_speed_paths.py and test_sample.py cover the code it times",
     "python bench_reference.py sample-process": "whole sample.py processes of GPT-2 small: minutes on a CPU",
+    "python evaluate.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa-rope lengths=":
+        "a model without a position table: the placeholder run has a learned one (refused past it); "
+        "test_long_context.py runs evaluate.py with lengths on a rope run",
 }
 # The README's runs, small: the placeholder run's shape (2 layers of 4 heads: heads.py layer=1 head=3).
 SHAPE = ["model.n_layer=2", "model.n_head=4", "model.n_embd=32", "model.block_size=32", "trainer.batch_size=8"]

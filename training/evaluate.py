@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from data.loader import validation_starts, windows
 from model.device import autocast
@@ -40,3 +41,80 @@ class Evaluator:
         val_loss = total / count
         # nats per token -> bits per byte of text
         return {"val/loss": val_loss, "val/bpb": val_loss / math.log(2) / self.bytes_per_token}
+
+
+PROTOCOLS = ("chunks", "sliding")
+
+
+def check_protocol(protocol: str, stride: int | None) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r}; choose one of: {', '.join(PROTOCOLS)} (chunks: independent "
+                         f"chunks of the length, ALiBi's; sliding: a window moved by `stride`, YaRN's)")  # fmt: skip
+    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
+        raise ValueError(f"stride={stride!r} must be a whole number of tokens, at least 1 (e.g. stride=64)")
+
+
+class LengthEvaluator:
+    """Loss at one evaluation length, by a protocol, and the mean loss at each position of a sequence.
+
+    - ``chunks`` (ALiBi's "train short, test long"): ``n_windows`` independent chunks of ``length`` tokens
+      spread evenly over the validation split, never overlapping; every token of a chunk is scored, so
+      position p's loss is that of a token with p tokens before it.
+    - ``sliding`` (perplexity as YaRN and Hugging Face report it): windows of ``length`` tokens that start
+      ``stride`` tokens apart over one stretch of the split from its start (about ``n_windows x length`` tokens);
+      the first window scores all its tokens, each later one only its last ``stride`` (those no window scored
+      yet), so most tokens are scored with ``length - stride`` or more tokens before them. A position is a
+      scored token's place in its window.
+
+    A forward holds ``batch_tokens`` tokens at most (whole sequences, at least one), so memory does not grow
+    with the length.
+    """
+
+    def __init__(self, val_tokens: np.ndarray, length: int, protocol: str, n_windows: int, stride: int | None,
+                 batch_tokens: int, bytes_per_token: float, device: torch.device,
+                 dtype: torch.dtype) -> None:  # fmt: skip
+        check_protocol(protocol, stride)
+        available = len(val_tokens) - 1  # targets
+        if available < length:
+            raise ValueError(f"the validation split has {len(val_tokens):,} tokens: too few for length {length} "
+                             f"(a sequence needs length + 1); evaluate shorter lengths or on more data")  # fmt: skip
+        self.tokens, self.length, self.protocol = val_tokens, length, protocol
+        self.stride = min(stride or max(1, length // 2), length)
+        if protocol == "chunks":
+            n = min(n_windows, available // length)
+            self.starts = validation_starts(len(val_tokens), length, n)
+        else:
+            budget = min(n_windows * length, available)
+            self.starts = np.arange(0, budget - length + 1, self.stride, dtype=np.int64)
+        self.batch = max(1, batch_tokens // length)
+        self.bytes_per_token, self.device, self.dtype = bytes_per_token, device, dtype
+
+    def scored(self, i: int) -> slice:
+        """The positions window ``i`` scores: all of the first (and of every chunk), a later sliding window's
+        last ``stride``."""
+        return slice(0, self.length) if self.protocol == "chunks" or i == 0 else slice(self.length - self.stride, None)
+
+    @torch.no_grad()
+    def __call__(self, model: torch.nn.Module, progress: bool = False) -> dict:
+        from tqdm import tqdm
+
+        was_training = model.training
+        model.eval()
+        sums = torch.zeros(self.length, dtype=torch.float64)
+        counts = torch.zeros(self.length, dtype=torch.float64)
+        batches = range(0, len(self.starts), self.batch)
+        for first in tqdm(batches, desc=f"evaluate {self.length} tokens ({self.protocol})", unit="batch",
+                          disable=not progress, leave=False):  # fmt: skip
+            x, y = windows(self.tokens, self.starts[first : first + self.batch], self.length, self.device)
+            with autocast(self.device, self.dtype):
+                logits = model(x, y)[0]
+            losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu()
+            for row, i in enumerate(range(first, first + len(x))):
+                keep = self.scored(i)
+                sums[keep] += losses[row, keep]
+                counts[keep] += 1
+        model.train(was_training)
+        loss = float(sums.sum() / counts.sum())
+        by_position = torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan)
+        return {"loss": loss, "bpb": loss / math.log(2) / self.bytes_per_token, "tokens": int(counts.sum()),
+                "sequences": len(self.starts), "loss_by_position": by_position.tolist()}  # fmt: skip

@@ -1,0 +1,139 @@
+"""Evaluation past the trained length (issue: train short, test long).
+
+- ``past_context=full`` past block_size is a float64 forward over the whole sequence (every earlier key, the
+  window still applied), ``ring`` the same with each position's keys capped at block_size, for rope, ALiBi and
+  no positions, every kernel that runs on a CPU, each layout in turn;
+- the two protocols equal their definitions, computed token by token: independent chunks, and a sliding window
+  where each token is scored by the first window that holds it;
+- evaluate.py writes the loss at each length, and at each position, in its JSON, table and plot; its 1x chunks
+  are training's own validation windows.
+
+The refusals (a length below 1, an unknown protocol, a learned table past its rows): tests/test_bad_inputs.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from attention_reference import reference_attention
+from helpers import GPT2_LAYOUTS, TINY, compose_train
+from helpers import tiny_gpt_config as config
+
+import evaluate
+from data.config import DataConfig
+from model import GPT
+from model.context import with_context
+from training.evaluate import LengthEvaluator
+from training.loop import train
+
+LAYOUTS = GPT2_LAYOUTS  # the layouts of one function (attention=mla is another: its cells are in test_mla.py)
+CPU_KERNELS = ("manual", "sdpa")  # flex compiles a graph per shape on a CPU: its past-context cells are in
+# test_attention_properties' generation past block_size
+
+
+def reference_logits(model: GPT, idx: torch.Tensor, keys_seen: int | None) -> torch.Tensor:
+    """The model's logits in float64 with attention written from the formula, each query seeing at most
+    ``keys_seen`` keys (None: every earlier key)."""
+    m, c = copy.deepcopy(model).double(), model.config
+    x = m.transformer.wte(idx)
+    for block in m.transformer.h:
+        x = x + reference_attention(block.attn, c.attention, block.ln_1(x), c.n_head, c.kv_heads, keys_seen,
+                                    c.position, c.rope_theta)  # fmt: skip
+        x = x + block.mlp(block.ln_2(x))
+    return m.lm_head(m.transformer.ln_f(x))[..., : c.vocab_size]
+
+
+CELLS = [(position, kernel, window) for position in ("rope", "alibi", "none") for kernel in CPU_KERNELS
+         for window in (None, 5)]  # fmt: skip
+
+
+@pytest.mark.parametrize("position, kernel, window", CELLS)
+def test_full_context_is_every_earlier_key_and_ring_the_last_block_size_in_float64(position, kernel, window):
+    # block_size 8, read at 29 tokens (past 3x, prime): rotary at positions it never trained at, ALiBi at
+    # distances up to 28. Within block_size both rules are the model as trained.
+    layout = LAYOUTS[CELLS.index((position, kernel, window)) % len(LAYOUTS)]
+    torch.manual_seed(CELLS.index((position, kernel, window)))
+    model = GPT(config(attention=layout, kernel=kernel, position=position, window=window, n_head=4, n_embd=32,
+                       n_layer=2)).eval()  # fmt: skip
+    idx = torch.randint(0, 50, (2, 29))
+    with torch.no_grad():
+        full = with_context(model, 29, "full")(idx, idx)[0]
+        ring = with_context(model, 29, "ring")(idx, idx)[0]
+        want_full = reference_logits(model, idx, window)
+        want_ring = reference_logits(model, idx, min(window or 8, 8))
+    torch.testing.assert_close(full.double(), want_full, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(ring.double(), want_ring, atol=2e-5, rtol=1e-4)
+    if window is None:  # the two rules differ past block_size, and only there
+        assert (full[:, 8:] - ring[:, 8:]).abs().amax() > 1e-3
+    torch.testing.assert_close(full[:, :8], ring[:, :8], atol=1e-6, rtol=1e-6)
+
+
+def token_losses(model: GPT, tokens: np.ndarray, start: int, length: int) -> torch.Tensor:
+    """The loss of each of the ``length`` targets after ``tokens[start]``, with exactly that window as context."""
+    x = torch.from_numpy(tokens[start : start + length].astype(np.int64))[None]
+    y = torch.from_numpy(tokens[start + 1 : start + length + 1].astype(np.int64))[None]
+    with torch.no_grad():
+        return F.cross_entropy(model(x, y)[0][0].double(), y[0], reduction="none")
+
+
+@pytest.mark.parametrize("length, stride, batch_tokens", [(8, 3, 8), (8, 8, 24), (13, 5, 100), (5, 1, 7)])
+def test_the_protocols_equal_their_definitions_token_by_token(length, stride, batch_tokens):
+    torch.manual_seed(length + stride)
+    model = with_context(GPT(config(position="rope")).eval(), length, "full")
+    tokens = np.random.default_rng(length).integers(0, 50, size=61).astype(np.uint16)
+    # chunks: independent, never overlapping, every token scored with its place in the chunk as its position
+    chunks = LengthEvaluator(tokens, length, "chunks", 4, None, batch_tokens, 1.0, torch.device("cpu"),
+                             torch.float32)(model)  # fmt: skip
+    starts = np.linspace(0, len(tokens) - length - 1, num=min(4, 60 // length)).round().astype(int)
+    assert all(b - a >= length for a, b in zip(starts, starts[1:]))
+    want = torch.stack([token_losses(model, tokens, s, length) for s in starts])
+    assert chunks["tokens"] == want.numel() and chunks["sequences"] == len(starts)
+    np.testing.assert_allclose(chunks["loss_by_position"], want.mean(0).numpy(), rtol=1e-5)
+    assert chunks["loss"] == pytest.approx(float(want.mean()), rel=1e-6)
+    # sliding: windows `stride` apart from the start; each target scored once, by the first window holding it
+    sliding = LengthEvaluator(tokens, length, "sliding", 3, stride, batch_tokens, 1.0, torch.device("cpu"),
+                              torch.float32)(model)  # fmt: skip
+    window_starts = list(range(0, 3 * length - length + 1, stride))
+    covered = window_starts[-1] + length
+    sums, counts, total = np.zeros(length), np.zeros(length), []
+    for target in range(covered):
+        first = next(s for s in window_starts if s <= target < s + length)
+        loss = float(token_losses(model, tokens, first, length)[target - first])
+        sums[target - first] += loss
+        counts[target - first] += 1
+        total.append(loss)
+    assert sliding["tokens"] == covered == len(total) and sliding["sequences"] == len(window_starts)
+    np.testing.assert_allclose(sliding["loss_by_position"], sums / counts, rtol=1e-5)
+    assert sliding["loss"] == pytest.approx(np.mean(total), rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory, data_cache):
+    run = tmp_path_factory.mktemp("rope") / "run"
+    train(compose_train(*TINY, "model.position=rope", "logger=none", f"trainer.run_dir={run}",
+                        f"data.cache_dir={data_cache}"))  # fmt: skip
+    return run
+
+
+def test_evaluate_writes_the_loss_at_each_length_and_position_and_its_1x_chunks_are_val_loss(rope_run, data_cache,
+                                                                                             capsys):  # fmt: skip
+    data = DataConfig(cache_dir=str(data_cache))
+    result = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["1x", 64, "4x"],
+                                                  past_context="full", data=data))  # fmt: skip
+    out = capsys.readouterr().out
+    rows = result["lengths"]
+    assert [r["length"] for r in rows] == [32, 64, 128] and [r["multiple"] for r in rows] == [1, 2, 4]
+    assert rows[0]["loss"] == pytest.approx(result["val/loss"], rel=1e-6), "the same windows as training's"
+    for row in rows:
+        assert len(row["loss_by_position"]) == row["length"] and row["past_context"] == "full"
+        assert row["loss"] == pytest.approx(np.average(row["loss_by_position"]), rel=1e-6)
+        assert f"| {row['length']} | {row['multiple']:g}x | chunks | full | {row['loss']:.4f} |" in out
+    written = json.loads((rope_run / "eval-last-pystdlib.json").read_text())
+    assert written["lengths"] == rows
+    assert (rope_run / "eval-last-pystdlib.png").stat().st_size > 10_000
+    assert "loss by position, the mean over each span of 32 positions" in out
