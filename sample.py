@@ -36,6 +36,7 @@ from cli import (
 from data.tokenizers import EOT
 from model import GPTConfig, load_model, registry
 from model.config import attention_label
+from model.context import check_past_context, with_context
 from model.decoding import choose_decoding
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate_batch
@@ -58,6 +59,7 @@ class SampleConfig:
     attention: str | None = None  # run the weights in another QKV layout: wrapper | separate_qkv | fused_qkv
     kernel: str | None = None  # manual | sdpa | flex
     use_cache: bool = True  # the KV cache; false recomputes the whole context for every token
+    past_context: str = "ring"  # past block_size (rope|alibi|none): ring (its last block_size keys) | full (every key)
 
 
 ConfigStore.instance().store(name="sample_schema", node=SampleConfig)
@@ -80,6 +82,7 @@ def check(cfg: SampleConfig) -> None:
     if cfg.top_k is not None:
         check_at_least("top_k", cfg.top_k, 1, " (or null for no limit)")
     check_attention_and_kernel(cfg.attention, cfg.kernel)
+    check_past_context(cfg.past_context)
     cfg.prompt = cfg.prompt or ""  # prompt=null: unset
     if cfg.prompt_file is not None and cfg.prompt != "":
         raise ValueError(f"prompt={cfg.prompt!r} and prompt_file={cfg.prompt_file!r} are both set; give one")
@@ -126,6 +129,11 @@ def run(cfg: SampleConfig) -> list[str]:
     loaded = load_model(cfg.source, cfg.attention, cfg.kernel)
     model, tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
     ids = prompt_ids(prompt, tokenizer, model.config.block_size)
+    if cfg.past_context == "full":  # every earlier key, up to the generation's last token (its KV cache too)
+        try:
+            model = with_context(model, len(ids) + cfg.max_new_tokens, "full").eval()
+        except ValueError as err:
+            raise ValueError(f"past_context=full: {err}") from None
     top_k = cfg.top_k
     if top_k is not None and top_k > model.config.vocab_size:
         notice(f"top_k={top_k} is larger than the vocabulary ({model.config.vocab_size}): no limit")

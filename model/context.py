@@ -25,22 +25,24 @@ def check_past_context(value: str) -> None:
                          f"sees its last block_size keys; full: every earlier key)")  # fmt: skip
 
 
-def check_reaches(config, length: int) -> None:
-    """Refuse, in one line, a length past a learned position table."""
+def check_reaches(config, length: int, fix: str = "") -> None:
+    """Refuse, in one line, a length past a learned position table (``fix``: what to do instead; by default,
+    lengths up to the table's)."""
     if length > config.block_size and not registry.position(config.position).runs_past_context:
         tableless = ", ".join(n for n, p in registry.POSITIONS.items() if p.runs_past_context)
         raise ValueError(f"length {length} is past this model's learned position table (block_size="
                          f"{config.block_size} rows): only a model without a table ({tableless}) reads past "
-                         f"its block_size; evaluate at lengths up to {config.block_size}")  # fmt: skip
+                         f"its block_size; {fix or f'use lengths up to {config.block_size}'}")  # fmt: skip
 
 
 def with_context(model: GPT, length: int, past_context: str) -> GPT:
     """``model`` to read sequences of ``length`` tokens by ``past_context``'s rule: the model itself (within
     its block size, or ``ring``), or the same weights with every earlier key in view (``full``)."""
     check_past_context(past_context)
-    check_reaches(model.config, length)
     if past_context == "ring" or length <= model.config.block_size:
         return model
+    check_reaches(model.config, length, "leave past_context=ring: a learned model re-encodes its last block_size "
+                                        "tokens past it")  # fmt: skip
     first = next(model.parameters())
     wide = GPT(replace(model.config, block_size=length)).to(device=first.device, dtype=first.dtype)
     wide.load_state_dict(model.state_dict())

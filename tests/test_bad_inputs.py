@@ -213,7 +213,7 @@ SAMPLE = [
     ("num_samples", 0), ("num_samples", -3), ("max_new_tokens", -1), ("temperature", -0.5),
     ("temperature", float("nan")), ("top_k", 0), ("top_k", -10), ("top_p", 0.0), ("top_p", 1.5), ("seed", -1),
     ("device", "gpu"), ("device", "cuda:x"), ("dtype", "fp8"), ("dtype", "half"), ("attention", "fused"),
-    ("kernel", "flash"), ("prompt_file", "/nonexistent/prompt.txt"),
+    ("kernel", "flash"), ("prompt_file", "/nonexistent/prompt.txt"), ("past_context", "fulll"),
 ]  # fmt: skip
 HEADS = [
     ("windows", 0), ("windows", 100000), ("map_tokens", 0), ("map_tokens", -5), ("layer", -1), ("head", -2),

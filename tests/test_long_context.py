@@ -25,9 +25,11 @@ from helpers import GPT2_LAYOUTS, TINY, compose_train
 from helpers import tiny_gpt_config as config
 
 import evaluate
+import sample
 from data.config import DataConfig
 from model import GPT
 from model.context import with_context
+from model.generation import generate_batch
 from training.evaluate import LengthEvaluator
 from training.loop import train
 
@@ -71,6 +73,23 @@ def test_full_context_is_every_earlier_key_and_ring_the_last_block_size_in_float
     if window is None:  # the two rules differ past block_size, and only there
         assert (full[:, 8:] - ring[:, 8:]).abs().amax() > 1e-3
     torch.testing.assert_close(full[:, :8], ring[:, :8], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "none"])
+def test_greedy_generation_with_full_context_is_the_full_forward_at_every_step(position):
+    # sample.py past_context=full: its KV cache holds every position (no ring), so each cached step is the
+    # full-context forward over everything so far, up to 5x block_size.
+    torch.manual_seed(3)
+    model = GPT(config(position=position, n_head=4, n_embd=32, n_layer=2)).eval()
+    prompt, new = [1, 2, 3], 37
+    wide = with_context(model, len(prompt) + new, "full").eval()
+    with torch.no_grad():
+        steps = list(generate_batch(wide, prompt, new, [None], temperature=0.0))
+        tokens = list(prompt)
+        for _ in range(new):
+            tokens.append(int(wide(torch.tensor([tokens]))[0][0, -1].argmax()))
+    assert [s[0] for s in steps] == tokens[len(prompt):]
+    assert wide.cache_capacities == [len(prompt) + new] * 2 and model.cache_capacities == [8] * 2
 
 
 def token_losses(model: GPT, tokens: np.ndarray, start: int, length: int) -> torch.Tensor:
@@ -137,3 +156,12 @@ def test_evaluate_writes_the_loss_at_each_length_and_position_and_its_1x_chunks_
     assert written["lengths"] == rows
     assert (rope_run / "eval-last-pystdlib.png").stat().st_size > 10_000
     assert "loss by position, the mean over each span of 32 positions" in out
+
+
+def test_a_learned_table_is_refused_past_it_with_full_context_before_any_token(trained_run, capsys):
+    # The session's trained run has learned positions and block_size 32: 40 new tokens would need 41 rows.
+    with pytest.raises(ValueError) as err:
+        sample.run(sample.SampleConfig(source=str(trained_run), max_new_tokens=40, device="cpu", past_context="full"))
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("past_context=full: length 41 is past") and "ring" in message
+    assert capsys.readouterr().out == "", "refused before generating"
