@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from analysis.lengths import length_curves, lengths_table, plot_loss_vs_length, plot_sweep_by_position
 from analysis.plots import plot_throughput, plot_val_loss
 from analysis.report import (
     build_rows,
@@ -85,6 +86,13 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
             plot_throughput([run for run, _ in trained], [row for _, row in trained], out),
         ]
 
+    curves = length_curves(runs)  # runs evaluated past their trained length (evaluate.py lengths=[...])
+    lengths = lengths_table(curves) if curves else ""
+    if curves:
+        plots += [plot_loss_vs_length(curves, out), plot_sweep_by_position(curves, out)]
+    past = ("\n## Past the trained length\n\nThe newest `evaluate.py lengths=[...]` result of each run: the mean "
+            "validation loss at each evaluation length (tokens) over a variant's seeds.\n\n"
+            f"{lengths}\n") if lengths else ""  # fmt: skip
     info = (trained[0][0] if trained else runs[0]).info
     table = markdown_table(rows)
     shared = shared_speed_note(rows)
@@ -107,7 +115,7 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
              f"profiled steps of each run (training/profiling.py says how ops and kernels are classified).\n\n"
              f"{profiles}\n") if profiles else ""  # fmt: skip
     below = f"\n{shared}" if shared else ""
-    write_text(out / "report.md", f"# Comparison\n\n{header}{excluded}\n{table}\n{below}\n{figures}\n{where}")
+    write_text(out / "report.md", f"# Comparison\n\n{header}{excluded}\n{table}\n{below}\n{figures}\n{past}{where}")
     if args.wandb:
         from analysis.wandb_report import log_report
 
@@ -119,6 +127,8 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
     print(table)
     if shared:
         print(f"\n{shared}", end="")
+    if lengths:
+        print(f"\npast the trained length (loss at each evaluation length):\n{lengths}")
     if profiles:
         print(f"\nwhere a step's time goes (ms per step):\n{profiles}")
     print(f"\nwritten to {out}/ (report.md, report.csv, {', '.join(p.name for p in plots)})")

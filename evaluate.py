@@ -32,6 +32,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from analysis.lengths import plot_run_by_position
 from cli import (
     check_at_least,
     check_attention_and_kernel,
@@ -205,8 +206,8 @@ def run(cfg: EvaluateConfig) -> dict:
     if lengths:
         print(length_table(result["lengths"], block))
         picture = out.with_suffix(".png")
-        plot_loss_by_position(result["lengths"], block, picture, f"{loaded.name}: loss by position "
-                              f"({cfg.protocol}, past_context={cfg.past_context})")  # fmt: skip
+        plot_run_by_position(result["lengths"], block, picture, f"{loaded.name}: loss by position "
+                             f"({cfg.protocol}, past_context={cfg.past_context})")  # fmt: skip
         print(f"loss by position: {picture}")
     return result
 
@@ -230,37 +231,6 @@ def length_table(rows: list[dict], block: int) -> str:
             cells.append(f"{sum(part) / len(part):.3f}" if part else "")
         lines.append(f"| {row['length']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def plot_loss_by_position(rows: list[dict], block: int, path: Path, title: str) -> None:
-    """Loss against position, one line per length (averaged over spans of positions equally wide on the
-    log axis), with the trained length marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in rows:  # spans of positions equally wide on the log axis: early positions stay visible
-        losses = np.asarray(row["loss_by_position"], dtype=float)
-        edges = np.unique(np.geomspace(1, len(losses) + 1, 48).astype(int))  # over tokens seen: position + 1
-        centres, means = [], []
-        for low, high in zip(edges[:-1], edges[1:]):
-            part = losses[low - 1 : high - 1]
-            if np.isfinite(part).any():
-                centres.append(float(np.sqrt(low * (high - 1)) if high - 1 > low else low))
-                means.append(float(np.nanmean(part)))
-        ax.plot(centres, means, marker=".", markersize=3, label=f"{row['length']} tokens ({row['multiple']:g}x)")
-    ax.axvline(block, color="grey", linestyle=":", label=f"block_size {block} (trained length)")
-    ax.set_xscale("log")
-    ax.set_xlabel("tokens seen (a token's position + 1)")
-    ax.set_ylabel("mean loss (nats per token)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")

@@ -165,3 +165,21 @@ def test_a_learned_table_is_refused_past_it_with_full_context_before_any_token(t
     message = str(err.value)
     assert "\n" not in message and message.startswith("past_context=full: length 41 is past") and "ring" in message
     assert capsys.readouterr().out == "", "refused before generating"
+
+
+def test_compare_reports_each_runs_loss_at_each_length_with_its_plots(rope_run, data_cache, tmp_path, capsys):
+    import compare
+
+    data = DataConfig(cache_dir=str(data_cache))
+    result = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=[32, 96],
+                                                  protocol="sliding", stride=16, data=data,
+                                                  out=str(rope_run / "eval-sliding.json")))  # fmt: skip
+    capsys.readouterr()
+    out = compare.main([str(rope_run), "--out", str(tmp_path / "report")])
+    report = (out / "report.md").read_text()
+    losses = " | ".join(f"{row['loss']:.4f}" for row in result["lengths"])
+    assert "## Past the trained length" in report
+    assert f"| fused_qkv-sdpa-rope (sliding, ring) | 1 | {losses} |" in report, "the newest result, as written"
+    assert f"| fused_qkv-sdpa-rope (sliding, ring) | 1 | {losses} |" in capsys.readouterr().out
+    for name in ("loss_vs_length.png", "loss_by_position.png"):
+        assert (out / name).stat().st_size > 10_000 and f"![{name[:-4]}]({name})" in report

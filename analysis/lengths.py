@@ -1,0 +1,123 @@
+"""Past the trained length: ``evaluate.py lengths=[...]`` results as tables and plots, for one run (evaluate.py)
+and for a sweep (compare.py: each run's newest such result, seeds of a variant averaged)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from analysis.runs import Run, natural_key
+from analysis.tables import pyplot, save_figure
+
+
+def log_binned(losses: list[float], bins: int = 48) -> tuple[list[float], list[float]]:
+    """Mean loss over spans of positions equally wide on a log axis of tokens seen (position + 1): early
+    positions stay visible, late ones are averaged. Returns the spans' centres and means."""
+    values = np.asarray(losses, dtype=float)
+    edges = np.unique(np.geomspace(1, len(values) + 1, bins).astype(int))
+    centres, means = [], []
+    for low, high in zip(edges[:-1], edges[1:]):
+        part = values[low - 1 : high - 1]
+        if np.isfinite(part).any():
+            centres.append(float(np.sqrt(low * (high - 1)) if high - 1 > low else low))
+            means.append(float(np.nanmean(part)))
+    return centres, means
+
+
+def draw_by_position(ax, block: int) -> None:
+    """The axes of a loss-by-position plot, the trained length marked."""
+    ax.axvline(block, color="grey", linestyle=":", label=f"block_size {block} (trained length)")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens seen (a token's position + 1)")
+    ax.set_ylabel("mean loss (nats per token)")
+
+
+def plot_run_by_position(rows: list[dict], block: int, path: Path, title: str) -> Path:
+    """One run: loss against position, a line per evaluated length."""
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    for row in rows:
+        ax.plot(*log_binned(row["loss_by_position"]), marker=".", markersize=3,
+                label=f"{row['length']} tokens ({row['multiple']:g}x)")  # fmt: skip
+    draw_by_position(ax, block)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def length_result(run: Run) -> dict | None:
+    """The run's newest evaluate.py result with ``lengths`` (eval-*.json beside its checkpoints), or None."""
+    found = []
+    for path in run.path.glob("eval-*.json"):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if result.get("lengths"):
+            found.append((path.stat().st_mtime, result))
+    return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def length_curves(runs: list[Run]) -> dict[str, dict]:
+    """Per curve (variant, protocol, past context): the mean loss at each length and at each position of its
+    longest length over the variant's seeds, how many seeds, and the trained length."""
+    grouped: dict[str, list[tuple[dict, int]]] = defaultdict(list)
+    for run in runs:
+        result = length_result(run)
+        if result is None:
+            continue
+        for row in result["lengths"]:
+            grouped[f"{run.variant} ({row['protocol']}, {row['past_context']})"].append((row, result["block_size"]))
+    curves = {}
+    for name, entries in sorted(grouped.items(), key=lambda item: natural_key(item[0])):
+        by_length: dict[int, list[dict]] = defaultdict(list)
+        for row, _ in entries:
+            by_length[row["length"]].append(row)
+        longest = by_length[max(by_length)]
+        curves[name] = {
+            "block": entries[0][1],
+            "loss": {length: float(np.mean([r["loss"] for r in rows])) for length, rows in sorted(by_length.items())},
+            "seeds": max(len(rows) for rows in by_length.values()),
+            "by_position": np.nanmean([r["loss_by_position"] for r in longest], axis=0).tolist(),
+        }
+    return curves
+
+
+def lengths_table(curves: dict[str, dict]) -> str:
+    """Markdown: a row per curve, the mean loss at each evaluated length (x its trained length)."""
+    lengths = sorted({length for curve in curves.values() for length in curve["loss"]})
+    head = ["variant (protocol, past context)", "seeds", *(f"{length}" for length in lengths)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, curve in curves.items():
+        cells = [f"{curve['loss'][length]:.4f}" if length in curve["loss"] else "" for length in lengths]
+        lines.append(f"| {name} | {curve['seeds']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
+    """Loss against evaluation length, a line per curve, each run's trained length marked."""
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    for name, curve in curves.items():
+        ax.plot(list(curve["loss"]), list(curve["loss"].values()), marker="o", markersize=4, label=name)
+    for block in sorted({curve["block"] for curve in curves.values()}):
+        ax.axvline(block, color="grey", linestyle=":", label=f"block_size {block} (trained length)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("validation loss (nats per token)")
+    ax.set_title("Loss past the trained length (evaluate.py lengths=...)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, out / "loss_vs_length.png")
+
+
+def plot_sweep_by_position(curves: dict[str, dict], out: Path) -> Path:
+    """Loss against position over each curve's longest evaluated length, overlaid."""
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    for name, curve in curves.items():
+        ax.plot(*log_binned(curve["by_position"]), marker=".", markersize=3,
+                label=f"{name}, {len(curve['by_position'])} tokens")  # fmt: skip
+    draw_by_position(ax, min(curve["block"] for curve in curves.values()))
+    ax.set_title("Loss by position over the longest evaluated length", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_figure(fig, out / "loss_by_position.png")
