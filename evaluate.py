@@ -47,7 +47,7 @@ from data.loader import PreparedData
 from data.prepare import prepare
 from model import load_model
 from model.checkpoint import BEST, LAST
-from model.context import check_past_context, check_reaches, with_context
+from model.context import check_past_context, check_reaches, with_context, with_rope_scaling
 from model.device import resolve_device, resolve_dtype
 from training.config import TrainerConfig
 from training.evaluate import Evaluator, LengthEvaluator, check_protocol
@@ -69,6 +69,8 @@ class EvaluateConfig:
     protocol: str = "chunks"  # chunks (independent, ALiBi's) | sliding (windows `stride` apart, YaRN's)
     stride: int | None = None  # sliding: tokens between windows (None: half the length)
     past_context: str = "ring"  # ring: each position sees its last block_size keys | full: every earlier key
+    rope_scaling: str | None = None  # read a rotary model scaled: pi | ntk | yarn (None: as it was trained)
+    rope_factor: float | None = None  # the scaling's factor s (None: the longest length over block_size)
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -88,6 +90,8 @@ def check(cfg: EvaluateConfig) -> None:
         length_spellings(cfg.lengths)
     check_protocol(cfg.protocol, cfg.stride)
     check_past_context(cfg.past_context)
+    if cfg.rope_factor is not None and cfg.rope_scaling is None:
+        raise ValueError(f"rope_factor={cfg.rope_factor} scales nothing without rope_scaling=pi|ntk|yarn")
     if cfg.lengths is None and (cfg.protocol != "chunks" or cfg.stride is not None or cfg.past_context != "ring"):
         raise ValueError("protocol, stride and past_context apply to lengths=[...]; add e.g. lengths=[1x,4x,16x]")
     if cfg.out is not None and Path(cfg.out).is_dir():
@@ -171,6 +175,16 @@ def run(cfg: EvaluateConfig) -> dict:
     device = resolve_device(cfg.device, option="device")
     dtype = resolve_dtype(cfg.dtype, device, option="dtype")
     model = loaded.model.to(device)
+    if cfg.rope_scaling is not None:  # the same weights, rotary scaled: refused as the model option would be
+        longest = max(resolve_lengths(cfg.lengths, model.config.block_size)) if cfg.lengths is not None else None
+        factor = cfg.rope_factor or (max(1.0, longest / model.config.block_size) if longest else None)
+        if factor is None:
+            raise ValueError(f"rope_scaling={cfg.rope_scaling} needs rope_factor=<s> (4: read 4x the trained "
+                             f"length), or lengths=[...] to take it from the longest")  # fmt: skip
+        try:
+            model = with_rope_scaling(model, cfg.rope_scaling, factor)
+        except ValueError as err:
+            raise ValueError(f"rope_scaling={cfg.rope_scaling} rope_factor={factor:g}: {err}") from None
     data = PreparedData(prepare(replace(cfg.data, tokenizer=loaded.tokenizer.name)))
     block = model.config.block_size
     data.check_fits(block, model.config.vocab_size)
@@ -188,10 +202,12 @@ def run(cfg: EvaluateConfig) -> dict:
     metrics = evaluator(model)
     result = {**metrics, "source": cfg.source, "checkpoint": str(loaded.path) if loaded.path else None,
               "step": loaded.step, "data": cfg.data.name, "data_dir": str(data.folder), "windows": windows,
-              "block_size": block, "tokenizer": loaded.tokenizer.name}  # fmt: skip
+              "block_size": block, "tokenizer": loaded.tokenizer.name, "rope_scaling": model.config.rope_scaling,
+              "rope_factor": model.config.rope_factor}  # fmt: skip
     if lengths:
         result["lengths"] = [
             {"length": length, "multiple": length / block, "protocol": cfg.protocol, "past_context": cfg.past_context,
+             "rope_scaling": scaling_part(model.config),
              "stride": evaluator_at.stride if cfg.protocol == "sliding" else None, **evaluator_at(
                  with_context(model, length, cfg.past_context), progress=True)}
             for length in lengths
@@ -206,21 +222,28 @@ def run(cfg: EvaluateConfig) -> dict:
     if lengths:
         print(length_table(result["lengths"], block))
         picture = out.with_suffix(".png")
+        scaled = f", rope_scaling={scaling_part(model.config)}" if cfg.rope_scaling else ""
         plot_run_by_position(result["lengths"], block, picture, f"{loaded.name}: loss by position "
-                             f"({cfg.protocol}, past_context={cfg.past_context})")  # fmt: skip
+                             f"({cfg.protocol}, past_context={cfg.past_context}{scaled})")  # fmt: skip
         print(f"loss by position: {picture}")
     return result
+
+
+def scaling_part(config) -> str | None:
+    """A rotary scaling as a table spells it (``yarn x4``), or None."""
+    return f"{config.rope_scaling} x{config.rope_factor:g}" if config.rope_scaling else None
 
 
 def length_table(rows: list[dict], block: int) -> str:
     """The loss at each length, then the mean loss over each block_size-long span of positions: where a model
     stops generalising, the spans past its trained length climb."""
     spans = max(-(-row["length"] // block) for row in rows)
-    head = ["length", "x block_size", "protocol", "past context", "loss", "bpb", "tokens scored"]
+    head = ["length", "x block_size", "protocol", "past context", "rope scaling", "loss", "bpb", "tokens scored"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
         lines.append(f"| {row['length']} | {row['multiple']:g}x | {row['protocol']} | {row['past_context']} | "
-                     f"{row['loss']:.4f} | {row['bpb']:.4f} | {row['tokens']:,} |")  # fmt: skip
+                     f"{row['rope_scaling'] or 'none'} | {row['loss']:.4f} | {row['bpb']:.4f} | "
+                     f"{row['tokens']:,} |")  # fmt: skip
     lines += ["", f"loss by position, the mean over each span of {block} positions (positions count from 0):", ""]
     names = [f"{i * block}-{(i + 1) * block - 1}" for i in range(spans)]
     lines += ["| length | " + " | ".join(names) + " |", "|" + " --- |" * (spans + 1)]

@@ -61,15 +61,16 @@ def length_result(run: Run) -> dict | None:
 
 
 def length_curves(runs: list[Run]) -> dict[str, dict]:
-    """Per curve (variant, protocol, past context): the mean loss at each length and at each position of its
-    longest length over the variant's seeds, how many seeds, and the trained length."""
+    """Per curve (variant; protocol, past context, rope scaling): the mean loss at each length and at each
+    position of its longest length over the variant's seeds, how many seeds, and the trained length."""
     grouped: dict[str, list[tuple[dict, int]]] = defaultdict(list)
     for run in runs:
         result = length_result(run)
         if result is None:
             continue
         for row in result["lengths"]:
-            grouped[f"{run.variant} ({row['protocol']}, {row['past_context']})"].append((row, result["block_size"]))
+            setting = ", ".join(filter(None, (row["protocol"], row["past_context"], row.get("rope_scaling"))))
+            grouped[f"{run.variant} ({setting})"].append((row, result["block_size"]))
     curves = {}
     for name, entries in sorted(grouped.items(), key=lambda item: natural_key(item[0])):
         by_length: dict[int, list[dict]] = defaultdict(list)
@@ -88,7 +89,7 @@ def length_curves(runs: list[Run]) -> dict[str, dict]:
 def lengths_table(curves: dict[str, dict]) -> str:
     """Markdown: a row per curve, the mean loss at each evaluated length (x its trained length)."""
     lengths = sorted({length for curve in curves.values() for length in curve["loss"]})
-    head = ["variant (protocol, past context)", "seeds", *(f"{length}" for length in lengths)]
+    head = ["variant (protocol, past context, rope scaling)", "seeds", *(f"{length}" for length in lengths)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, curve in curves.items():
         cells = [f"{curve['loss'][length]:.4f}" if length in curve["loss"] else "" for length in lengths]

@@ -27,7 +27,7 @@ from torch import nn
 
 from model import registry
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
-from model.positions import alibi_slopes
+from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
 from model.score_mods import ScoreMods, finite_number
 
@@ -56,6 +56,9 @@ class AttentionSpec:
     sdpa_backend: str = "auto"
     position: str = "learned"  # model.positions: learned | rope | alibi | none
     rope_theta: float = 10000.0
+    rope_scaling: str | None = None  # rotary read past its trained length: pi | ntk | yarn (model.positions.scaled)
+    rope_factor: float = 1.0  # the scaling's factor s (the read length over the trained one, typically)
+    rope_original_length: int | None = None  # the trained length YaRN's ramp counts turns over (None: block_size)
     qk_norm: bool = False
     softcap: float | None = None
     sinks: bool = False
@@ -87,6 +90,7 @@ class AttentionSpec:
         if not finite_number(self.rope_theta) or not self.rope_theta > 1:  # NaN compares false: it is refused too
             raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a finite number above 1 (10000: "
                              f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
+        self.check_rope_scaling()
         for mod in SCORE_MODS.values():
             mod.check(getattr(self, mod.field))
         for name in self.score_mods:
@@ -95,6 +99,30 @@ class AttentionSpec:
                 raise ValueError(f"{SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field))} changes the "
                                  f"scores before the softmax, which kernel={self.kernel} cannot do; use "
                                  f"kernel={takers}")  # fmt: skip
+
+    def check_rope_scaling(self) -> None:
+        scaling, factor = self.rope_scaling, self.rope_factor
+        if scaling is None:
+            if factor != 1.0:
+                raise ValueError(f"model.rope_factor={factor!r} scales nothing without model.rope_scaling; "
+                                 f"set model.rope_scaling={'|'.join(ROPE_SCALINGS)}, or leave rope_factor at "
+                                 f"1")  # fmt: skip
+            return
+        if scaling not in ROPE_SCALINGS:
+            raise ValueError(f"model.rope_scaling={scaling!r}; choose one of: {', '.join(ROPE_SCALINGS)} (position "
+                             f"interpolation, NTK-aware, YaRN), or null")  # fmt: skip
+        if not registry.position(self.position).turns_queries_keys:
+            raise ValueError(f"model.rope_scaling={scaling} scales rotary positions, but model.position="
+                             f"{self.position} turns nothing; use model.position=rope, or "
+                             f"model.rope_scaling=null")  # fmt: skip
+        if isinstance(factor, bool) or not finite_number(factor) or not factor >= 1:
+            raise ValueError(f"model.rope_factor={factor!r} must be a finite number of at least 1 (4: read 4x "
+                             f"the trained length)")  # fmt: skip
+        original = self.block_size if self.rope_original_length is None else self.rope_original_length
+        if scaling == "yarn" and (not isinstance(original, int) or isinstance(original, bool) or original < 1):
+            raise ValueError(f"model.rope_scaling=yarn counts each pair's turns over the trained length: "
+                             f"model.rope_original_length={self.rope_original_length!r} must be a positive number "
+                             f"of tokens (null: block_size)")  # fmt: skip
 
     @property
     def kv_heads(self) -> int:
@@ -247,7 +275,10 @@ class MultiHeadAttention(nn.Module):
     def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
         """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).
         The rotation turns ``rotary_dim`` dims (attention=mla's decoupled part), by default all ``qk_dim``."""
-        self.rotary = registry.position(spec.position).rotary(rotary_dim or qk_dim, spec.rope_theta)
+        scaling = {} if spec.rope_scaling is None else dict(
+            scaling=spec.rope_scaling, factor=float(spec.rope_factor),
+            original=spec.block_size if spec.rope_original_length is None else spec.rope_original_length)  # fmt: skip
+        self.rotary = registry.position(spec.position).rotary(rotary_dim or qk_dim, spec.rope_theta, **scaling)
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap = spec.qk_norm, spec.softcap

@@ -59,6 +59,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         else:
             spelled = f"{int(theta)}" if float(theta).is_integer() else f"{theta:g}"  # 500000, not 5e+05
         parts.append(f"rope{spelled}" if theta != 10000 or "rope_theta" in show else "rope")
+        if model.get("rope_scaling"):  # -yarn4: the scaling and its factor
+            parts.append(f"{model['rope_scaling']}{model.get('rope_factor', 1.0):g}")
     elif position != "learned" or "position" in show:
         # an unknown name is spelled as given: the label also names runs before the config is checked
         parts.append(getattr(registry.POSITIONS.get(position), "label", None) or position)
@@ -92,7 +94,8 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", *score_mod_fields(),
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", "rope_scaling",
+              "rope_factor", *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
 
@@ -120,6 +123,11 @@ class GPTConfig:
     # The position encoding (model.positions): learned | rope | alibi | none
     position: str = field(default="learned", metadata={"reuse": "weights"})
     rope_theta: float = field(default=10000.0, metadata={"reuse": "function"})  # rotary's base wavelength
+    # Rotary read past its trained length (model.positions.scaled): null | pi | ntk | yarn, by rope_factor; YaRN
+    # counts each pair's turns over rope_original_length (null: block_size; evaluate.py's full context keeps it)
+    rope_scaling: str | None = field(default=None, metadata={"reuse": "function"})
+    rope_factor: float = field(default=1.0, metadata={"reuse": "function"})
+    rope_original_length: int | None = field(default=None, metadata={"reuse": "function"})
     qk_norm: bool = field(default=False, metadata={"reuse": "weights"})  # RMSNorm of each head's queries and keys
     softcap: float | None = field(default=None, metadata={"reuse": "function"})  # scores -> c tanh(scores / c)
     sinks: bool = field(default=False, metadata={"reuse": "weights"})  # a learned softmax sink per head

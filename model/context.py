@@ -44,6 +44,20 @@ def with_context(model: GPT, length: int, past_context: str) -> GPT:
     check_reaches(model.config, length, "leave past_context=ring: a learned model re-encodes its last block_size "
                                         "tokens past it")  # fmt: skip
     first = next(model.parameters())
-    wide = GPT(replace(model.config, block_size=length)).to(device=first.device, dtype=first.dtype)
+    original = model.config.rope_original_length or model.config.block_size  # YaRN's trained length stays
+    wide = GPT(replace(model.config, block_size=length, rope_original_length=original))
+    wide = wide.to(device=first.device, dtype=first.dtype)
     wide.load_state_dict(model.state_dict())
     return wide.train(model.training)
+
+
+def with_rope_scaling(model: GPT, scaling: str | None, factor: float) -> GPT:
+    """The same weights with rotary scaled at inference (``model.positions.scaled``): position interpolation,
+    NTK-aware or YaRN by ``factor``, YaRN counting turns over the model's trained length."""
+    config = model.config
+    original = config.rope_original_length or config.block_size
+    scaled = GPT(replace(config, rope_scaling=scaling, rope_factor=factor, rope_original_length=original))
+    first = next(model.parameters())
+    scaled = scaled.to(device=first.device, dtype=first.dtype)
+    scaled.load_state_dict(model.state_dict())
+    return scaled.train(model.training)

@@ -72,12 +72,14 @@ class Rotary(nn.Module):
     TABLE_LIMIT = 1 << 16  # positions a table may cover; past it (a very long generation) angles are computed
     ROW_LIMIT = 1 << 12  # positions whose single rows are made ahead for decode steps (a few MB of views at most)
 
-    def __init__(self, dim: int, theta: float) -> None:
+    def __init__(self, dim: int, theta: float, scaling: str | None = None, factor: float = 1.0,
+                 original: int | None = None) -> None:  # fmt: skip
         super().__init__()
         if dim % 2:
             raise ValueError(f"rotary positions turn pairs of dimensions: the head dim {dim} is odd; choose "
                              f"n_embd / n_head even")  # fmt: skip
         self.dim, self.theta = dim, theta
+        self.scaling, self.factor, self.original = scaling, factor, original  # see ``scaled``
         # (positions, {dtype: (cos, sin)}): a forward's positions tensor is made once and never written (a static
         # step's is a fresh view of its position each step), so the same object means the same positions.
         self._last: tuple | None = None
@@ -91,7 +93,8 @@ class Rotary(nn.Module):
         frequencies are made here (a buffer would be cast with the model's weights to bf16)."""
         inverse, sign = self.frequencies(positions.device)
         freqs = positions.to(torch.float32)[:, None] * inverse  # over both halves: the same elements, one path
-        return freqs.cos(), freqs.sin() * sign  # x * -1 is -x exactly
+        cos = freqs.cos() if self.scaling != "yarn" else freqs.cos() * sign.abs()  # YaRN's temperature on cos too
+        return cos, freqs.sin() * sign  # x * -1 is -x exactly
 
     def frequencies(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """theta^(-2i/dim) for pair i, repeated for both halves, and rotate-half's sign (-1 on the first half, 1
@@ -104,10 +107,14 @@ class Rotary(nn.Module):
         return self._frequencies[device]
 
     def made_frequencies(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device)
         sign = torch.ones(self.dim, device=device)
         sign[: self.dim // 2] = -1.0
-        return (self.theta ** -(pairs / self.dim)).repeat(2), sign
+        if self.scaling is None:
+            pairs = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device)
+            return (self.theta ** -(pairs / self.dim)).repeat(2), sign
+        inverse, temperature = scaled(self.dim, self.theta, self.scaling, self.factor, self.original)
+        # YaRN's temperature scales both cos and sin: the queries and keys each by sqrt(1/t), the scores by 1/t
+        return inverse.to(torch.float32).to(device).repeat(2), sign * temperature
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, time_dim: int = -2) -> tuple[torch.Tensor, ...]:
         """``angles`` cast to ``dtype`` and shaped to broadcast over (..., T, dim) (``time_dim=-2``) or
@@ -176,6 +183,31 @@ class Rotary(nn.Module):
         return t * cos + t.roll(t.size(-1) // 2, -1) * signed_sin
 
 
+ROPE_SCALINGS = ("pi", "ntk", "yarn")  # model.rope_scaling: rotary read past the length it was trained at
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp: pairs turning fewer than alpha / more than beta times in it
+
+
+def scaled(dim: int, theta: float, scaling: str, factor: float, original: int | None) -> tuple[torch.Tensor, float]:
+    """Each pair's inverse wavelength (dim / 2, float64) under a rotary scaling by ``factor`` s, and YaRN's
+    temperature factor (1 for the others):
+
+    - ``pi``, position interpolation (Chen et al. 2023): positions divided by s, i.e. every frequency by s;
+    - ``ntk``, NTK-aware (bloc97 2023): the base raised to theta * s^(dim / (dim - 2)), positions as they are;
+    - ``yarn`` (Peng et al. 2023, eq. 17-18 and 22): pair i, turning r = L / lambda_i times over the trained
+      length L (``original``), keeps (1 - gamma) / s + gamma of its frequency, gamma = 0 for r < alpha, 1 for
+      r > beta, linear between (alpha 1, beta 32); the scores are scaled by 1/t, sqrt(1/t) = 0.1 ln s + 1.
+    """
+    pairs = torch.arange(0, dim, 2, dtype=torch.float64)
+    if scaling == "ntk":
+        return (theta * factor ** (dim / (dim - 2))) ** -(pairs / dim), 1.0
+    inverse = theta ** -(pairs / dim)
+    if scaling == "pi":
+        return inverse / factor, 1.0
+    turns = original * inverse / (2 * math.pi)  # r = L / lambda, lambda = 2 pi / frequency
+    gamma = ((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)
+    return inverse * ((1 - gamma) / factor + gamma), 0.1 * math.log(factor) + 1.0
+
+
 def alibi_slopes(n_head: int) -> torch.Tensor:
     """ALiBi's per-head slopes (Press et al. 2022): for a power of two n, 2^(-8/n), 2^(-16/n), ..., 2^(-8);
     otherwise the slopes of the nearest lower power of two, then every other slope of the next one (the
@@ -207,8 +239,9 @@ class PositionEncoding:
         return NothingAdded()
 
     @classmethod
-    def rotary(cls, dim: int, theta: float) -> Rotary | None:
-        """The rotation of a head's queries and keys of ``dim`` dims, or None."""
+    def rotary(cls, dim: int, theta: float, **scaling) -> Rotary | None:
+        """The rotation of a head's queries and keys of ``dim`` dims (``scaling``: Rotary's scaling, factor and
+        original length), or None."""
         return None
 
 
@@ -229,8 +262,8 @@ class RotaryPositions(PositionEncoding):
     turns_queries_keys = True
 
     @classmethod
-    def rotary(cls, dim: int, theta: float) -> Rotary:
-        return shared_rotary(dim, theta)
+    def rotary(cls, dim: int, theta: float, **scaling) -> Rotary:
+        return shared_rotary(dim, theta, **scaling)
 
 
 @register(POSITIONS)
@@ -245,9 +278,11 @@ class NoPositions(PositionEncoding):
 
 
 @functools.cache
-def shared_rotary(dim: int, theta: float) -> Rotary:
-    """One Rotary per (width, theta): every layer of a model (and every model) shares it; it holds no weights."""
-    return Rotary(dim, theta)
+def shared_rotary(dim: int, theta: float, scaling: str | None = None, factor: float = 1.0,
+                  original: int | None = None) -> Rotary:  # fmt: skip
+    """One Rotary per (width, theta, scaling): every layer of a model (and every model) shares it; it holds no
+    weights."""
+    return Rotary(dim, theta, scaling, factor, original)
 
 
 def build_positions(config) -> nn.Module:

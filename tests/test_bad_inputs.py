@@ -224,7 +224,7 @@ EVALUATE = [
     ("windows", 0), ("batch_size", 0), ("checkpoint", "other.pt"), ("device", "mps0"), ("dtype", "int8"),
     ("attention", "multi"), ("kernel", "triton"), ("lengths", [0]), ("lengths", ["3y"]), ("lengths", []),
     ("lengths", ["0x"]), ("lengths", [1.5]), ("lengths", [64]), ("protocol", "strided"), ("stride", 0),
-    ("past_context", "infinite"),
+    ("past_context", "infinite"), ("rope_scaling", "yarm"), ("rope_scaling", "pi"), ("rope_factor", 2.0),
 ]  # fmt: skip
 BENCH = [
     ("--seq-len", "0"), ("--batch", "0"), ("--n-head", "0"), ("--n-embd", "0"), ("--n-layer", "0"),

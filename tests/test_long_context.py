@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from data.config import DataConfig
 from model import GPT
 from model.context import with_context
 from model.generation import generate_batch
+from model.positions import Rotary, scaled
 from training.evaluate import LengthEvaluator
 from training.loop import train
 
@@ -151,7 +153,7 @@ def test_evaluate_writes_the_loss_at_each_length_and_position_and_its_1x_chunks_
     for row in rows:
         assert len(row["loss_by_position"]) == row["length"] and row["past_context"] == "full"
         assert row["loss"] == pytest.approx(np.average(row["loss_by_position"]), rel=1e-6)
-        assert f"| {row['length']} | {row['multiple']:g}x | chunks | full | {row['loss']:.4f} |" in out
+        assert f"| {row['length']} | {row['multiple']:g}x | chunks | full | none | {row['loss']:.4f} |" in out
     written = json.loads((rope_run / "eval-last-pystdlib.json").read_text())
     assert written["lengths"] == rows
     assert (rope_run / "eval-last-pystdlib.png").stat().st_size > 10_000
@@ -183,3 +185,68 @@ def test_compare_reports_each_runs_loss_at_each_length_with_its_plots(rope_run, 
     assert f"| fused_qkv-sdpa-rope (sliding, ring) | 1 | {losses} |" in capsys.readouterr().out
     for name in ("loss_vs_length.png", "loss_by_position.png"):
         assert (out / name).stat().st_size > 10_000 and f"![{name[:-4]}]({name})" in report
+
+
+def paper_inverse(dim: int, theta: float, scaling: str, s: float, trained: int) -> list[float]:
+    """Each pair's inverse wavelength under a scaling, written from the papers, pair by pair, in float64."""
+    out = []
+    for i in range(dim // 2):
+        base = theta ** (-2 * i / dim)
+        if scaling == "pi":  # Chen et al.: position m -> m / s
+            out.append(base / s)
+        elif scaling == "ntk":  # bloc97: b' = b * s^(|D| / (|D| - 2))
+            out.append((theta * s ** (dim / (dim - 2))) ** (-2 * i / dim))
+        else:  # YaRN eq. 17-18: r = L / lambda, lambda = 2 pi / theta_d
+            r = trained / (2 * math.pi / base)
+            gamma = 0.0 if r < 1 else 1.0 if r > 32 else (r - 1) / 31
+            out.append((1 - gamma) * base / s + gamma * base)
+    return out
+
+
+@pytest.mark.parametrize("scaling", ["pi", "ntk", "yarn"])
+@pytest.mark.parametrize("dim, theta, s, trained", [(8, 10000.0, 4.0, 64), (32, 10000.0, 16.0, 1024),
+                                                     (64, 500000.0, 8.0, 4096), (6, 100.0, 2.5, 37)])  # fmt: skip
+def test_rope_scaling_turns_each_pair_by_the_published_formula(scaling, dim, theta, s, trained):
+    want = torch.tensor(paper_inverse(dim, theta, scaling, s, trained), dtype=torch.float64)
+    got, temperature = scaled(dim, theta, scaling, s, trained)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    assert temperature == (pytest.approx(0.1 * math.log(s) + 1) if scaling == "yarn" else 1.0)
+    # the model's angles: cos and the signed sin of position x frequency, times YaRN's sqrt(1/t) on both
+    positions = torch.tensor([0, 1, 5, trained - 1, 2 * trained + 3])
+    cos, signed_sin = Rotary(dim, theta, scaling, s, trained).angles(positions)
+    angle = positions.double()[:, None] * want.repeat(2)[None, :]
+    sign = torch.tensor([-1.0] * (dim // 2) + [1.0] * (dim // 2), dtype=torch.float64)
+    slack = angle.abs() * 1e-6 + 1e-6  # float32 angles: a few roundings of position x frequency
+    assert ((cos.double() - angle.cos() * temperature).abs() <= slack).all()
+    assert ((signed_sin.double() - angle.sin() * sign * temperature).abs() <= slack).all()
+    if scaling == "ntk":  # the fastest pair keeps its frequency, the slowest is interpolated as PI's
+        assert got[0] == 1.0 and got[-1] == pytest.approx(paper_inverse(dim, theta, "pi", s, trained)[-1])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(rope_scaling="yarm"), "model.rope_scaling='yarm'; choose one of: pi, ntk, yarn"),
+    (dict(position="alibi", rope_scaling="pi", rope_factor=2.0), "but model.position=alibi turns nothing"),
+    (dict(position="none", rope_scaling="ntk", rope_factor=2.0), "but model.position=none turns nothing"),
+    (dict(rope_factor=2.0), "model.rope_factor=2.0 scales nothing without model.rope_scaling"),
+    (dict(rope_scaling="pi", rope_factor=0.5), "model.rope_factor=0.5 must be a finite number of at least 1"),
+    (dict(rope_scaling="pi", rope_factor=math.inf), "model.rope_factor=inf must be a finite number"),
+    (dict(rope_scaling="yarn", rope_factor=2.0, rope_original_length=0), "model.rope_original_length=0 must be"),
+])  # fmt: skip
+def test_a_bad_rope_scaling_is_refused_in_one_line_naming_it(bad, message):
+    with pytest.raises(ValueError) as err:
+        GPT(config(**{"position": "rope", **bad}))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_evaluate_reads_a_rotary_model_scaled_and_names_the_scaling(rope_run, data_cache, capsys):
+    data = DataConfig(cache_dir=str(data_cache))
+    result = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["1x", "4x"],
+                                                  past_context="full", rope_scaling="yarn", data=data,
+                                                  out=str(rope_run / "eval-yarn.json")))  # fmt: skip
+    assert result["rope_scaling"] == "yarn" and result["rope_factor"] == 4.0, "the factor from the longest length"
+    assert [row["rope_scaling"] for row in result["lengths"]] == ["yarn x4"] * 2
+    assert "| 128 | 4x | chunks | full | yarn x4 |" in capsys.readouterr().out
+    plain = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["4x"], data=data,
+                                                 past_context="full",
+                                                 out=str(rope_run / "eval-plain.json")))  # fmt: skip
+    assert plain["lengths"][0]["loss"] != result["lengths"][1]["loss"], "the scaling changed the function"
