@@ -90,8 +90,9 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
     lengths = lengths_table(curves) if curves else ""
     if curves:
         plots += [plot_loss_vs_length(curves, out), plot_sweep_by_position(curves, out)]
-    past = ("\n## Past the trained length\n\nThe newest `evaluate.py lengths=[...]` result of each run: the mean "
-            "validation loss at each evaluation length (tokens) over a variant's seeds.\n\n"
+    past = ("\n## Past the trained length\n\nEach run's newest `evaluate.py lengths=[...]` result for each way of "
+            "reading it (protocol, past context, rotary scaling): the mean validation loss at each evaluation "
+            "length (tokens) over a variant's seeds.\n\n"
             f"{lengths}\n") if lengths else ""  # fmt: skip
     info = (trained[0][0] if trained else runs[0]).info
     table = markdown_table(rows)

@@ -1,5 +1,5 @@
 """Past the trained length: ``evaluate.py lengths=[...]`` results as tables and plots, for one run (evaluate.py)
-and for a sweep (compare.py: each run's newest such result, seeds of a variant averaged)."""
+and for a sweep (compare.py: each run's newest result for each way of reading, seeds of a variant averaged)."""
 
 from __future__ import annotations
 
@@ -47,17 +47,25 @@ def plot_run_by_position(rows: list[dict], block: int, path: Path, title: str) -
     return save_figure(fig, path)
 
 
-def length_result(run: Run) -> dict | None:
-    """The run's newest evaluate.py result with ``lengths`` (eval-*.json beside its checkpoints), or None."""
-    found = []
+def setting_of(row: dict) -> str:
+    """How a length was read: ``chunks, full`` (, and a rotary scaling: ``yarn x4``)."""
+    return ", ".join(filter(None, (row["protocol"], row["past_context"], row.get("rope_scaling"))))
+
+
+def length_results(run: Run) -> list[dict]:
+    """The run's evaluate.py results with ``lengths`` (eval-*.json beside its checkpoints): for each way of
+    reading (protocol, past context, rotary scaling), the newest."""
+    newest: dict[str, tuple[float, dict]] = {}
     for path in run.path.glob("eval-*.json"):
         try:
             result = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
         if result.get("lengths"):
-            found.append((path.stat().st_mtime, result))
-    return max(found, key=lambda item: item[0])[1] if found else None
+            setting, written = setting_of(result["lengths"][0]), path.stat().st_mtime
+            if setting not in newest or written > newest[setting][0]:
+                newest[setting] = (written, result)
+    return [result for _, result in newest.values()]
 
 
 def length_curves(runs: list[Run]) -> dict[str, dict]:
@@ -65,12 +73,9 @@ def length_curves(runs: list[Run]) -> dict[str, dict]:
     position of its longest length over the variant's seeds, how many seeds, and the trained length."""
     grouped: dict[str, list[tuple[dict, int]]] = defaultdict(list)
     for run in runs:
-        result = length_result(run)
-        if result is None:
-            continue
-        for row in result["lengths"]:
-            setting = ", ".join(filter(None, (row["protocol"], row["past_context"], row.get("rope_scaling"))))
-            grouped[f"{run.variant} ({setting})"].append((row, result["block_size"]))
+        for result in length_results(run):
+            for row in result["lengths"]:
+                grouped[f"{run.variant} ({setting_of(row)})"].append((row, result["block_size"]))
     curves = {}
     for name, entries in sorted(grouped.items(), key=lambda item: natural_key(item[0])):
         by_length: dict[int, list[dict]] = defaultdict(list)
