@@ -47,10 +47,17 @@ from data.loader import PreparedData
 from data.prepare import prepare
 from model import load_model
 from model.checkpoint import BEST, LAST
-from model.context import check_past_context, check_reaches, with_context, with_rope_scaling
+from model.context import check_past_context, check_reaches, with_rope_scaling
 from model.device import resolve_device, resolve_dtype
 from training.config import TrainerConfig
-from training.evaluate import Evaluator, LengthEvaluator, check_protocol
+from training.evaluate import (
+    Evaluator,
+    check_protocol,
+    length_rows,
+    length_spellings,
+    resolve_lengths,
+    scaling_part,
+)
 
 
 @dataclass
@@ -96,36 +103,6 @@ def check(cfg: EvaluateConfig) -> None:
         raise ValueError("protocol, stride and past_context apply to lengths=[...]; add e.g. lengths=[1x,4x,16x]")
     if cfg.out is not None and Path(cfg.out).is_dir():
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
-
-
-LENGTH_HINT = "each length is a number of tokens, at least 1 (512), or a multiple of block_size (4x)"
-
-
-def length_spellings(lengths: Any) -> list:
-    """``lengths`` as given (one value or a list), each checked for its spelling: an int, or ``<number>x``."""
-    values = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
-    if not values:
-        raise ValueError(f"lengths=[] names no length; {LENGTH_HINT}, e.g. lengths=[1x,4x,16x]")
-    for value in values:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        if isinstance(value, str) and value.endswith("x"):
-            try:
-                ok = float(value[:-1]) > 0
-            except ValueError:
-                ok = False
-        if not ok:
-            raise ValueError(f"lengths={values}: {value!r} is not a length; {LENGTH_HINT}")
-    return values
-
-
-def resolve_lengths(lengths: Any, block_size: int) -> list[int]:
-    """Token counts of ``lengths``: a multiple ``4x`` is 4 x block_size (rounded; at least 1)."""
-    resolved = []
-    for value in length_spellings(lengths):
-        tokens = value if isinstance(value, int) else max(1, round(float(value[:-1]) * block_size))
-        if tokens not in resolved:
-            resolved.append(tokens)
-    return resolved
 
 
 def evaluation_batch(trained: dict, defaults: TrainerConfig) -> int:
@@ -205,15 +182,9 @@ def run(cfg: EvaluateConfig) -> dict:
               "block_size": block, "tokenizer": loaded.tokenizer.name, "rope_scaling": model.config.rope_scaling,
               "rope_factor": model.config.rope_factor}  # fmt: skip
     if lengths:
-        result["lengths"] = [
-            {"length": length, "multiple": length / block, "protocol": cfg.protocol, "past_context": cfg.past_context,
-             "rope_scaling": scaling_part(model.config),
-             "stride": evaluator_at.stride if cfg.protocol == "sliding" else None, **evaluator_at(
-                 with_context(model, length, cfg.past_context), progress=True)}
-            for length in lengths
-            for evaluator_at in [LengthEvaluator(data.tokens["val"], length, cfg.protocol, windows, cfg.stride,
-                                                 batch * block, data.bytes_per_token("val"), device, dtype)]
-        ]  # fmt: skip
+        result["lengths"] = length_rows(model, data.tokens["val"], lengths, cfg.protocol, cfg.past_context, windows,
+                                        cfg.stride, batch * block, data.bytes_per_token("val"), device, dtype,
+                                        progress=True)  # fmt: skip
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.parent.mkdir(parents=True, exist_ok=True)  # out=results/eval.json: the folder too
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -227,11 +198,6 @@ def run(cfg: EvaluateConfig) -> dict:
                              f"({cfg.protocol}, past_context={cfg.past_context}{scaled})")  # fmt: skip
         print(f"loss by position: {picture}")
     return result
-
-
-def scaling_part(config) -> str | None:
-    """A rotary scaling as a table spells it (``yarn x4``), or None."""
-    return f"{config.rope_scaling} x{config.rope_factor:g}" if config.rope_scaling else None
 
 
 def length_table(rows: list[dict], block: int) -> str:

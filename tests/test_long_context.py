@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from attention_reference import reference_attention
 from helpers import GPT2_LAYOUTS, TINY, compose_train
 from helpers import tiny_gpt_config as config
+from omegaconf import OmegaConf
 
 import evaluate
 import sample
@@ -252,3 +253,42 @@ def test_evaluate_reads_a_rotary_model_scaled_and_names_the_scaling(rope_run, da
                                                  past_context="full",
                                                  out=str(rope_run / "eval-plain.json")))  # fmt: skip
     assert plain["lengths"][0]["loss"] != result["lengths"][1]["loss"], "the scaling changed the function"
+
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+def test_a_finished_run_reads_its_final_model_past_its_length_as_evaluate_does(position, tmp_path, data_cache,
+                                                                              log_lines):  # fmt: skip
+    # trainer.eval_lengths: one file per protocol and rule, the rows evaluate.py computes on the last checkpoint
+    # (a learned table's model: the lengths within it only, the rest skipped and said).
+    run = tmp_path / "run"
+    train(compose_train(*TINY, f"model.position={position}", "logger=none", f"trainer.run_dir={run}",
+                        f"data.cache_dir={data_cache}", "trainer.eval_lengths=[1x,3x]",
+                        "trainer.eval_protocols=[chunks,sliding]", "trainer.eval_past_contexts=[full]"))  # fmt: skip
+    data = DataConfig(cache_dir=str(data_cache))
+    for protocol in ("chunks", "sliding"):
+        written = json.loads((run / f"eval-final-{protocol}-full.json").read_text())
+        again = evaluate.run(evaluate.EvaluateConfig(source=str(run), device="cpu", data=data, protocol=protocol,
+                                                     lengths=["1x", "3x"] if position == "rope" else ["1x"],
+                                                     past_context="full",
+                                                     out=str(tmp_path / "again.json")))  # fmt: skip
+        assert [r["length"] for r in written["lengths"]] == ([32, 96] if position == "rope" else [32])
+        for mine, theirs in zip(written["lengths"], again["lengths"]):
+            assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-6) and mine["protocol"] == protocol
+    skipped = [line for line in log_lines() if "trainer.eval_lengths: [96] skipped" in line]
+    assert len(skipped) == (1 if position == "learned" else 0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.eval_lengths=[0]", "trainer.eval_lengths=[0]: 0 is not a length"),
+    ("trainer.eval_lengths=[2y]", "trainer.eval_lengths=['2y']: '2y' is not a length"),
+    ("trainer.eval_protocols=[strided]", "trainer.eval_protocols: protocol='strided'; choose one of: chunks, sliding"),
+    ("trainer.eval_past_contexts=[]", "trainer.eval_past_contexts=[] must be a list of at least one"),
+    ("trainer.eval_past_contexts=[fulll]", "trainer.eval_past_contexts: past_context='fulll'; choose one of"),
+])  # fmt: skip
+def test_a_bad_final_length_option_is_refused_before_any_work(override, message, tmp_path):
+    from training.config import validate
+
+    cfg = compose_train(*TINY, "trainer.eval_lengths=[1x,4x]", override)
+    with pytest.raises(ValueError) as err:
+        validate(OmegaConf.to_object(cfg))
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -157,7 +157,7 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
         "experiment: compare_attention, compare_attention_gpu, compare_kernels, compare_kernels_gpu, "
         "compare_kv_heads, compare_kv_heads_gpu, compare_latent, compare_latent_gpu, compare_positions, "
         "compare_positions_gpu, compare_score_mods, compare_score_mods_gpu, compare_windows, compare_windows_gpu, "
-        "finetune_shakespeare, gpt2_small",
+        "finetune_shakespeare, gpt2_small, length_generalisation",
         "score_mods: none, qk_norm, sinks, softcap",
         "kv_cache: gqa2, gqa4, mha, mla512, mla85, mqa",
     ]

@@ -21,7 +21,9 @@ from omegaconf import OmegaConf
 from data.config import DataConfig, check_data_config
 from model.compiling import COMPILE_SCOPES
 from model.config import GPTConfig
+from model.context import check_past_context
 from model.device import DTYPES
+from training.evaluate import check_protocol, length_spellings
 
 
 @dataclass
@@ -57,6 +59,12 @@ class TrainerConfig:
     init_from: str | None = None  # start a NEW run from these weights: run dir, .pt, gpt2[-medium|...], HF folder
     stop_at_step: int | None = None  # stop (and checkpoint) early, as if interrupted; resume later
     sample_tokens: int = 200  # tokens of text printed at the end (0: none)
+    # Past the trained length, at the end of a finished run: the final model read at these lengths (tokens, or
+    # multiples of block_size: [1x,4x,16x]) by each protocol and past_context, as evaluate.py lengths=[...] does,
+    # written beside the checkpoints (eval-final-<protocol>-<past_context>.json) for compare.py
+    eval_lengths: Any = None
+    eval_protocols: list[str] = field(default_factory=lambda: ["chunks"])  # chunks | sliding
+    eval_past_contexts: list[str] = field(default_factory=lambda: ["ring"])  # ring | full
     run_dir: str | None = None  # where files go; train.py passes Hydra's output directory
     plan: bool = False  # print the plan (parameters, FLOPs, batch split, memory estimate) and exit
     profile: bool = False  # profile 3 steps after the warm-up: <run dir>/profile/ (time by kind, a trace)
@@ -124,10 +132,35 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"optim.lr={o.lr}, optim.min_lr={o.min_lr}: need 0 <= min_lr <= lr and lr > 0")
     if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
         raise ValueError("optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0")
+    check_final_lengths(cfg)
     if cfg.logger.kind not in LOGGER_KINDS:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; choose one of: {', '.join(LOGGER_KINDS)}")
     if cfg.logger.mode not in WANDB_MODES:
         raise ValueError(f"logger.mode={cfg.logger.mode!r}; choose one of: {', '.join(WANDB_MODES)}")
+
+
+def check_final_lengths(cfg: TrainConfig) -> None:
+    """trainer.eval_lengths and its protocols and rules, spelled right (a learned table's model reads only the
+    lengths within it: the rest are skipped, and said, when the run ends)."""
+    t = cfg.trainer
+    if t.eval_lengths is None:
+        return
+    try:
+        length_spellings(t.eval_lengths)
+    except ValueError as err:
+        raise ValueError(f"trainer.eval_{err}") from None  # "lengths=[0]: ..." -> "trainer.eval_lengths=[0]: ..."
+    for option, check in (("eval_protocols", lambda value: check_protocol(value, None)),
+                          ("eval_past_contexts", check_past_context)):  # fmt: skip
+        values = getattr(t, option)
+        if not isinstance(values, (list, tuple)) or not values:
+            example = "chunks,sliding" if option == "eval_protocols" else "ring,full"
+            raise ValueError(f"trainer.{option}={values!r} must be a list of at least one (e.g. "
+                             f"trainer.{option}=[{example}])")  # fmt: skip
+        for value in values:
+            try:
+                check(value)
+            except ValueError as err:
+                raise ValueError(f"trainer.{option}: {err}") from None
 
 
 def rank_share(trainer: TrainerConfig, world_size: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,36 @@ class Evaluator:
         val_loss = total / count
         # nats per token -> bits per byte of text
         return {"val/loss": val_loss, "val/bpb": val_loss / math.log(2) / self.bytes_per_token}
+
+
+LENGTH_HINT = "each length is a number of tokens, at least 1 (512), or a multiple of block_size (4x)"
+
+
+def length_spellings(lengths: Any) -> list:
+    """``lengths`` as given (one value or a list), each checked for its spelling: an int, or ``<number>x``."""
+    values = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
+    if not values:
+        raise ValueError(f"lengths=[] names no length; {LENGTH_HINT}, e.g. lengths=[1x,4x,16x]")
+    for value in values:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if isinstance(value, str) and value.endswith("x"):
+            try:
+                ok = float(value[:-1]) > 0
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ValueError(f"lengths={values}: {value!r} is not a length; {LENGTH_HINT}")
+    return values
+
+
+def resolve_lengths(lengths: Any, block_size: int) -> list[int]:
+    """Token counts of ``lengths``: a multiple ``4x`` is 4 x block_size (rounded; at least 1)."""
+    resolved = []
+    for value in length_spellings(lengths):
+        tokens = value if isinstance(value, int) else max(1, round(float(value[:-1]) * block_size))
+        if tokens not in resolved:
+            resolved.append(tokens)
+    return resolved
 
 
 PROTOCOLS = ("chunks", "sliding")
@@ -118,3 +149,26 @@ class LengthEvaluator:
         by_position = torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan)
         return {"loss": loss, "bpb": loss / math.log(2) / self.bytes_per_token, "tokens": int(counts.sum()),
                 "sequences": len(self.starts), "loss_by_position": by_position.tolist()}  # fmt: skip
+
+
+def scaling_part(config) -> str | None:
+    """A rotary scaling as the tables spell it (``yarn x4``), or None."""
+    return f"{config.rope_scaling} x{config.rope_factor:g}" if config.rope_scaling else None
+
+
+def length_rows(model: torch.nn.Module, val_tokens: np.ndarray, lengths: list[int], protocol: str, past_context: str,
+                n_windows: int, stride: int | None, batch_tokens: int, bytes_per_token: float, device: torch.device,
+                dtype: torch.dtype, progress: bool = False) -> list[dict]:  # fmt: skip
+    """The model read at each length by ``protocol`` with ``past_context``'s rule: one row per length (what
+    evaluate.py's JSON and compare.py read)."""
+    from model.context import with_context
+
+    rows = []
+    for length in lengths:
+        evaluator = LengthEvaluator(val_tokens, length, protocol, n_windows, stride, batch_tokens, bytes_per_token,
+                                    device, dtype)  # fmt: skip
+        rows.append({"length": length, "multiple": length / model.config.block_size, "protocol": protocol,
+                     "past_context": past_context, "rope_scaling": scaling_part(model.config),
+                     "stride": evaluator.stride if protocol == "sliding" else None,
+                     **evaluator(with_context(model, length, past_context), progress)})  # fmt: skip
+    return rows

@@ -10,6 +10,7 @@ rank 0 writes.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import math
 import shlex
@@ -38,7 +39,7 @@ from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps
 from training.distributed import Distributed, init_distributed
-from training.evaluate import Evaluator
+from training.evaluate import Evaluator, length_rows, resolve_lengths
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
 from training.preflight import RunSetup, preflight, with_micro_batch
@@ -208,6 +209,7 @@ class Trainer:
                               t.seed, dtype, dist, self.scaler)  # fmt: skip
         self.evaluate = Evaluator(data.tokens["val"], model_config.block_size, t.eval_windows, t.micro_batch_size,
                                   data.bytes_per_token("val"), device, dtype, dist)  # fmt: skip
+        self.val_tokens, self.val_bytes_per_token = data.tokens["val"], data.bytes_per_token("val")
         self.tokens_per_step = t.batch_size * model_config.block_size
         self.flops_per_token = self.model.flops_per_token()
         self.peak = peak_flops(device, dtype)
@@ -305,6 +307,8 @@ class Trainer:
                 if self.dist.is_main:
                     if t.sample_tokens > 0 and step == t.max_steps:
                         self.log_sample(step, self.sample(t.sample_tokens))
+                    if t.eval_lengths is not None and step == t.max_steps:
+                        self.evaluate_lengths(step)
                 seconds = time.perf_counter() - started
                 status = "finished" if step == t.max_steps else "interrupted"
             finally:
@@ -406,6 +410,28 @@ class Trainer:
                     else f"best {self.best_val:.4f} before this run")  # fmt: skip
             log.info("step %d: val/loss %.4f, val/bpb %.4f (%s)", step, metrics["val/loss"], metrics["val/bpb"], best)
         return {"val_loss": metrics["val/loss"], "val_bpb": metrics["val/bpb"], "best_val_loss": self.best_val}
+
+    def evaluate_lengths(self, step: int) -> None:
+        """trainer.eval_lengths: the final model read past its trained length by each protocol and rule, as
+        evaluate.py lengths=[...] does: eval-final-<protocol>-<past_context>.json beside the checkpoints."""
+        t, config = self.cfg.trainer, self.model.config
+        lengths = resolve_lengths(t.eval_lengths, config.block_size)
+        if not config.runs_past_context and max(lengths) > config.block_size:
+            log.warning("trainer.eval_lengths: %s skipped: model.position=%s has a table of block_size=%d rows",
+                        [n for n in lengths if n > config.block_size], config.position, config.block_size)  # fmt: skip
+            lengths = [n for n in lengths if n <= config.block_size]
+        batch_tokens = (self.evaluate.batch_size or t.batch_size) * config.block_size
+        for protocol in t.eval_protocols:
+            for past_context in t.eval_past_contexts:
+                with eager():
+                    rows = length_rows(self.model, self.val_tokens, lengths, protocol, past_context, t.eval_windows,
+                                       None, batch_tokens, self.val_bytes_per_token, self.device,
+                                       self.dtype)  # fmt: skip
+                result = {"lengths": rows, "source": str(self.run_dir), "step": step, "block_size": config.block_size,
+                          "data": self.cfg.data.name, "rope_scaling": config.rope_scaling}  # fmt: skip
+                (self.run_dir / f"eval-final-{protocol}-{past_context}.json").write_text(json.dumps(result, indent=2))
+                losses = ", ".join(f"{row['length']}: {row['loss']:.4f}" for row in rows)
+                log.info("past the trained length (%s, past_context=%s): loss at %s", protocol, past_context, losses)
 
     def save(self, name: str, step: int) -> None:
         if not self.dist.is_main:
