@@ -42,6 +42,7 @@ from training.distributed import Distributed, init_distributed
 from training.evaluate import Evaluator, length_rows, resolve_lengths
 from training.memory import MemoryMeter
 from training.optim import lr_at, make_optimizer
+from training.plan import read_lengths
 from training.preflight import RunSetup, preflight, with_micro_batch
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
 from training.run_log import RunDirClaim, claim_run_dir, open_run_log, record_failure, run_name
@@ -415,11 +416,11 @@ class Trainer:
         """trainer.eval_lengths: the final model read past its trained length by each protocol and rule, as
         evaluate.py lengths=[...] does: eval-final-<protocol>-<past_context>.json beside the checkpoints."""
         t, config = self.cfg.trainer, self.model.config
-        lengths = resolve_lengths(t.eval_lengths, config.block_size)
-        if not config.runs_past_context and max(lengths) > config.block_size:
+        lengths = read_lengths(t, config)
+        skipped = [n for n in resolve_lengths(t.eval_lengths, config.block_size) if n not in lengths]
+        if skipped:
             log.warning("trainer.eval_lengths: %s skipped: model.position=%s has a table of block_size=%d rows",
-                        [n for n in lengths if n > config.block_size], config.position, config.block_size)  # fmt: skip
-            lengths = [n for n in lengths if n <= config.block_size]
+                        skipped, config.position, config.block_size)  # fmt: skip
         batch_tokens = (self.evaluate.batch_size or t.batch_size) * config.block_size
         for protocol in t.eval_protocols:
             for past_context in t.eval_past_contexts:

@@ -18,7 +18,7 @@ import functools
 import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -28,6 +28,7 @@ from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
+from training.evaluate import resolve_lengths
 
 GIB = 2**30
 ASSUMED_MFU = 0.4  # for time estimates only: a typical compiled bf16 GPT-2-small run on an H100 (an assumption)
@@ -180,6 +181,20 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     return {name: value for name, value in parts.items() if value}
 
 
+def eval_bytes(config: GPTConfig, length: int, batch_tokens: int) -> tuple[int, int]:
+    """Reading ``length`` tokens past the trained context (trainer.eval_lengths, without gradients): the
+    sequences per forward (``LengthEvaluator``: at most ``batch_tokens`` tokens, one sequence at least) and the
+    bytes a forward holds at its peak, float32: the residual stream, a layer's norm, q/k/v and MLP hidden
+    (about 9 widths), a layer's attention matrices where the kernel makes them (the manual kernel: scores and
+    softmax), and the logits with their log-softmax (the loss of every position)."""
+    b = max(1, batch_tokens // length)
+    n = b * length * config.n_embd
+    keeps = registry.kernel(config.kernel).keeps_scores(config.sdpa_backend)
+    scores = 2 * b * config.n_head * length * length if keeps else b * config.n_head * length
+    logits = 2 * b * length * (config.vocab_size or config.padded_vocab_size)
+    return b, 4 * (9 * n + scores + logits)
+
+
 def encoding_bytes(config: GPTConfig, n: int, kv_share: float, a: int) -> int:
     """Per layer, what the modifications (``SCORE_MODS``: QK-norm's RMSNorm its float32 steps) and rotary
     positions keep of the queries and keys (``n`` elements is one query tensor): rotary the input and its rotated
@@ -205,6 +220,7 @@ class Plan:
     activations: dict[str, int]
     logits_transient_bytes: int
     cpu_flops: float | None = None  # a plan for this CPU: its measured matmul rate (cpu_matmul_flops)
+    eval_lengths: list[int] = field(default_factory=list)  # trainer.eval_lengths, in tokens (see eval_bytes)
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -251,6 +267,17 @@ class Plan:
             f"  on a GPU instead (trainer=gpu), {h100}",
         ]
 
+    def _eval_lines(self) -> list[str]:
+        """trainer.eval_lengths: what reading each length costs at the end of the run (main rank, float32)."""
+        if not self.eval_lengths:
+            return []
+        parts = []
+        for length in self.eval_lengths:
+            batch, nbytes = eval_bytes(self.config, length, self.micro_batch * self.config.block_size)
+            parts.append(f"{length:,} tokens x {batch}: {nbytes / 2**20:,.0f} MiB")
+        return [f"  reading past the trained length at the end (trainer.eval_lengths; sequences per forward, the "
+                f"forward's peak beside the weights, float32): {'; '.join(parts)}"]  # fmt: skip
+
     def text(self) -> str:
         c = self.config
         tokens = self.tokens_per_step * self.max_steps
@@ -280,6 +307,7 @@ class Plan:
                          f"sample while every layer's ring fills, {full / 1024:,.1f} KiB per sample when all are "
                          f"full ({str(self.dtype).removeprefix('torch.')})")  # fmt: skip
             return "\n".join(lines)
+        lines += self._eval_lines()
         window = f", window {c.window}: at most {c.cache_capacity} positions" if c.window else ""
         lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
                      f"sample ({cache_kind(c)}; {cache_width(c):,} numbers per layer x {c.n_layer} layers{window}, "
@@ -308,7 +336,16 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
         activations=activation_bytes(model_config, micro, dtype),
         # the LM head's output, its cropped copy and its float32 cast live together for a moment
         logits_transient_bytes=micro * model_config.block_size * V * (2 * a + (4 if a < 4 else 0)),
+        eval_lengths=read_lengths(t, model_config),
     )
+
+
+def read_lengths(trainer, config: GPTConfig) -> list[int]:
+    """trainer.eval_lengths in tokens, those a learned table's model reads (within its rows)."""
+    if trainer.eval_lengths is None:
+        return []
+    lengths = resolve_lengths(trainer.eval_lengths, config.block_size)
+    return lengths if config.runs_past_context else [n for n in lengths if n <= config.block_size]
 
 
 AUTO_HEADROOM = 0.85  # share of free memory micro_batch_size=auto plans to fill: workspaces, fragmentation
