@@ -292,3 +292,19 @@ def test_a_bad_final_length_option_is_refused_before_any_work(override, message,
     with pytest.raises(ValueError) as err:
         validate(OmegaConf.to_object(cfg))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_plan_prices_each_final_length_a_learned_table_only_within_it():
+    # The manual kernel keeps each forward's attention matrices: at a fixed budget of tokens per forward (fewer
+    # sequences as they grow) they grow with the length; a fused kernel's do not.
+    from training.plan import eval_bytes, make_plan
+
+    for position, kernel in (("rope", "manual"), ("rope", "sdpa"), ("learned", "sdpa")):
+        cfg = OmegaConf.to_object(compose_train(*TINY, f"model.position={position}", f"kernel={kernel}",
+                                                "model.vocab_size=257", "trainer.eval_lengths=[1x,4x,32x]"))
+        plan = make_plan(cfg, cfg.model, 1, torch.float32)
+        line = next(line for line in plan.text().splitlines() if "reading past the trained length" in line)
+        assert plan.eval_lengths == ([32, 128, 1024] if position == "rope" else [32])
+        assert ("1,024 tokens x 1" in line) == (position == "rope") and "32 tokens x 8" in line
+        sizes = [eval_bytes(cfg.model, n, 8 * 32)[1] for n in (32, 1024)]
+        assert (sizes[1] > 10 * sizes[0]) == (kernel == "manual"), sizes
