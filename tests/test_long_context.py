@@ -108,19 +108,20 @@ def test_the_protocols_equal_their_definitions_token_by_token(length, stride, ba
     torch.manual_seed(length + stride)
     model = with_context(GPT(config(position="rope")).eval(), length, "full")
     tokens = np.random.default_rng(length).integers(0, 50, size=61).astype(np.uint16)
-    # chunks: independent, never overlapping, every token scored with its place in the chunk as its position
-    chunks = LengthEvaluator(tokens, length, "chunks", 4, None, batch_tokens, 1.0, torch.device("cpu"),
+    # chunks: the stretch's first tokens cut into independent chunks, every token scored with its place in the
+    # chunk as its position
+    span = 3 * length  # the tokens every protocol reads (length_rows: windows x the longest length)
+    chunks = LengthEvaluator(tokens, length, "chunks", span, None, batch_tokens, 1.0, torch.device("cpu"),
                              torch.float32)(model)  # fmt: skip
-    starts = np.linspace(0, len(tokens) - length - 1, num=min(4, 60 // length)).round().astype(int)
-    assert all(b - a >= length for a, b in zip(starts, starts[1:]))
+    starts = [i * length for i in range(min(span, 60) // length)]
     want = torch.stack([token_losses(model, tokens, s, length) for s in starts])
     assert chunks["tokens"] == want.numel() and chunks["sequences"] == len(starts)
     np.testing.assert_allclose(chunks["loss_by_position"], want.mean(0).numpy(), rtol=1e-5)
     assert chunks["loss"] == pytest.approx(float(want.mean()), rel=1e-6)
     # sliding: windows `stride` apart from the start; each target scored once, by the first window holding it
-    sliding = LengthEvaluator(tokens, length, "sliding", 3, stride, batch_tokens, 1.0, torch.device("cpu"),
+    sliding = LengthEvaluator(tokens, length, "sliding", span, stride, batch_tokens, 1.0, torch.device("cpu"),
                               torch.float32)(model)  # fmt: skip
-    window_starts = list(range(0, 3 * length - length + 1, stride))
+    window_starts = list(range(0, min(span, 60) - length + 1, stride))
     covered = window_starts[-1] + length
     sums, counts, total = np.zeros(length), np.zeros(length), []
     for target in range(covered):
@@ -142,15 +143,15 @@ def rope_run(tmp_path_factory, data_cache):
     return run
 
 
-def test_evaluate_writes_the_loss_at_each_length_and_position_and_its_1x_chunks_are_val_loss(rope_run, data_cache,
-                                                                                             capsys):  # fmt: skip
+def test_evaluate_writes_the_loss_at_each_length_and_position_over_one_stretch_of_text(rope_run, data_cache,
+                                                                                      capsys):  # fmt: skip
     data = DataConfig(cache_dir=str(data_cache))
     result = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["1x", 64, "4x"],
                                                   past_context="full", data=data))  # fmt: skip
     out = capsys.readouterr().out
     rows = result["lengths"]
     assert [r["length"] for r in rows] == [32, 64, 128] and [r["multiple"] for r in rows] == [1, 2, 4]
-    assert rows[0]["loss"] == pytest.approx(result["val/loss"], rel=1e-6), "the same windows as training's"
+    assert [r["tokens"] for r in rows] == [8 * 128] * 3, "every length reads the run's 8 windows x 128 tokens"
     for row in rows:
         assert len(row["loss_by_position"]) == row["length"] and row["past_context"] == "full"
         assert row["loss"] == pytest.approx(np.average(row["loss_by_position"]), rel=1e-6)

@@ -88,20 +88,22 @@ def check_protocol(protocol: str, stride: int | None) -> None:
 class LengthEvaluator:
     """Loss at one evaluation length, by a protocol, and the mean loss at each position of a sequence.
 
-    - ``chunks`` (ALiBi's "train short, test long"): ``n_windows`` independent chunks of ``length`` tokens
-      spread evenly over the validation split, never overlapping; every token of a chunk is scored, so
-      position p's loss is that of a token with p tokens before it.
+    Every length and protocol reads the same stretch of text: the first ``span`` tokens of the validation split
+    (``length_rows``: its windows x the longest length), so that a difference between them is the context's,
+    not the text's (ALiBi evaluates the whole validation set at every length for the same reason).
+
+    - ``chunks`` (ALiBi's "train short, test long"): the stretch cut into independent chunks of ``length``
+      tokens; every token of a chunk is scored, so position p's loss is that of a token with p tokens before it.
     - ``sliding`` (perplexity as YaRN and Hugging Face report it): windows of ``length`` tokens that start
-      ``stride`` tokens apart over one stretch of the split from its start (about ``n_windows x length`` tokens);
-      the first window scores all its tokens, each later one only its last ``stride`` (those no window scored
-      yet), so most tokens are scored with ``length - stride`` or more tokens before them. A position is a
-      scored token's place in its window.
+      ``stride`` tokens apart; the first window scores all its tokens, each later one only its last ``stride``
+      (those no window scored yet), so most tokens are scored with ``length - stride`` or more tokens before
+      them. A position is a scored token's place in its window.
 
     A forward holds ``batch_tokens`` tokens at most (whole sequences, at least one), so memory does not grow
     with the length.
     """
 
-    def __init__(self, val_tokens: np.ndarray, length: int, protocol: str, n_windows: int, stride: int | None,
+    def __init__(self, val_tokens: np.ndarray, length: int, protocol: str, span: int, stride: int | None,
                  batch_tokens: int, bytes_per_token: float, device: torch.device,
                  dtype: torch.dtype) -> None:  # fmt: skip
         check_protocol(protocol, stride)
@@ -111,12 +113,8 @@ class LengthEvaluator:
                              f"(a sequence needs length + 1); evaluate shorter lengths or on more data")  # fmt: skip
         self.tokens, self.length, self.protocol = val_tokens, length, protocol
         self.stride = min(stride or max(1, length // 2), length)
-        if protocol == "chunks":
-            n = min(n_windows, available // length)
-            self.starts = validation_starts(len(val_tokens), length, n)
-        else:
-            budget = min(n_windows * length, available)
-            self.starts = np.arange(0, budget - length + 1, self.stride, dtype=np.int64)
+        span = max(length, min(span, available))
+        self.starts = np.arange(0, span - length + 1, length if protocol == "chunks" else self.stride, dtype=np.int64)
         self.batch = max(1, batch_tokens // length)
         self.bytes_per_token, self.device, self.dtype = bytes_per_token, device, dtype
 
@@ -159,13 +157,13 @@ def scaling_part(config) -> str | None:
 def length_rows(model: torch.nn.Module, val_tokens: np.ndarray, lengths: list[int], protocol: str, past_context: str,
                 n_windows: int, stride: int | None, batch_tokens: int, bytes_per_token: float, device: torch.device,
                 dtype: torch.dtype, progress: bool = False) -> list[dict]:  # fmt: skip
-    """The model read at each length by ``protocol`` with ``past_context``'s rule: one row per length (what
-    evaluate.py's JSON and compare.py read)."""
+    """The model read at each length by ``protocol`` with ``past_context``'s rule, each over the first
+    ``n_windows`` x the longest length tokens of the split: one row per length (evaluate.py's JSON, compare.py)."""
     from model.context import with_context
 
-    rows = []
+    rows, span = [], n_windows * max(lengths, default=1)  # the same stretch at every length
     for length in lengths:
-        evaluator = LengthEvaluator(val_tokens, length, protocol, n_windows, stride, batch_tokens, bytes_per_token,
+        evaluator = LengthEvaluator(val_tokens, length, protocol, span, stride, batch_tokens, bytes_per_token,
                                     device, dtype)  # fmt: skip
         rows.append({"length": length, "multiple": length / model.config.block_size, "protocol": protocol,
                      "past_context": past_context, "rope_scaling": scaling_part(model.config),
