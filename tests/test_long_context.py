@@ -273,8 +273,11 @@ def test_a_finished_run_reads_its_final_model_past_its_length_as_evaluate_does(p
                                                      past_context="full",
                                                      out=str(tmp_path / "again.json")))  # fmt: skip
         assert [r["length"] for r in written["lengths"]] == ([32, 96] if position == "rope" else [32])
-        for mine, theirs in zip(written["lengths"], again["lengths"]):
-            assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-6) and mine["protocol"] == protocol
+        if position == "rope":  # the same stretch of text: the run's 8 windows x 96 tokens
+            for mine, theirs in zip(written["lengths"], again["lengths"]):
+                assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-6) and mine["protocol"] == protocol
+        # a learned table's run reads the stretch a sweep's other runs read (8 x 96), within its rows
+        assert written["lengths"][0]["tokens"] == 8 * 96
     skipped = [line for line in log_lines() if "trainer.eval_lengths: [96] skipped" in line]
     assert len(skipped) == (1 if position == "learned" else 0)
 

@@ -156,12 +156,13 @@ def scaling_part(config) -> str | None:
 
 def length_rows(model: torch.nn.Module, val_tokens: np.ndarray, lengths: list[int], protocol: str, past_context: str,
                 n_windows: int, stride: int | None, batch_tokens: int, bytes_per_token: float, device: torch.device,
-                dtype: torch.dtype, progress: bool = False) -> list[dict]:  # fmt: skip
-    """The model read at each length by ``protocol`` with ``past_context``'s rule, each over the first
-    ``n_windows`` x the longest length tokens of the split: one row per length (evaluate.py's JSON, compare.py)."""
+                dtype: torch.dtype, progress: bool = False, span: int | None = None) -> list[dict]:  # fmt: skip
+    """The model read at each length by ``protocol`` with ``past_context``'s rule, each over the first ``span``
+    tokens of the split (default ``n_windows`` x the longest length): one row per length (evaluate.py's JSON,
+    compare.py)."""
     from model.context import with_context
 
-    rows, span = [], n_windows * max(lengths, default=1)  # the same stretch at every length
+    rows, span = [], span or n_windows * max(lengths, default=1)  # the same stretch at every length
     for length in lengths:
         evaluator = LengthEvaluator(val_tokens, length, protocol, span, stride, batch_tokens, bytes_per_token,
                                     device, dtype)  # fmt: skip

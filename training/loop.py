@@ -416,8 +416,8 @@ class Trainer:
         """trainer.eval_lengths: the final model read past its trained length by each protocol and rule, as
         evaluate.py lengths=[...] does: eval-final-<protocol>-<past_context>.json beside the checkpoints."""
         t, config = self.cfg.trainer, self.model.config
-        lengths = read_lengths(t, config)
-        skipped = [n for n in resolve_lengths(t.eval_lengths, config.block_size) if n not in lengths]
+        lengths, asked = read_lengths(t, config), resolve_lengths(t.eval_lengths, config.block_size)
+        skipped = [n for n in asked if n not in lengths]
         if skipped:
             log.warning("trainer.eval_lengths: %s skipped: model.position=%s has a table of block_size=%d rows",
                         skipped, config.position, config.block_size)  # fmt: skip
@@ -426,8 +426,8 @@ class Trainer:
             for past_context in t.eval_past_contexts:
                 with eager():
                     rows = length_rows(self.model, self.val_tokens, lengths, protocol, past_context, t.eval_windows,
-                                       None, batch_tokens, self.val_bytes_per_token, self.device,
-                                       self.dtype)  # fmt: skip
+                                       None, batch_tokens, self.val_bytes_per_token, self.device, self.dtype,
+                                       span=t.eval_windows * max(asked))  # the stretch of every run of a sweep
                 result = {"lengths": rows, "source": str(self.run_dir), "step": step, "block_size": config.block_size,
                           "data": self.cfg.data.name, "rope_scaling": config.rope_scaling}  # fmt: skip
                 (self.run_dir / f"eval-final-{protocol}-{past_context}.json").write_text(json.dumps(result, indent=2))
