@@ -106,7 +106,8 @@ def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
     """Loss against evaluation length, a line per curve, each run's trained length marked."""
     fig, ax = pyplot().subplots(figsize=(8, 4.5))
     for name, curve in curves.items():
-        ax.plot(list(curve["loss"]), list(curve["loss"].values()), marker="o", markersize=4, label=name)
+        style = curve_style(name, curves)
+        ax.plot(list(curve["loss"]), list(curve["loss"].values()), label=name, markersize=4, **style)
     for block in sorted({curve["block"] for curve in curves.values()}):
         ax.axvline(block, color="grey", linestyle=":", label=f"block_size {block} (trained length)")
     ax.set_xscale("log", base=2)
@@ -117,12 +118,22 @@ def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
     return save_figure(fig, out / "loss_vs_length.png")
 
 
+def curve_style(name: str, curves: dict[str, dict]) -> dict:
+    """A colour per variant; a line style per protocol (chunks solid, sliding dashed), a marker per past context
+    (full: circles, ring: squares): a curve is told apart by its three parts, not by the colour cycle."""
+    variants = list(dict.fromkeys(curve.split(" (")[0] for curve in curves))
+    setting = name.split(" (", 1)[1] if " (" in name else ""
+    return {"color": f"C{variants.index(name.split(' (')[0]) % 10}",
+            "linestyle": "--" if setting.startswith("sliding") else "-",
+            "marker": "s" if ", ring" in setting else "o"}  # fmt: skip
+
+
 def plot_sweep_by_position(curves: dict[str, dict], out: Path) -> Path:
     """Loss against position over each curve's longest evaluated length, overlaid."""
     fig, ax = pyplot().subplots(figsize=(8, 4.5))
     for name, curve in curves.items():
-        ax.plot(*log_binned(curve["by_position"]), marker=".", markersize=3,
-                label=f"{name}, {len(curve['by_position'])} tokens")  # fmt: skip
+        ax.plot(*log_binned(curve["by_position"]), markersize=3, label=f"{name}, {len(curve['by_position'])} tokens",
+                **curve_style(name, curves))  # fmt: skip
     draw_by_position(ax, min(curve["block"] for curve in curves.values()))
     ax.set_title("Loss by position over the longest evaluated length", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
