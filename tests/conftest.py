@@ -94,14 +94,9 @@ def log_lines(caplog):
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, data_cache):
     """A checkpoint from a real (tiny) training run, shared by the sampling and head-analysis tests."""
-    from helpers import TINY, compose_train
+    from helpers import tiny_run
 
-    from training.loop import train
-
-    run = tmp_path_factory.mktemp("trained") / "run"
-    train(compose_train(*TINY, "logger=none", "trainer.max_steps=30", f"trainer.run_dir={run}",
-                        f"data.cache_dir={data_cache}"))  # fmt: skip
-    return run
+    return tiny_run(tmp_path_factory.mktemp("trained") / "run", data_cache, "trainer.max_steps=30")
 
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"

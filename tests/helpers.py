@@ -84,6 +84,15 @@ def compose_train(*overrides: str) -> DictConfig:
         return compose(config_name="train", overrides=list(overrides))
 
 
+def tiny_run(run: Path, data_cache: Path, *overrides: str) -> Path:
+    """A real (tiny) training run in ``run``, without wandb, on the session's prepared data: a fixture's
+    checkpoint."""
+    from training.loop import train
+
+    train(compose_train(*TINY, "logger=none", *overrides, f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"))
+    return run
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attention_reference import reference_attention
-from helpers import GPT2_LAYOUTS, TINY, compose_train
+from helpers import GPT2_LAYOUTS, TINY, compose_train, tiny_run
 from helpers import tiny_gpt_config as config
 from omegaconf import OmegaConf
 
@@ -137,10 +137,7 @@ def test_the_protocols_equal_their_definitions_token_by_token(length, stride, ba
 
 @pytest.fixture(scope="module")
 def rope_run(tmp_path_factory, data_cache):
-    run = tmp_path_factory.mktemp("rope") / "run"
-    train(compose_train(*TINY, "model.position=rope", "logger=none", f"trainer.run_dir={run}",
-                        f"data.cache_dir={data_cache}"))  # fmt: skip
-    return run
+    return tiny_run(tmp_path_factory.mktemp("rope") / "run", data_cache, "model.position=rope")
 
 
 def test_evaluate_writes_the_loss_at_each_length_and_position_over_one_stretch_of_text(rope_run, data_cache,
