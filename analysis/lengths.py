@@ -104,7 +104,7 @@ def lengths_table(curves: dict[str, dict]) -> str:
 
 def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
     """Loss against evaluation length, a line per curve, each run's trained length marked."""
-    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    fig, ax = pyplot().subplots(figsize=(11, 5))
     for name, curve in curves.items():
         style = curve_style(name, curves)
         ax.plot(list(curve["loss"]), list(curve["loss"].values()), label=name, markersize=4, **style)
@@ -114,7 +114,7 @@ def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("validation loss (nats per token)")
     ax.set_title("Loss past the trained length (evaluate.py lengths=...)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend(ax, curves)
     return save_figure(fig, out / "loss_vs_length.png")
 
 
@@ -128,13 +128,35 @@ def curve_style(name: str, curves: dict[str, dict]) -> dict:
             "marker": "s" if ", ring" in setting else "o"}  # fmt: skip
 
 
+def legend(ax, curves: dict[str, dict]) -> None:
+    """Beside the axes: a line per curve, or, where that would be longer than a few and every curve's way of
+    reading is a protocol and a past context, a colour per variant, a line style per protocol and a marker per
+    past context (a sweep of 6 variants read 4 ways: 12 entries, not 24)."""
+    settings = [name.split(" (", 1)[1].rstrip(")") if " (" in name else "" for name in curves]
+    if len(curves) <= 6 or any(setting.count(",") != 1 for setting in settings):
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return
+    from matplotlib.lines import Line2D
+
+    variants = list(dict.fromkeys(name.split(" (")[0] for name in curves))
+    protocols = list(dict.fromkeys(setting.split(", ")[0] for setting in settings))
+    contexts = list(dict.fromkeys(setting.split(", ")[1] for setting in settings))
+    handles = [Line2D([], [], color=f"C{i % 10}", label=variant) for i, variant in enumerate(variants)]
+    handles += [Line2D([], [], color="grey", linestyle="--" if p == "sliding" else "-", label=f"protocol={p}")
+                for p in protocols]  # fmt: skip
+    handles += [Line2D([], [], color="grey", linestyle="", marker="s" if c == "ring" else "o",
+                       label=f"past_context={c}") for c in contexts]  # fmt: skip
+    handles += [h for h in ax.get_legend_handles_labels()[0] if h.get_label().startswith("block_size")]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
 def plot_sweep_by_position(curves: dict[str, dict], out: Path) -> Path:
     """Loss against position over each curve's longest evaluated length, overlaid."""
-    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    fig, ax = pyplot().subplots(figsize=(11, 5))
     for name, curve in curves.items():
         ax.plot(*log_binned(curve["by_position"]), markersize=3, label=f"{name}, {len(curve['by_position'])} tokens",
                 **curve_style(name, curves))  # fmt: skip
     draw_by_position(ax, min(curve["block"] for curve in curves.values()))
     ax.set_title("Loss by position over the longest evaluated length", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend(ax, curves)
     return save_figure(fig, out / "loss_by_position.png")

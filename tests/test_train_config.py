@@ -160,6 +160,7 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
         "finetune_shakespeare, gpt2_small, length_generalisation",
         "score_mods: none, qk_norm, sinks, softcap",
         "kv_cache: gqa2, gqa4, mha, mla512, mla85, mqa",
+        "length_variant: alibi, gemma3, learned, none, rope, window",
     ]
     for line in expected:
         assert line in result.stdout
