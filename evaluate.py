@@ -17,6 +17,13 @@ Past the trained length (a model without a position table: rope, alibi, none):
 ALiBi's) or ``sliding`` (windows ``stride`` apart, YaRN's perplexity); ``past_context`` is ``ring`` (each
 position sees its last ``block_size`` keys, as sample.py decodes) or ``full`` (every earlier key). The loss at
 each length, and at each position of a sequence, go to the JSON, a table, and a plot beside it.
+
+Retrieval at those lengths (data/retrieval.py: a pass key hidden in filler text, multi-query associative
+recall), scored by the model's top choice at each depth of the fact:
+
+    python evaluate.py source=<run> lengths=[1x,4x,16x] retrieval=[passkey,mqar] depths=[0,0.5,1]
+
+Its accuracy goes to the JSON (``retrieval``), a table, and a heatmap (``<out>-retrieval.png``).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from analysis.lengths import plot_run_by_position
+from analysis.retrieval import plot_retrieval, retrieval_table
 from cli import (
     check_at_least,
     check_attention_and_kernel,
@@ -45,6 +53,7 @@ from cli import (
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
+from data.retrieval import check_depth, check_retrieval, check_task
 from model import load_model
 from model.checkpoint import BEST, LAST
 from model.context import check_past_context, check_reaches, with_rope_scaling
@@ -58,6 +67,7 @@ from training.evaluate import (
     resolve_lengths,
     scaling_part,
 )
+from training.retrieval import retrieval_rows
 
 
 @dataclass
@@ -78,6 +88,10 @@ class EvaluateConfig:
     past_context: str = "ring"  # ring: each position sees its last block_size keys | full: every earlier key
     rope_scaling: str | None = None  # read a rotary model scaled: pi | ntk | yarn (None: as it was trained)
     rope_factor: float | None = None  # the scaling's factor s (None: the longest length over block_size)
+    retrieval: Any = None  # at those lengths too: passkey | mqar, or a list (data/retrieval.py)
+    depths: Any = field(default_factory=lambda: [0, 0.25, 0.5, 0.75, 1])  # where the fact sits: 0 start, 1 end
+    examples: int = 20  # retrieval: sequences per task, length and depth
+    seed: int = 0  # retrieval: which sequences (the same seed, the same ones)
 
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
@@ -101,8 +115,38 @@ def check(cfg: EvaluateConfig) -> None:
         raise ValueError(f"rope_factor={cfg.rope_factor} scales nothing without rope_scaling=pi|ntk|yarn")
     if cfg.lengths is None and (cfg.protocol != "chunks" or cfg.stride is not None or cfg.past_context != "ring"):
         raise ValueError("protocol, stride and past_context apply to lengths=[...]; add e.g. lengths=[1x,4x,16x]")
+    retrieval_tasks(cfg)
+    retrieval_depths(cfg)
+    check_at_least("examples", cfg.examples, 1)
+    if cfg.retrieval is not None and cfg.lengths is None:
+        raise ValueError(f"retrieval={cfg.retrieval} is read at lengths=[...]; add e.g. lengths=[1x,4x,16x]")
     if cfg.out is not None and Path(cfg.out).is_dir():
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
+
+
+def retrieval_tasks(cfg: EvaluateConfig) -> list[str]:
+    """``retrieval`` as a list of tasks (none when unset)."""
+    if cfg.retrieval is None:
+        return []
+    tasks = list(cfg.retrieval) if isinstance(cfg.retrieval, (list, tuple)) else [cfg.retrieval]
+    for task in tasks:
+        try:
+            check_task(task)
+        except ValueError as err:
+            raise ValueError(f"retrieval={cfg.retrieval}: {err}") from None
+    return tasks
+
+
+def retrieval_depths(cfg: EvaluateConfig) -> list[float]:
+    depths = list(cfg.depths) if isinstance(cfg.depths, (list, tuple)) else [cfg.depths]
+    if not depths:
+        raise ValueError("depths=[] names no depth; give numbers from 0 to 1, e.g. depths=[0,0.5,1]")
+    for depth in depths:
+        try:
+            check_depth(depth)
+        except ValueError as err:
+            raise ValueError(f"depths={cfg.depths}: {err}") from None
+    return depths
 
 
 def evaluation_batch(trained: dict, defaults: TrainerConfig) -> int:
@@ -171,6 +215,8 @@ def run(cfg: EvaluateConfig) -> dict:
             check_reaches(model.config, length)
         except ValueError as err:
             raise ValueError(f"lengths={cfg.lengths}: {err}") from None
+        if cfg.retrieval is not None:
+            check_retrieval(retrieval_tasks(cfg), loaded.tokenizer.encode, length, option=f"lengths={cfg.lengths}")
         if length + 1 > len(data.tokens["val"]):
             raise ValueError(f"lengths={cfg.lengths}: {length} tokens is more than the validation split holds "
                              f"({len(data.tokens['val']):,} tokens of data={cfg.data.name}); evaluate shorter "
@@ -185,6 +231,11 @@ def run(cfg: EvaluateConfig) -> dict:
         result["lengths"] = length_rows(model, data.tokens["val"], lengths, cfg.protocol, cfg.past_context, windows,
                                         cfg.stride, batch * block, data.bytes_per_token("val"), device, dtype,
                                         progress=True)  # fmt: skip
+    if cfg.retrieval is not None:
+        result["retrieval"] = retrieval_rows(model, loaded.tokenizer.encode, retrieval_tasks(cfg), lengths,
+                                             retrieval_depths(cfg),
+                                             cfg.past_context, cfg.examples, cfg.seed, batch * block, device, dtype,
+                                             progress=True)  # fmt: skip
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.parent.mkdir(parents=True, exist_ok=True)  # out=results/eval.json: the folder too
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -197,6 +248,13 @@ def run(cfg: EvaluateConfig) -> dict:
         plot_run_by_position(result["lengths"], block, picture, f"{loaded.name}: loss by position "
                              f"({cfg.protocol}, past_context={cfg.past_context}{scaled})")  # fmt: skip
         print(f"loss by position: {picture}")
+    if cfg.retrieval is not None:
+        print(retrieval_table(result["retrieval"], block))
+        picture = out.with_name(f"{out.stem}-retrieval.png")
+        title = (f"{loaded.name}: retrieval by depth and length (past_context={cfg.past_context}, {cfg.examples} "
+                 f"sequences per cell, seed {cfg.seed})")  # fmt: skip
+        plot_retrieval(result["retrieval"], block, picture, title)
+        print(f"retrieval heatmap: {picture}")
     return result
 
 

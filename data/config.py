@@ -6,14 +6,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SOURCES = ("pystdlib", "files", "url", "hub")
+SOURCES = ("pystdlib", "files", "url", "hub", "retrieval")
 SAMPLE_BY = ("document", "paragraph", "line")
 
 
 @dataclass
 class DataConfig:
     name: str = "pystdlib"  # a label: names the cache directory and the wandb config
-    source: str = "pystdlib"  # pystdlib | files | url | hub
+    source: str = "pystdlib"  # pystdlib | files | url | hub | retrieval (data/retrieval.py's tasks, generated)
     path: str | None = None  # files: a file, directory or glob; hub: the dataset's repo id (or a local folder)
     subset: str | None = None  # hub: the dataset's config name (e.g. sample-10BT)
     split: str = "train"  # hub: which split to read

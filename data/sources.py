@@ -2,8 +2,8 @@
 
 Every source goes through `datasets`: the embedded Python standard library and
 local text files through the ``text`` builder (line breaks kept), parquet and
-jsonl through their builders, a URL through a cached download, and the hub by
-name (optionally streaming).
+jsonl through their builders, a URL through a cached download, the hub by
+name (optionally streaming), and the retrieval tasks as generated documents.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def load_documents(cfg: DataConfig) -> datasets.Dataset | datasets.IterableDatas
         ds = _load_files(resolve_files(cfg.path), cfg)
     elif cfg.source == "url":
         ds = _load_files([download(cfg.url, data_cache_dir(cfg))], cfg)
+    elif cfg.source == "retrieval":
+        import datasets
+
+        from data.retrieval import corpus
+
+        ds = datasets.Dataset.from_dict({"text": corpus()})
     else:
         ds = _load_hub(cfg)
     return _only_text(ds, cfg.text_column)
@@ -86,6 +92,10 @@ def source_identity(cfg: DataConfig) -> dict:
         files = resolve_files(cfg.path)
     elif cfg.source == "hub" and os.path.isdir(os.path.expanduser(cfg.path)):
         files = resolve_files(cfg.path)
+    elif cfg.source == "retrieval":
+        from data.retrieval import CORPUS_VERSION
+
+        return {"generator": CORPUS_VERSION}  # generated: the same documents until the generator changes
     else:
         return {}  # a URL is downloaded once; a hub dataset is named by its id
     stats = [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]

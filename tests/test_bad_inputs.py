@@ -225,6 +225,8 @@ EVALUATE = [
     ("attention", "multi"), ("kernel", "triton"), ("lengths", [0]), ("lengths", ["3y"]), ("lengths", []),
     ("lengths", ["0x"]), ("lengths", [1.5]), ("lengths", [64]), ("protocol", "strided"), ("stride", 0),
     ("past_context", "infinite"), ("rope_scaling", "yarm"), ("rope_scaling", "pi"), ("rope_factor", 2.0),
+    ("retrieval", "needle"), ("retrieval", "passkey"), ("depths", [1.5]), ("depths", []), ("depths", ["deep"]),
+    ("examples", 0),
 ]  # fmt: skip
 BENCH = [
     ("--seq-len", "0"), ("--batch", "0"), ("--n-head", "0"), ("--n-embd", "0"), ("--n-layer", "0"),

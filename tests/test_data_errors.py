@@ -63,7 +63,7 @@ def test_mixed_file_kinds_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "fields,message",
     [
-        (dict(source="ftp"), "unknown data source 'ftp'; choose one of: pystdlib, files, url, hub"),
+        (dict(source="ftp"), "unknown data source 'ftp'; choose one of: pystdlib, files, url, hub, retrieval"),
         (dict(source="files", path=None), "data.source=files needs data.path"),
         (dict(source="url"), "data.source=url needs data.url"),
         (dict(source="hub", path="x/y", streaming=True), "streaming=true needs a token budget"),

@@ -159,6 +159,46 @@ def test_evaluate_writes_the_loss_at_each_length_and_position_over_one_stretch_o
     assert "loss by position, the mean over each span of 32 positions" in out
 
 
+def test_evaluate_scores_retrieval_at_each_length_and_depth_in_its_json_table_and_heatmap(rope_run, data_cache,
+                                                                                          capsys):  # fmt: skip
+    from data.retrieval import QUERIES, examples
+    from data.tokenizers import get_tokenizer
+    from model import load_model
+    from training.retrieval import accuracy
+
+    data = DataConfig(cache_dir=str(data_cache))
+    out = rope_run / "retrieval.json"
+    cfg = evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["2x", 96], past_context="full",
+                                  retrieval=["passkey", "mqar"], depths=[0, 1], examples=3, seed=5, out=str(out),
+                                  data=data)  # fmt: skip
+    result = evaluate.run(cfg)
+    rows = result["retrieval"]
+    cells = [(r["length"], r["task"], r["depth"]) for r in rows]
+    assert cells == [(n, t, d) for n in (64, 96) for t in ("passkey", "mqar") for d in (0, 1)]
+    model = with_context(load_model(str(rope_run)).model, 96, "full")
+    for row in rows:
+        assert row["asked"] == 3 * (QUERIES if row["task"] == "mqar" else 1) and row["past_context"] == "full"
+        if row["length"] == 96:  # the same count as the scorer gives the same examples, read with full context
+            cases = examples(row["task"], get_tokenizer("bytes").encode, 96, row["depth"], 3, 5)
+            assert (row["right"], row["asked"]) == accuracy(model, cases, 10**6, torch.device("cpu"), torch.float32)
+    assert json.loads(out.read_text())["retrieval"] == rows
+    assert (rope_run / "retrieval-retrieval.png").stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "passkey: accuracy (%), 3 answers per cell" in printed
+    assert "mqar: accuracy (%), 12 answers per cell" in printed
+    assert "| depth | 64 (2x) | 96 (3x) |" in printed
+
+
+def test_a_length_too_short_for_a_retrieval_task_is_refused_before_any_work(rope_run, data_cache, capsys):
+    cfg = evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=[64, 40], retrieval="mqar",
+                                  data=DataConfig(cache_dir=str(data_cache)),
+                                  out=str(rope_run / "never.json"))  # fmt: skip
+    with pytest.raises(ValueError) as err:
+        evaluate.run(cfg)
+    assert str(err.value).startswith("lengths=[64, 40]: mqar needs at least 56 tokens") and "\n" not in str(err.value)
+    assert not (rope_run / "never.json").exists() and capsys.readouterr().out == ""
+
+
 def test_a_learned_table_is_refused_past_it_with_full_context_before_any_token(trained_run, capsys):
     # The session's trained run has learned positions and block_size 32: 40 new tokens would need 41 rows.
     with pytest.raises(ValueError) as err:
@@ -309,3 +349,23 @@ def test_the_plan_prices_each_final_length_a_learned_table_only_within_it():
         assert ("1,024 tokens x 1" in line) == (position == "rope") and "32 tokens x 8" in line
         sizes = [eval_bytes(cfg.model, n, 8 * 32)[1] for n in (32, 1024)]
         assert (sizes[1] > 10 * sizes[0]) == (kernel == "manual"), sizes
+
+
+def test_the_preset_sweeps_every_length_variant_each_the_model_it_names():
+    from pathlib import Path
+
+    from helpers import CONFIGS
+
+    preset = OmegaConf.load(CONFIGS / "experiment" / "length_generalisation.yaml")
+    swept = preset.hydra.sweeper.params.length_variant.split(",")
+    assert sorted(swept) == sorted(p.stem for p in Path(CONFIGS / "length_variant").glob("*.yaml"))
+    for variant in swept:
+        model = OmegaConf.to_object(compose_train("experiment=length_generalisation", f"length_variant={variant}",
+                                                  "model.vocab_size=257")).model  # fmt: skip
+        layers = [(spec.position, spec.window, spec.rope_theta) for spec in model.layer_specs]
+        assert model.block_size == 64 and model.n_layer == 4
+        expected = {"learned": [("learned", None, 1e4)] * 4, "rope": [("rope", None, 1e4)] * 4,
+                    "alibi": [("alibi", None, 1e4)] * 4, "none": [("none", None, 1e4)] * 4,
+                    "window": [("rope", 16, 1e4)] * 4,
+                    "gemma3": [("rope", 16, 1e4)] * 3 + [("rope", None, 1e6)]}[variant]  # fmt: skip
+        assert layers == expected, variant
