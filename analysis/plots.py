@@ -169,7 +169,7 @@ LABEL_PARTS = (
     (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
     (r"(no)?window\d*", "-window<positions>"),  # then each position encoding's part (rope<theta> too)
     ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in POSITIONS.items()), "-<position>"),
-    ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
+    (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
     *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks
 )  # fmt: skip
 

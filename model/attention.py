@@ -56,12 +56,14 @@ class AttentionSpec:
     sdpa_backend: str = "auto"
     position: str = "learned"  # model.positions: learned | rope | alibi | none
     rope_theta: float = 10000.0
+    rope_fraction: float = 1.0  # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
     rope_scaling: str | None = None  # rotary read past its trained length: pi | ntk | yarn (model.positions.scaled)
     rope_factor: float = 1.0  # the scaling's factor s (the read length over the trained one, typically)
     rope_original_length: int | None = None  # the trained length YaRN's ramp counts turns over (None: block_size)
     qk_norm: bool = False
     softcap: float | None = None
     sinks: bool = False
+    gate: str = "none"  # an output gate from the block's input: none | headwise | elementwise
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     kv_latent: int | None = None  # attention=mla's latent width
     rope_head_dim: int | None = None  # attention=mla's decoupled rotary key width
@@ -91,6 +93,7 @@ class AttentionSpec:
             raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a finite number above 1 (10000: "
                              f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
         self.check_rope_scaling()
+        self.check_rope_fraction()
         for mod in SCORE_MODS.values():
             mod.check(getattr(self, mod.field))
         for name in self.score_mods:
@@ -123,6 +126,29 @@ class AttentionSpec:
             raise ValueError(f"model.rope_scaling=yarn counts each pair's turns over the trained length: "
                              f"model.rope_original_length={self.rope_original_length!r} must be a positive number "
                              f"of tokens (null: block_size)")  # fmt: skip
+
+    def check_rope_fraction(self) -> None:
+        fraction = self.rope_fraction
+        if isinstance(fraction, bool) or not finite_number(fraction) or not 0 < fraction <= 1:
+            raise ValueError(f"model.rope_fraction={fraction!r} must be in (0, 1]: the share of each head's dims "
+                             f"that rotary turns (1: all; Qwen3-Next: 0.25)")  # fmt: skip
+        if fraction == 1:
+            return
+        if not registry.position(self.position).turns_queries_keys:
+            raise ValueError(f"model.rope_fraction={fraction:g} is the share of each head's dims that rotary turns, "
+                             f"but model.position={self.position} turns nothing; use model.position=rope, or "
+                             f"model.rope_fraction=1")  # fmt: skip
+        turned = fraction * self.head_dim
+        if turned != int(turned) or int(turned) % 2:
+            even = [f"{k / self.head_dim:g}" for k in range(2, self.head_dim, 2)][:4]
+            raise ValueError(f"model.rope_fraction={fraction:g} turns {fraction:g} x {self.head_dim} = {turned:g} "
+                             f"of each head's {self.head_dim} dims; rotary turns pairs: choose a fraction that "
+                             f"turns an even whole number of them ({', '.join(even)}, ...)")  # fmt: skip
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that rotary turns (``rope_fraction`` of them)."""
+        return round(self.rope_fraction * self.head_dim)
 
     @property
     def kv_heads(self) -> int:
@@ -278,7 +304,8 @@ class MultiHeadAttention(nn.Module):
         scaling = {} if spec.rope_scaling is None else dict(
             scaling=spec.rope_scaling, factor=float(spec.rope_factor),
             original=spec.block_size if spec.rope_original_length is None else spec.rope_original_length)  # fmt: skip
-        self.rotary = registry.position(spec.position).rotary(rotary_dim or qk_dim, spec.rope_theta, **scaling)
+        self.rotary = registry.position(spec.position).rotary(rotary_dim or spec.rotary_dim, spec.rope_theta,
+                                                              **scaling)  # fmt: skip
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap = spec.qk_norm, spec.softcap
@@ -287,6 +314,9 @@ class MultiHeadAttention(nn.Module):
             if mod.used(getattr(spec, mod.field)):
                 for name, value in mod.parameters(spec.n_head).items():
                     setattr(self, name, nn.Parameter(torch.full((spec.n_head,), value)))
+        self.gate = None  # one gate per head (headwise) or per element of the heads' outputs (elementwise)
+        if spec.gate != "none":
+            self.gate = nn.Linear(spec.n_embd, spec.n_head if spec.gate == "headwise" else spec.n_embd, bias=False)
         slopes = alibi_slopes(spec.n_head) if registry.position(spec.position).biases_scores else None
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
         self.mods_span = spec.context or spec.block_size or 0
@@ -312,8 +342,16 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         if positions is None and (self.rotary is not None or self.alibi_slopes is not None):
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
-        y = self.c_proj(self.attend(x, positions, cache))
+        y = self.attend(x, positions, cache)
+        y = self.c_proj(y if self.gate is None else self.gated(y, x))
         return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
+
+    def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs (B, T, C) times sigmoid(x W_g): per element, or per head over its dims."""
+        gate = torch.sigmoid(self.gate(x))
+        if gate.size(-1) == y.size(-1):
+            return y * gate
+        return (y.unflatten(-1, (gate.size(-1), -1)) * gate.unsqueeze(-1)).flatten(-2)
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute

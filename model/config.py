@@ -59,6 +59,9 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         else:
             spelled = f"{int(theta)}" if float(theta).is_integer() else f"{theta:g}"  # 500000, not 5e+05
         parts.append(f"rope{spelled}" if theta != 10000 or "rope_theta" in show else "rope")
+        fraction = model.get("rope_fraction", 1.0)
+        if fraction != 1:  # -ropefrac0.25: the share of each head's dims that turns
+            parts.append(f"ropefrac{fraction:g}" if finite_number(fraction) else f"ropefrac{fraction}")
         if model.get("rope_scaling"):  # -yarn4: the scaling and its factor
             parts.append(f"{model['rope_scaling']}{model.get('rope_factor', 1.0):g}")
     elif position != "learned" or "position" in show:
@@ -94,8 +97,8 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", "rope_scaling",
-              "rope_factor", *score_mod_fields(),
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", "rope_fraction",
+              "rope_scaling", "rope_factor", *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
 
@@ -123,6 +126,8 @@ class GPTConfig:
     # The position encoding (model.positions): learned | rope | alibi | none
     position: str = field(default="learned", metadata={"reuse": "weights"})
     rope_theta: float = field(default=10000.0, metadata={"reuse": "function"})  # rotary's base wavelength
+    # the share of each head's dims rotary turns, the first ones (GPT-NeoX's rotary_pct; Qwen3-Next: 0.25)
+    rope_fraction: float = field(default=1.0, metadata={"reuse": "function"})
     # Rotary read past its trained length (model.positions.scaled): null | pi | ntk | yarn, by rope_factor; YaRN
     # counts each pair's turns over rope_original_length (null: block_size; evaluate.py's full context keeps it)
     rope_scaling: str | None = field(default=None, metadata={"reuse": "function"})
@@ -131,6 +136,7 @@ class GPTConfig:
     qk_norm: bool = field(default=False, metadata={"reuse": "weights"})  # RMSNorm of each head's queries and keys
     softcap: float | None = field(default=None, metadata={"reuse": "function"})  # scores -> c tanh(scores / c)
     sinks: bool = field(default=False, metadata={"reuse": "weights"})  # a learned softmax sink per head
+    gate: str = field(default="none", metadata={"reuse": "weights"})  # sigmoid output gate: headwise | elementwise
     # attention=mla: the keys' and values' latent width, and the decoupled rotary key's width (position=rope)
     kv_latent: int | None = field(default=None, metadata={"reuse": "weights"})
     rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})
@@ -228,7 +234,7 @@ class GPTConfig:
 
 
 # The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>).
-LAYER_FIELDS = ("window", "position", "rope_theta", "n_kv_head", *score_mod_fields())
+LAYER_FIELDS = ("window", "position", "rope_theta", "rope_fraction", "n_kv_head", *score_mod_fields())
 
 
 def check_schedule(config: GPTConfig) -> None:

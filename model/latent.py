@@ -61,6 +61,10 @@ class LatentAttention(MultiHeadAttention):
             raise ValueError(f"model.n_kv_head={spec.n_kv_head!r} groups key/value heads, but attention=mla "
                              f"compresses keys and values its own way (model.kv_latent); set "
                              f"model.n_kv_head=null")  # fmt: skip
+        if spec.rope_fraction != 1:
+            raise ValueError(f"model.rope_fraction={spec.rope_fraction:g}: attention=mla turns a rotary part of its "
+                             f"own (model.rope_head_dim) and none of its content dims; leave "
+                             f"model.rope_fraction=1")  # fmt: skip
         turns = registry.position(spec.position).turns_queries_keys
         rope = spec.rope_head_dim
         if turns and (not positive_int(rope) or rope % 2):

@@ -173,9 +173,14 @@ class Rotary(nn.Module):
 
     def forward(self, t: torch.Tensor, positions: torch.Tensor, time_dim: int = -2) -> torch.Tensor:
         """(..., T, dim) queries or keys at ``positions`` (T,) -> turned by their positions. ``time_dim=-3``
-        takes (..., T, heads, dim): the queries and keys of every head turned in one call, the same numbers."""
+        takes (..., T, heads, dim): the queries and keys of every head turned in one call, the same numbers.
+        Wider than ``dim`` (a head whose first ``dim`` dims rotate, GPT-NeoX's and Qwen3-Next's partial
+        rotary), the rest of each head passes unchanged."""
         if time_dim not in (-2, -3):
             raise ValueError(f"time_dim={time_dim}: the positions are dim -2 (..., T, dim) or -3 (..., T, heads, dim)")
+        if t.size(-1) != self.dim:  # partial rotary (model.rope_fraction): the first dim dims turn, the rest pass
+            turned = self.forward(t[..., : self.dim], positions, time_dim)
+            return torch.cat((turned, t[..., self.dim :]), dim=-1)
         cos, signed_sin = self.cos_sin(positions, t.dtype, time_dim)
         # rotate-half, (x1, x2) -> (-x2, x1), with the sign kept in the sin: no negation per call, and the same
         # numbers ((-x2) * sin is x2 * (-sin), bit for bit). The halves swap in one call (a roll by half the

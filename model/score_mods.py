@@ -1,5 +1,5 @@
 """Score modifications: what a model does to the attention scores between Q K^T / sqrt(d) and the softmax,
-and to the queries and keys before them (QK-norm).
+to the queries and keys before them (QK-norm), and to the heads' outputs after them (the output gate).
 
 Each is a class registered in ``model.registry.SCORE_MODS`` that states its own facts: its config field, its
 part of a run's label, its report column, its ``bench.py`` flag, whether GPT-2's format holds it, its
@@ -12,6 +12,8 @@ parameters and their initial values, its plan memory term; the config checks, ru
 - ``softcap`` (``model.softcap=c``, Gemma 2): scores become c x tanh(scores / c), before the bias and mask;
 - ``sinks`` (``model.sinks=true``, gpt-oss): a learned logit per head joins the softmax's denominator and
   attends to nothing: a head may put weight on "no key" instead of being forced to spread it.
+- ``gate`` (``model.gate=headwise|elementwise``, Qwen3-Next's, arXiv 2505.06708): the heads' outputs times
+  sigmoid(x W_g), x the block's input, one gate per head or per element, before the output projection.
 
 In that order: softcap(scores) + ALiBi bias, then the causal (and window) mask, then the softmax over the
 keys and the sink. ``ScoreMods`` carries a block's values to its kernel; the kernels apply them in their
@@ -216,6 +218,53 @@ class Sinks(ScoreMod):
     @classmethod
     def parameters(cls, n_head: int) -> dict[str, float]:
         return {"sinks": 0.0}
+
+
+GATES = ("none", "headwise", "elementwise")
+
+
+@register(SCORE_MODS)
+class Gate(ScoreMod):
+    """The output gate (Qiu et al. 2025, arXiv 2505.06708; Qwen3-Next): each head's output scaled by a sigmoid of
+    a projection of the block's input, one gate per head (``headwise``) or per element (``elementwise``)."""
+
+    name, field, off, example, on_scores, column = "gate", "gate", "none", "elementwise", False, "gate"
+    bench_off = "none"
+    label_pattern, label_title = r"(?:head|elem)gate", "-headgate|-elemgate"
+    bench_help = "output gates (model.gate): none, headwise and/or elementwise"
+    gpt2_lacks = "GPT-2 has no gate on the attention output"
+
+    @classmethod
+    def used(cls, value) -> bool:
+        return value != "none"
+
+    @classmethod
+    def row_value(cls, value):
+        return value
+
+    @classmethod
+    def check(cls, value) -> None:
+        if value not in GATES:
+            raise ValueError(f"model.gate={value!r}; choose one of: {', '.join(GATES)} (a sigmoid gate on each "
+                             f"head's output from the block's input: one per head, or one per element)")  # fmt: skip
+
+    @classmethod
+    def option(cls, value) -> str:
+        return f"model.gate={value}"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return {"headwise": "headgate", "elementwise": "elemgate"}.get(value) if isinstance(value, str) else None
+
+    @classmethod
+    def plan_bytes(cls, elements: int, kv_share: float) -> float:
+        return 2 * elements * 4  # the gate's sigmoid and the heads' output it scales, kept for backward (at most)
+
+    @classmethod
+    def bench_value(cls, text: str):
+        if text not in GATES:
+            raise ValueError(f"--gate {text}: give {', '.join(GATES)}")
+        return text
 
 
 def with_fields() -> list[type[ScoreMod]]:

@@ -1,17 +1,19 @@
 """Causal multi-head attention written from its formula, in float64: what every cell of the grid must compute.
 
     head h reads key/value head g = h // (n_head / n_kv_head)
-    q_h, k_g   <- RMSNorm per head dim (model.qk_norm), then rotated by their positions (model.position=rope)
+    q_h, k_g   <- RMSNorm per head dim (model.qk_norm), then rotated by their positions (model.position=rope; the
+                  first model.rope_fraction of the dims, the rest unturned)
     scores[i, j] = q_h[i] . k_g[j] / sqrt(head_dim)
                    -> c tanh(scores / c) (model.softcap) -> - m_h (i - j) (model.position=alibi)
                    for keys j <= i with i - j < window (every j <= i without one)
     out_h = softmax over the keys and the sink logit s_h (model.sinks; its weight dropped) of the scores, @ v_g;
+            times sigmoid(x W_g) (model.gate: one gate per head, or one per element of out_h)
     the heads side by side, then the output projection c_proj
 
 Each piece is written from its paper, not from headlab's code: rotary positions (Su et al. 2021, RoFormer) as a
 complex multiplication of the pairs (i, i + d/2) (GPT-NeoX/Llama's "rotate half" pairing), ALiBi's slopes and
 bias (Press et al. 2022), RMSNorm (Zhang & Sennrich 2019; eps 1e-6, as Qwen3/OLMo 2), Gemma 2's logit softcap,
-gpt-oss's sinks. NoPE is the formula with no position term.
+gpt-oss's sinks, the output gate (Qiu et al. 2025, arXiv 2505.06708). NoPE is the formula with no position term.
 
 It takes a block's live parameters (any layout, read through the layout's conversion to separate q/k/v,
 a pure re-arrangement; QK-norm's scales and the sinks pass through it unchanged), so gradients flow back to
@@ -67,13 +69,13 @@ def paper_alibi_slopes(n_head: int) -> list[float]:
 
 # The modifications of the attention (model.registry.SCORE_MODS) this formula writes out: a registered one it
 # lacks fails tests/test_score_mods.py (each modification's float64 reference lives here, apart from the model).
-REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks")
+REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate")
 
 
 def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_head: int, n_kv_head: int,
                         window: int | None, position: str = "learned", rope_theta: float = 10000.0,
-                        qk_norm: bool = False, softcap: float | None = None,
-                        sinks: bool = False) -> torch.Tensor:  # fmt: skip
+                        qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
+                        gate: str = "none", rope_fraction: float = 1.0) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that). ``position``: learned (added before attention: nothing here), none, rope or alibi."""
@@ -91,8 +93,10 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
     q, k, v = heads("query", n_head), heads("key", n_kv_head), heads("value", n_kv_head)
     if qk_norm:
         q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, p["k_norm.weight"])
-    if position == "rope":
-        q, k = rotate(q, positions, rope_theta), rotate(k, positions, rope_theta)
+    if position == "rope":  # the first rope_fraction of each head's dims turn (GPT-NeoX's rotary_pct), the rest pass
+        r = round(rope_fraction * d)
+        q = torch.cat((rotate(q[..., :r], positions, rope_theta), q[..., r:]), dim=-1)
+        k = torch.cat((rotate(k[..., :r], positions, rope_theta), k[..., r:]), dim=-1)
     group = torch.arange(n_head, device=x.device) // (n_head // n_kv_head)  # each query head's key/value head
     k, v = k[:, group], v[:, group]
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
@@ -108,5 +112,9 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     else:
         weights = torch.softmax(scores, dim=-1)
-    out = (weights @ v).transpose(1, 2).reshape(B, T, C)
+    out = weights @ v  # (B, H, T, d)
+    if gate != "none":  # sigmoid(x W_g): (B, T, H), one per head; (B, T, C), one per element of each head
+        g = torch.sigmoid(x @ p["gate.weight"].T)
+        out = out * (g.transpose(1, 2)[..., None] if gate == "headwise" else g.view(B, T, n_head, d).transpose(1, 2))
+    out = out.transpose(1, 2).reshape(B, T, C)
     return out @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)

@@ -49,6 +49,20 @@ LAYOUTS = GPT2_LAYOUTS
     (dict(qk_norm="yes"), "model.qk_norm='yes' must be true or false"),
     (dict(qk_norm=1), "model.qk_norm=1 must be true or false"),
     (dict(sinks="no"), "model.sinks='no' must be true or false"),
+    (dict(gate="sigmoid"), "model.gate='sigmoid'; choose one of: none, headwise, elementwise"),
+    (dict(gate=True), "model.gate=True; choose one of: none, headwise, elementwise"),
+    (dict(position="rope", rope_fraction=0), "model.rope_fraction=0 must be in (0, 1]"),
+    (dict(position="rope", rope_fraction=1.5), "model.rope_fraction=1.5 must be in (0, 1]"),
+    (dict(position="rope", rope_fraction=math.nan), "model.rope_fraction=nan must be in (0, 1]"),
+    (dict(position="rope", rope_fraction=True), "model.rope_fraction=True must be in (0, 1]"),
+    (dict(position="rope", rope_fraction=0.3), "model.rope_fraction=0.3 turns 0.3 x 8 = 2.4 of each head's 8 dims; "
+                                               "rotary turns pairs: choose a fraction that turns an even whole "
+                                               "number of them (0.25, 0.5, 0.75, ...)"),
+    (dict(position="rope", rope_fraction=0.375), "turns 0.375 x 8 = 3 of each head's 8 dims"),
+    (dict(position="alibi", rope_fraction=0.5), "model.rope_fraction=0.5 is the share of each head's dims that "
+                                                "rotary turns, but model.position=alibi turns nothing"),
+    (dict(position="rope", attention="mla", kv_latent=16, rope_head_dim=4, rope_fraction=0.5),
+     "model.rope_fraction=0.5: attention=mla turns a rotary part of its own (model.rope_head_dim)"),
 ])  # fmt: skip
 def test_a_bad_value_is_refused_by_the_config_naming_it(options, expected):
     with pytest.raises(ValueError) as refused:
