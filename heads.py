@@ -37,11 +37,14 @@ from analysis.head_plots import (
     token_label,
 )
 from analysis.heads import (
+    GATE,
     SINK,
     STAT_UNITS,
     ablation,
     attention_maps,
     check_head,
+    gate_means,
+    gated,
     greedy_pruning,
     head_statistics,
     stats_of,
@@ -168,7 +171,9 @@ def run(cfg: HeadsConfig) -> Path:
                     f"layer {cfg.layer}, head {cfg.head} of {name}\n{text}{sink_caption(one) if sinks else ''}")
 
     # Statistics over validation windows, one window at a time (maps are T x T per head).
-    per_window = [head_statistics(attention_maps(model, x[i : i + 1]).cpu(), sinks) for i in range(len(x))]
+    gates = gated(model.config)  # each head's mean output gate (model.gate) beside its map's statistics
+    per_window = [{**head_statistics(attention_maps(model, x[i : i + 1]).cpu(), sinks),
+                   **({GATE: gate_means(model, x[i : i + 1])} if gates else {})} for i in range(len(x))]  # fmt: skip
     names = stats_of(model.config)
     stats = {k: torch.stack([w[k] for w in per_window]).mean(0) for k in names}
     every_head = [(layer, head) for layer in range(model.config.n_layer) for head in range(model.config.n_head)]
@@ -200,6 +205,11 @@ def run(cfg: HeadsConfig) -> Path:
     if sinks:
         print(f"sinks: a row of each map sums to less than 1, the rest went to the head's sink: {SINK} in stats.md "
               f"(mean {stats[SINK].mean():.3f}, per head {stats[SINK].min():.3f} to {stats[SINK].max():.3f})",
+              file=sys.stderr)  # fmt: skip
+    if gates:
+        shown = stats[GATE][~stats[GATE].isnan()]
+        print(f"gate: each head's output times a sigmoid of the layer's input: {GATE} in stats.md (mean "
+              f"{shown.mean():.3f}, per head {shown.min():.3f} to {shown.max():.3f}; near 0 a head is shut)",
               file=sys.stderr)  # fmt: skip
     print(f"written to {out}/", file=sys.stderr)
     if cfg.wandb:

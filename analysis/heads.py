@@ -18,16 +18,46 @@ from model import GPT
 
 STATS = ("entropy", "mean_distance", "prev_token", "first_token")
 SINK = "sink_weight"  # with model.sinks: the share of each row the sink took (a row of the map sums to 1 - it)
+GATE = "gate_mean"  # with model.gate: the mean of each head's sigmoid gate on its output (NaN in a layer without)
 # What each statistic measures, in its plot's title (a query's row of the map, averaged over queries and windows).
 STAT_UNITS = {
     "entropy": "nats per row", "mean_distance": "tokens back", "prev_token": "weight on the previous token",
-    "first_token": "weight on position 0", SINK: "weight the sink took",
+    "first_token": "weight on position 0", SINK: "weight the sink took", GATE: "mean sigmoid gate on its output",
 }  # fmt: skip
 
 
 def stats_of(config) -> tuple[str, ...]:
-    """The statistics of a model's heads: ``STATS``, and the sink's weight for a model with sinks."""
-    return (*STATS, SINK) if config.in_any_layer("sinks") else STATS
+    """The statistics of a model's heads: ``STATS``, the sink's weight for a model with sinks, and the gate's
+    mean for a model with an output gate."""
+    sinks = (SINK,) if config.in_any_layer("sinks") else ()
+    return (*STATS, *sinks, *((GATE,) if gated(config) else ()))
+
+
+def gated(config) -> bool:
+    """Whether some layer has an output gate (``model.gate``)."""
+    return any(config.layer_config(i).gate != "none" for i in range(config.n_layer))
+
+
+@torch.no_grad()
+def gate_means(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """(n_layer, n_head): each head's mean output gate, sigmoid(x W_g) over the batch, the positions and (an
+    elementwise gate) the head's dims, x each layer's input for the token ids ``idx``; NaN in a layer without
+    a gate. Near 1 a head passes its output; near 0 it is shut (the paper's sparse, query-dependent gates)."""
+    inputs: list[torch.Tensor] = []
+    hooks = [block.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+             for block in model.transformer.h]  # fmt: skip
+    try:
+        model(idx, idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    n_head = model.config.n_head
+    means = torch.full((model.config.n_layer, n_head), float("nan"))
+    for layer, (block, x) in enumerate(zip(model.transformer.h, inputs)):
+        if block.attn.gate is not None:
+            gate = torch.sigmoid(block.attn.gate(x).float())  # (B, T, H) or (B, T, C)
+            means[layer] = gate.unflatten(-1, (n_head, -1)).mean(dim=(0, 1, 3)).cpu()
+    return means
 
 
 def check_head(model: GPT, layer: int, head: int) -> None:

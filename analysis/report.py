@@ -19,6 +19,7 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "window": lambda row: bool(row.get("window")),
               "position": lambda row: row.get("position") not in (None, "learned"),
               "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
+              "rope_fraction": lambda row: row.get("rope_fraction") not in (None, 1),
               **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()},
               "layers": lambda row: row.get("layers") is not None}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
@@ -33,7 +34,8 @@ ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compu
 COLUMNS = [
     ("label", "label"), ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"),
     ("kv_latent", "kv latent"), ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"),
-    *((mod.field, mod.column) for mod in with_fields()), ("layers", "layers"), ("seed", "seed"), ("state", "state"),
+    ("rope_fraction", "rope fraction"), *((mod.field, mod.column) for mod in with_fields()), ("layers", "layers"),
+    ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
@@ -94,6 +96,7 @@ def identity(run: Run) -> dict:
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
             "kv_latent": latent, "window": m.get("window"), "position": m.get("position", "learned"),
             "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
+            "rope_fraction": m.get("rope_fraction", 1.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
             "kv_cache_bytes": kv_cache_bytes(run)}  # fmt: skip
@@ -293,8 +296,8 @@ def format_value(key: str, value) -> str:
         return f"{value:,}"
     if isinstance(value, bool):
         return "yes" if value else "-"
-    if key in ("rope_theta", *score_mod_fields()):  # a number: the softcap
-        return f"{value:g}"
+    if key in ("rope_theta", "rope_fraction", *score_mod_fields()):  # a number (the softcap), or a word (the gate)
+        return f"{value:g}" if isinstance(value, int | float) else str(value)
     if key == "mfu":
         return f"{100 * value:.1f}%"
     if key in ("tokens_per_sec", "peak_mem_mb"):

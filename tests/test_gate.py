@@ -6,19 +6,23 @@ the gate, the head gate, partial rotary, alone and with other options, at every 
 - a head gate scales its head's slice of the output and no other;
 - a gated, partly rotary GPT converts between the layouts of its function with the same logits and gradients;
 - partial rotary leaves the unturned dims of the queries and keys as projected, at every position;
-- a schedule's layer kind may set either, its layers alone built with it.
+- a schedule's layer kind may set either, its layers alone built with it;
+- a sweep over the gate names each run by it, and compare.py reports the gate, the rotary share and the
+  parameters the gate adds.
 
 Their bad values: tests/test_score_mods.py (the config's one-line refusals).
 """
 
 from __future__ import annotations
 
+import csv
 import itertools
 
 import pytest
 import torch
-from helpers import GPT2_LAYOUTS, tiny_gpt_config
+from helpers import GPT2_LAYOUTS, TINY, run_cli, tiny_gpt_config
 
+import compare
 from model import GPT, build_attention, convert_attention_layout
 
 LAYOUTS = GPT2_LAYOUTS
@@ -119,3 +123,51 @@ def test_a_layer_kind_may_set_the_gate_and_the_rotary_share():
     assert [g is not None for g in gates] == [False, True, False, True]
     assert [block.attn.rotary.dim for block in model.transformer.h] == [4, 8, 4, 8]
     assert gates[1].weight.shape == (2, 16), "one gate per head, from the layer's input"
+
+
+def test_a_sweep_over_the_gate_names_and_reports_each_value(tmp_path, data_cache):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *TINY, "logger=none", f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}",
+                     "model.n_head=4", "trainer.max_steps=2", "trainer.eval_interval=2", "model.position=rope",
+                     "model.rope_fraction=0.5", "model.gate=none,headwise,elementwise", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    variants = ["fused_qkv-sdpa-rope-ropefrac0.5", "fused_qkv-sdpa-rope-ropefrac0.5-headgate",
+                "fused_qkv-sdpa-rope-ropefrac0.5-elemgate"]  # fmt: skip
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == [f"{i}_{v}" for i, v in enumerate(variants)]
+    out = compare.main([str(sweep), "--out", str(tmp_path / "report")])
+    with open(out / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["gate"] for row in rows] == ["none", "headwise", "elementwise"]
+    assert {row["rope_fraction"] for row in rows} == {"0.5"}
+    header = (out / "report.md").read_text()
+    assert "| gate |" in header and "| rope fraction |" in header
+    params = [int(row["params"]) for row in rows]
+    assert params[1] - params[0] == 32 * 4 and params[2] - params[0] == 32 * 32, "W_g, one layer: C x H, C x C"
+
+
+def test_heads_reports_each_heads_mean_gate_in_the_layers_that_have_one(tmp_path, data_cache, capsys):
+    from helpers import tiny_run
+
+    import heads
+    from analysis.heads import GATE, gate_means
+    from data.config import DataConfig
+    from model import load_model
+
+    run = tiny_run(tmp_path / "run", data_cache, "model.n_layer=2", "model.layer_pattern=NG",
+                   "+model.layer_kinds.N={}", "+model.layer_kinds.G.gate=headwise")  # fmt: skip
+    out = heads.run(heads.HeadsConfig(source=str(run), windows=2, map_tokens=8, device="cpu", out=str(tmp_path / "h"),
+                                      data=DataConfig(cache_dir=str(data_cache))))  # fmt: skip
+    with open(out / "stats.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["layer"] for row in rows] == ["0", "0", "1", "1"] and GATE in rows[0]
+    assert [row[GATE] for row in rows[:2]] == ["nan", "nan"], "layer 0 has no gate"
+    assert all(0 < float(row[GATE]) < 1 for row in rows[2:])
+    assert "gate: each head's output times a sigmoid of the layer's input" in capsys.readouterr().err
+    # the mean is of sigmoid(x W_g): with W_g zero, every gate is exactly 1/2
+    model = load_model(str(run)).model.eval()
+    x = torch.randint(1, 200, (1, 16))
+    assert not torch.equal(gate_means(model, x)[1], torch.full((2,), 0.5)), "a trained gate"
+    with torch.no_grad():
+        model.transformer.h[1].attn.gate.weight.zero_()
+    means = gate_means(model, x)
+    assert means[0].isnan().all() and torch.equal(means[1], torch.full((2,), 0.5))
