@@ -138,6 +138,7 @@ def retrieval_tasks(cfg: EvaluateConfig) -> list[str]:
 
 
 def retrieval_depths(cfg: EvaluateConfig) -> list[float]:
+    """``depths`` as a list, each checked (0: the sequence's start, 1: just before the question)."""
     depths = list(cfg.depths) if isinstance(cfg.depths, (list, tuple)) else [cfg.depths]
     if not depths:
         raise ValueError("depths=[] names no depth; give numbers from 0 to 1, e.g. depths=[0,0.5,1]")
@@ -233,9 +234,8 @@ def run(cfg: EvaluateConfig) -> dict:
                                         progress=True)  # fmt: skip
     if cfg.retrieval is not None:
         result["retrieval"] = retrieval_rows(model, loaded.tokenizer.encode, retrieval_tasks(cfg), lengths,
-                                             retrieval_depths(cfg),
-                                             cfg.past_context, cfg.examples, cfg.seed, batch * block, device, dtype,
-                                             progress=True)  # fmt: skip
+                                             retrieval_depths(cfg), cfg.past_context, cfg.examples, cfg.seed,
+                                             batch * block, device, dtype, progress=True)  # fmt: skip
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
     out.parent.mkdir(parents=True, exist_ok=True)  # out=results/eval.json: the folder too
     out.write_text(json.dumps(result, indent=2) + "\n")

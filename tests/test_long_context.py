@@ -369,3 +369,28 @@ def test_the_preset_sweeps_every_length_variant_each_the_model_it_names():
                     "window": [("rope", 16, 1e4)] * 4,
                     "gemma3": [("rope", 16, 1e4)] * 3 + [("rope", None, 1e6)]}[variant]  # fmt: skip
         assert layers == expected, variant
+
+
+@pytest.mark.parametrize("variants, settings, entries", [
+    (2, ["chunks, full", "chunks, ring", "sliding, full", "sliding, ring"], 2 + 2 + 2 + 1),  # compact
+    (1, ["chunks, full", "chunks, ring"], 2 + 1),  # few curves: one entry each
+    (2, ["chunks, full", "chunks, full, yarn x4", "chunks, ring", "sliding, ring"], 8 + 1),  # a scaling: each
+])  # fmt: skip
+def test_a_sweeps_length_legend_names_each_variant_protocol_and_rule_once_where_that_tells_every_curve(
+        variants, settings, entries, tmp_path):  # fmt: skip
+    from analysis.lengths import curve_style, legend
+    from analysis.tables import pyplot
+
+    curves = {f"variant{v} ({s})": {"block": 64, "loss": {64: 2.0, 128: 2.1}} for v in range(variants)
+              for s in settings}  # fmt: skip
+    fig, ax = pyplot().subplots()
+    for name, curve in curves.items():
+        ax.plot(list(curve["loss"]), list(curve["loss"].values()), label=name, **curve_style(name, curves))
+    ax.axvline(64, label="block_size 64 (trained length)")
+    legend(ax, curves)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    pyplot().close(fig)
+    assert len(labels) == entries, labels
+    if entries == 7:
+        assert labels == ["variant0", "variant1", "protocol=chunks", "protocol=sliding", "past_context=full",
+                          "past_context=ring", "block_size 64 (trained length)"]  # fmt: skip
