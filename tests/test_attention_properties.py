@@ -187,11 +187,9 @@ ENCODINGS = {
     "softcap": dict(softcap=3.0),
     "sinks": dict(sinks=True),
     "gate": dict(gate="elementwise"),
-    "headgate": dict(gate="headwise"),
     "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
     "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
-    "rope+headgate+sinks": dict(position="rope", gate="headwise", sinks=True),
-    "rope_fraction": dict(position="rope", rope_fraction=0.5),
+    "rope_fraction0.5+headgate+sinks": dict(position="rope", rope_fraction=0.5, gate="headwise", sinks=True),
     "rope_fraction+gate+qk_norm": dict(position="rope", rope_fraction=0.25, rope_theta=500.0, gate="elementwise",
                                        qk_norm=True),
 }
