@@ -124,30 +124,28 @@ def check(cfg: EvaluateConfig) -> None:
         raise ValueError(f"out={cfg.out!r} is a directory; give a file name for the JSON (e.g. out=eval.json)")
 
 
+def checked_values(option: str, value: Any, check) -> list:
+    """``value`` as a list (one value, or a list as given), each checked by ``check``; a refusal names the
+    option as typed."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    for one in values:
+        try:
+            check(one)
+        except ValueError as err:
+            raise ValueError(f"{option}={value}: {err}") from None
+    return values
+
+
 def retrieval_tasks(cfg: EvaluateConfig) -> list[str]:
     """``retrieval`` as a list of tasks (none when unset)."""
-    if cfg.retrieval is None:
-        return []
-    tasks = list(cfg.retrieval) if isinstance(cfg.retrieval, (list, tuple)) else [cfg.retrieval]
-    for task in tasks:
-        try:
-            check_task(task)
-        except ValueError as err:
-            raise ValueError(f"retrieval={cfg.retrieval}: {err}") from None
-    return tasks
+    return [] if cfg.retrieval is None else checked_values("retrieval", cfg.retrieval, check_task)
 
 
 def retrieval_depths(cfg: EvaluateConfig) -> list[float]:
     """``depths`` as a list, each checked (0: the sequence's start, 1: just before the question)."""
-    depths = list(cfg.depths) if isinstance(cfg.depths, (list, tuple)) else [cfg.depths]
-    if not depths:
+    if isinstance(cfg.depths, (list, tuple)) and not cfg.depths:
         raise ValueError("depths=[] names no depth; give numbers from 0 to 1, e.g. depths=[0,0.5,1]")
-    for depth in depths:
-        try:
-            check_depth(depth)
-        except ValueError as err:
-            raise ValueError(f"depths={cfg.depths}: {err}") from None
-    return depths
+    return checked_values("depths", cfg.depths, check_depth)
 
 
 def evaluation_batch(trained: dict, defaults: TrainerConfig) -> int:
@@ -197,9 +195,10 @@ def run(cfg: EvaluateConfig) -> dict:
     device = resolve_device(cfg.device, option="device")
     dtype = resolve_dtype(cfg.dtype, device, option="dtype")
     model = loaded.model.to(device)
+    block = model.config.block_size  # rotary scaling keeps it
+    lengths = resolve_lengths(cfg.lengths, block) if cfg.lengths is not None else []
     if cfg.rope_scaling is not None:  # the same weights, rotary scaled: refused as the model option would be
-        longest = max(resolve_lengths(cfg.lengths, model.config.block_size)) if cfg.lengths is not None else None
-        factor = cfg.rope_factor or (max(1.0, longest / model.config.block_size) if longest else None)
+        factor = cfg.rope_factor or (max(1.0, max(lengths) / block) if lengths else None)
         if factor is None:
             raise ValueError(f"rope_scaling={cfg.rope_scaling} needs rope_factor=<s> (4: read 4x the trained "
                              f"length), or lengths=[...] to take it from the longest")  # fmt: skip
@@ -208,16 +207,14 @@ def run(cfg: EvaluateConfig) -> dict:
         except ValueError as err:
             raise ValueError(f"rope_scaling={cfg.rope_scaling} rope_factor={factor:g}: {err}") from None
     data = PreparedData(prepare(replace(cfg.data, tokenizer=loaded.tokenizer.name)))
-    block = model.config.block_size
     data.check_fits(block, model.config.vocab_size)
-    lengths = resolve_lengths(cfg.lengths, block) if cfg.lengths is not None else []
+    tasks = retrieval_tasks(cfg)
     for length in lengths:  # before any work: a learned table, or a split too short
         try:
             check_reaches(model.config, length)
         except ValueError as err:
             raise ValueError(f"lengths={cfg.lengths}: {err}") from None
-        if cfg.retrieval is not None:
-            check_retrieval(retrieval_tasks(cfg), loaded.tokenizer.encode, length, option=f"lengths={cfg.lengths}")
+        check_retrieval(tasks, loaded.tokenizer.encode, length, option=f"lengths={cfg.lengths}")
         if length + 1 > len(data.tokens["val"]):
             raise ValueError(f"lengths={cfg.lengths}: {length} tokens is more than the validation split holds "
                              f"({len(data.tokens['val']):,} tokens of data={cfg.data.name}); evaluate shorter "
@@ -233,7 +230,7 @@ def run(cfg: EvaluateConfig) -> dict:
                                         cfg.stride, batch * block, data.bytes_per_token("val"), device, dtype,
                                         progress=True)  # fmt: skip
     if cfg.retrieval is not None:
-        result["retrieval"] = retrieval_rows(model, loaded.tokenizer.encode, retrieval_tasks(cfg), lengths,
+        result["retrieval"] = retrieval_rows(model, loaded.tokenizer.encode, tasks, lengths,
                                              retrieval_depths(cfg), cfg.past_context, cfg.examples, cfg.seed,
                                              batch * block, device, dtype, progress=True)  # fmt: skip
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)

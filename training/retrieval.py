@@ -21,14 +21,15 @@ def accuracy(model: torch.nn.Module, cases: list[Example], batch_tokens: int, de
     right = asked = 0
     for first in range(0, len(cases), per_batch):
         batch = cases[first : first + per_batch]
-        x = torch.tensor([case.tokens for case in batch], dtype=torch.long, device=device)
+        ids = torch.tensor([case.tokens for case in batch], dtype=torch.long)
+        x = ids.to(device)
         targets = torch.full_like(x, -1)  # every logit, and no loss to speak of
         with autocast(device, dtype):
             logits = model(x, targets)[0]
         guesses = logits.argmax(-1).cpu()  # position t's guess is the id at t + 1
         for row, case in enumerate(batch):
             for start, end in case.answers:
-                right += bool((guesses[row, start - 1 : end - 1] == x[row, start:end].cpu()).all())
+                right += bool((guesses[row, start - 1 : end - 1] == ids[row, start:end]).all())
                 asked += 1
     model.train(was_training)
     return right, asked
