@@ -44,6 +44,19 @@ def tiny_gpt_config(**overrides) -> GPTConfig:
     return GPTConfig(**{**fields, **overrides})
 
 
+def random_block(layout: str, kernel: str, scale: float, seed: int = 0, **options):
+    """An attention block of width 32 with 4 heads (block size 64), in eval mode, every parameter drawn from
+    N(0, scale^2) for ``seed``: weights well away from the init's, so what a test compares is not a near-tie."""
+    from model import build_attention
+
+    block = build_attention(layout, 32, 4, kernel, block_size=64, **options).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    return block
+
+
 def sharp_gpt(seed: int = 1, **overrides):
     """A tiny GPT in eval mode whose matrices are scaled 8x: sharper logits than the 0.02 init, so the
     choices tests compare across code paths are not near-ties."""

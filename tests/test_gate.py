@@ -20,21 +20,16 @@ import itertools
 
 import pytest
 import torch
-from helpers import GPT2_LAYOUTS, TINY, run_cli, tiny_gpt_config
+from helpers import GPT2_LAYOUTS, TINY, random_block, run_cli, tiny_gpt_config
 
 import compare
-from model import GPT, build_attention, convert_attention_layout
+from model import GPT, convert_attention_layout
 
 LAYOUTS = GPT2_LAYOUTS
 
 
 def seeded(layout: str, seed: int = 0, **options) -> torch.nn.Module:
-    block = build_attention(layout, 32, 4, "sdpa", block_size=64, **options).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return block
+    return random_block(layout, "sdpa", 0.3, seed, **options)
 
 
 def heads_output(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

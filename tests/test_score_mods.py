@@ -14,13 +14,12 @@ import subprocess
 import pytest
 import torch
 from attention_reference import REFERENCED_MODS
-from helpers import GPT2_LAYOUTS, run_script
+from helpers import GPT2_LAYOUTS, random_block, run_script
 from helpers import tiny_gpt_config as config
 
 import bench
 from analysis.plots import legend_title
 from analysis.report import COLUMNS, shown_columns
-from model import build_attention
 from model.config import LABEL_AXES, attention_label
 from model.gpt2_export import what_gpt2_cannot_hold
 from model.registry import KERNELS, SCORE_MODS
@@ -146,12 +145,7 @@ def test_train_plan_takes_the_new_values(tmp_path):
 
 
 def block_with(layout: str, seed: int = 0, **options) -> torch.nn.Module:
-    block = build_attention(layout, 32, 4, "manual", block_size=64, **options).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return block
+    return random_block(layout, "manual", 0.5, seed, **options)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
