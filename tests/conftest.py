@@ -164,14 +164,39 @@ def slurm():
 def pytest_addoption(parser):
     parser.addoption("--deep", action="store_true", help="the deep property sweep: lengths 1-40, then primes and "
                      "block edges to 385, more windows, both head shapes, every compiled cell")  # fmt: skip
+    parser.addoption("--slow", action="store_true", help="the slow tier alone: the tests marked slow, which the "
+                     "README's `pytest -n auto` leaves out (real clusters, whole sweeps and guides' commands in "
+                     "processes of their own); CI runs both tiers")  # fmt: skip
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "deep: runs only with --deep (CI runs it after the default suite)")
+    config.addinivalue_line("markers", "slow: in the slow tier, run by --slow (CI runs it after the default suite)")
+
+
+def pytest_report_header(config):
+    if config.getoption("--slow"):
+        return "tier: slow (the tests marked slow; pytest without --slow runs the rest)"
+    return "tier: default (the tests marked slow are deselected: pytest --slow runs them; CI runs both)"
+
+
+def in_tier(item, slow: bool, named: list[str]) -> bool:
+    """Whether ``item`` runs in this tier: its slow mark says which; a test named on the command line by its id
+    (``tests/test_x.py::test_y``) runs in either, as asked."""
+    if any(item.nodeid == n or item.nodeid.startswith(n + "[") or item.nodeid.startswith(n + "::") for n in named):
+        return True
+    return (item.get_closest_marker("slow") is not None) == slow
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the tests' ids
 def pytest_collection_modifyitems(config, items):
+    named = [os.path.relpath(a.split("::")[0], config.rootpath) + "::" + a.split("::", 1)[1]
+             for a in config.args if "::" in a]  # fmt: skip
+    chosen = [item for item in items if in_tier(item, config.getoption("--slow"), named)]
+    if len(chosen) < len(items):
+        kept = set(map(id, chosen))
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = chosen
     for item in items:  # pytest -n: the tests of one SLURM cluster share a worker
         if "slurm" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -25,12 +25,14 @@ from training.loop import train
         ("sample.py", "layout=wrapper", "layout=wrapper was renamed: use attention=wrapper"),
     ],
 )
+@pytest.mark.slow
 def test_old_spellings_are_a_one_line_error_naming_the_new_one(tmp_path, script, arg, message):
     result = run_script(script, arg, cwd=tmp_path, env=dict(os.environ), timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip() == f"error: {message}"
 
 
+@pytest.mark.slow
 def test_the_loader_reads_run_directories_and_checkpoint_files_alike(trained_run):
     by_dir = load_model(str(trained_run), attention="wrapper", kernel="manual")
     by_file = load_model(str(trained_run / "last.pt"))
@@ -41,6 +43,7 @@ def test_the_loader_reads_run_directories_and_checkpoint_files_alike(trained_run
     assert load_model(str(trained_run), checkpoint="best.pt").path.name == "best.pt"
 
 
+@pytest.mark.slow
 def test_heads_studies_a_save_pretrained_gpt2_through_the_same_loader(tmp_path, gpt2_tokenizer_offline):
     pytest.importorskip("transformers")
     save_tiny_hf_gpt2(tmp_path / "gpt2-tiny")

@@ -52,6 +52,7 @@ def tiny(layout="fused_qkv", kernel="sdpa", n_kv=None, window=None, block_size=1
                      n_kv_head=n_kv, window=window)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_flex_serves_prompts_of_every_length_from_a_few_compiled_graphs():
     # Evaluating or sampling at many lengths must not recompile flex per length (Dynamo gives up after 8 and
     # falls back to an unfused flex): the mask reads its lengths from tensors, and on a CPU lengths are padded.
@@ -97,6 +98,7 @@ def test_windowed_grouped_query_generation_gives_the_same_choices_with_and_witho
     assert len(set(cached)) > 3
 
 
+@pytest.mark.slow
 def test_the_kv_cache_of_a_gpt2_small_shaped_model_with_one_key_value_head_is_a_twelfth():
     sizes = {}
     for n_kv in (12, 1):

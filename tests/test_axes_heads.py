@@ -36,6 +36,7 @@ def heads_cli(run, data_cache, tmp_path) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_with_sinks_the_stats_report_what_the_sink_took_of_each_row(sinks_run, data_cache, tmp_path):
     result = heads_cli(sinks_run, data_cache, tmp_path)
     with open(tmp_path / "heads" / "stats.csv") as f:
@@ -65,6 +66,7 @@ def test_the_sink_weight_is_one_minus_each_rows_sum(sinks_run):
       "(mla-latent16-ropedim8-rope)"),
      ((), "(fused_qkv)")],  # a default model: named as before (the session's trained_run)
 )  # fmt: skip
+@pytest.mark.slow
 def test_maps_of_alibi_and_latent_models_are_causal_distributions(overrides, name, tmp_path_factory, data_cache,
                                                                    tmp_path, request):  # fmt: skip
     if overrides:

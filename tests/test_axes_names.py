@@ -85,6 +85,7 @@ def report_rows(sweep, tmp_path) -> tuple[list[dict], str]:
         return list(csv.DictReader(f)), (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_positions_sweep_names_every_encoding_the_learned_one_too(positions_sweep, tmp_path):
     variants = ["fused_qkv-sdpa-learned", "fused_qkv-sdpa-rope", "fused_qkv-sdpa-alibi", "fused_qkv-sdpa-nopos"]
     dirs = run_dirs(positions_sweep)
@@ -103,6 +104,7 @@ def test_a_positions_sweep_names_every_encoding_the_learned_one_too(positions_sw
     assert sorted(t.get_text() for t in legend.get_texts()) == sorted(variants)
 
 
+@pytest.mark.slow
 def test_a_latent_sweep_reports_parameters_and_kv_cache_bytes_per_token(latent_sweep, tmp_path):
     variants = ["fused_qkv-sdpa-kv4", "fused_qkv-sdpa-kv2", "fused_qkv-sdpa-kv1", "mla-sdpa-latent85"]
     assert [p.name for p in run_dirs(latent_sweep)] == [f"{i}_{v}" for i, v in enumerate(variants)]

@@ -87,6 +87,7 @@ PRESETS = {
 
 
 @pytest.mark.parametrize("experiment", sorted(PRESETS))
+@pytest.mark.slow
 def test_each_preset_plans_its_four_variants(experiment, tmp_path):
     result = run_cli(f"experiment={experiment}", "trainer.plan=true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

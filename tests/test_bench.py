@@ -13,6 +13,7 @@ from model.registry import ATTENTION_LAYOUTS
 
 
 @pytest.mark.parametrize("mode", ["block", "gpt"])
+@pytest.mark.slow
 def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
     bench.main([
         "--mode", mode, "--seq-len", "8", "16", "--batch", "2", "--n-embd", "16", "--n-head", "2",

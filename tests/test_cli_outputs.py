@@ -69,6 +69,7 @@ def test_evaluate_of_a_hub_name_writes_to_eval_out_not_the_current_directory():
     (["experiment=compare_attention"], "run it with -m"),  # a sweep preset without -m
     (["-m", "experiment=compare_attention", "trainer.plan=true"], "sampling's KV cache"),  # each job's plan
 ])  # fmt: skip
+@pytest.mark.slow
 def test_a_command_that_ends_without_a_run_leaves_no_run_folder(args, says, tmp_path):
     result = script("train.py", *args, "model=nano", "logger=none", cwd=tmp_path)
     assert says in result.stdout + result.stderr, result.stderr[-2000:]

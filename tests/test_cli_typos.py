@@ -107,6 +107,7 @@ def test_a_value_hydra_cannot_read_says_how_to_quote_it(tmp_path):
     assert "Hydra cannot read this value" in line and "checkpoint=\"'best(1).pt'\"" in line
 
 
+@pytest.mark.slow
 def test_valid_overrides_hydras_own_and_multirun_still_work(tmp_path):
     """What the check must let through: hydra.* keys and groups, ``++`` on an existing key, ``-m`` sweeps."""
     result = run("train", "++trainer.max_steps=7", "hydra.run.dir=" + str(tmp_path / "run"),

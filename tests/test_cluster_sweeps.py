@@ -71,6 +71,7 @@ def spans_overlap(a: dict, b: dict) -> bool:
     return a["start"] < b["end"] and b["start"] < a["end"]
 
 
+@pytest.mark.slow
 def test_a_slurm_sweep_runs_its_jobs_in_parallel_and_the_report_flags_that_they_shared_a_machine(
         slurm, tmp_path, data_cache):  # fmt: skip
     env = {**os.environ, **slurm.env}
@@ -89,6 +90,7 @@ def test_a_slurm_sweep_runs_its_jobs_in_parallel_and_the_report_flags_that_they_
         assert f"ran alongside {other} (seed 1337): its speed is not comparable" in row
 
 
+@pytest.mark.slow
 def test_a_slurm_job_of_two_tasks_is_one_ddp_run(slurm, tmp_path, data_cache):
     common = [*TINY, "trainer.batch_size=16", "trainer.micro_batch_size=8", "trainer.max_steps=6",
               "trainer.eval_interval=3", "trainer.eval_windows=3", f"data.cache_dir={data_cache}"]  # fmt: skip
@@ -128,6 +130,7 @@ def wait_for_steps(metrics: Path, at_least: int, proc: WarmProcess, timeout: flo
     raise TimeoutError(f"{metrics} did not reach step {at_least}")
 
 
+@pytest.mark.slow
 def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_as_if_never_stopped(
         slurm, tmp_path, data_cache):  # fmt: skip
     common = [*TINY, "model.n_layer=2", "model.n_embd=64", "trainer.max_steps=100", "trainer.eval_interval=50",
@@ -160,6 +163,7 @@ def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_a
     assert [requeued[s] for s in sorted(whole)] == pytest.approx([whole[s] for s in sorted(whole)], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_job_requeued_while_it_prepares_its_data_is_waited_for_and_its_rerun_finishes_the_sweep(slurm, tmp_path):
     env = {**os.environ, **slurm.env}
     cache = tmp_path / "cache"  # unprepared: the job tokenizes the corpus first (seconds)
@@ -179,6 +183,7 @@ def test_a_job_requeued_while_it_prepares_its_data_is_waited_for_and_its_rerun_f
     assert info["status"] == "finished" and [s["slurm"]["restart"] for s in info["segments"]] == [1]
 
 
+@pytest.mark.slow
 def test_a_job_cancelled_mid_run_ends_the_sweep_with_an_error_not_its_half_trained_loss(slurm, tmp_path, data_cache):
     env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}
     proc = sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "trainer.max_steps=100000", "trainer.eval_interval=100000",
@@ -195,6 +200,7 @@ def test_a_job_cancelled_mid_run_ends_the_sweep_with_an_error_not_its_half_train
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_a_user_error_in_a_slurm_job_ends_the_sweep_with_its_message_instead_of_a_wait(slurm, tmp_path):
     env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}  # as a user runs it: no full tracebacks
     code, out, err = finish(sweep(tmp_path, env, *ON_TEST_CLUSTER, *TINY, "trainer.eval_windows=0",
@@ -203,6 +209,7 @@ def test_a_user_error_in_a_slurm_job_ends_the_sweep_with_its_message_instead_of_
     assert "Traceback" not in err, "the same one line as a local run, not the launcher's traceback"
 
 
+@pytest.mark.slow
 def test_a_batch_that_does_not_split_in_a_slurm_job_is_the_one_line_a_local_run_prints(slurm, tmp_path):
     env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}  # as a user runs it: no full tracebacks
     args = [*TINY, "trainer.micro_batch_size=3"]
@@ -214,6 +221,7 @@ def test_a_batch_that_does_not_split_in_a_slurm_job_is_the_one_line_a_local_run_
     assert code != 0 and err.strip().splitlines()[-1] == line and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_one_gpu_per_job_asked_of_a_cluster_without_gpus_is_one_line_naming_the_fix(slurm, tmp_path):
     env = {**os.environ, **slurm.env, "HYDRA_FULL_ERROR": "0"}  # as a user runs it: no full tracebacks
     on_cpus = [a for a in ON_TEST_CLUSTER if not a.startswith("hydra.launcher.gpus_per_node")]  # the default: 1
@@ -225,6 +233,7 @@ def test_one_gpu_per_job_asked_of_a_cluster_without_gpus_is_one_line_naming_the_
         "hydra.launcher.gpus_per_node=0, or choose a GPU partition (hydra.launcher.partition=...)")
 
 
+@pytest.mark.slow
 def test_a_local_parallel_sweep_runs_every_job_at_once(tmp_path, data_cache):
     # submitit_local: each job its own process, started together (on a GPU machine, each takes a free GPU).
     one_thread_each = {**os.environ, "OMP_NUM_THREADS": "1"}  # two jobs on two cores

@@ -25,6 +25,7 @@ def sweep(tmp_path_factory, data_cache):
     return root
 
 
+@pytest.mark.slow
 def test_report_has_one_row_per_run_with_values_from_its_metrics(sweep, capsys):
     out = compare.main([str(sweep)])
     with open(out / "report.csv") as f:
@@ -73,6 +74,7 @@ def test_a_directory_with_no_runs_is_refused(tmp_path):
         compare.main([str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_runs_of_different_token_budgets_are_refused_unless_forced(sweep, tmp_path, data_cache):
     longer = tmp_path / "longer"
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=25", f"trainer.run_dir={longer}",

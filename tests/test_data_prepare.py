@@ -185,6 +185,7 @@ def test_the_data_cache_is_headlab_cache_then_xdg_cache_home_then_home(tmp_path,
     assert data_cache_dir(DataConfig(cache_dir=str(tmp_path / "mine"))) == tmp_path / "mine", "data.cache_dir wins"
 
 
+@pytest.mark.slow
 def test_the_cli_prepares_into_xdg_cache_home_and_leaves_home_alone(tmp_path):
     import os
     import subprocess

@@ -121,6 +121,7 @@ def test_a_larger_budget_extends_a_finished_run_alike_in_place_and_in_a_new_dire
     assert train_losses(elsewhere) == pytest.approx({s: train_losses(run)[s] for s in range(13, 21)}, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_continued_offline_wandb_run_names_rebuild_wandb_and_its_config_keeps_no_status(tmp_path, data_cache,
                                                                                           log_lines):  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"

@@ -120,6 +120,7 @@ def test_a_layer_kind_may_set_the_gate_and_the_rotary_share():
     assert gates[1].weight.shape == (2, 16), "one gate per head, from the layer's input"
 
 
+@pytest.mark.slow
 def test_a_sweep_over_the_gate_names_and_reports_each_value(tmp_path, data_cache):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", *TINY, "logger=none", f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}",
@@ -140,6 +141,7 @@ def test_a_sweep_over_the_gate_names_and_reports_each_value(tmp_path, data_cache
     assert params[1] - params[0] == 32 * 4 and params[2] - params[0] == 32 * 32, "W_g, one layer: C x H, C x C"
 
 
+@pytest.mark.slow
 def test_heads_reports_each_heads_mean_gate_in_the_layers_that_have_one(tmp_path, data_cache, capsys):
     from helpers import tiny_run
 

@@ -90,6 +90,7 @@ def gpu_experiments() -> dict:
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+@pytest.mark.slow
 def test_every_gpu_experiment_splits_its_batch_over_1_2_4_8_ranks(world_size):
     experiments = gpu_experiments()
     assert {"gpt2_small", "compare_attention_gpu"} <= set(experiments)
@@ -229,6 +230,7 @@ def test_fp16_autocast_with_a_loss_scaler_trains_and_saves_its_scale(tmp_path, d
     assert load_checkpoint(tmp_path / "fp16").grad_scaler["scale"] == scales[-1]
 
 
+@pytest.mark.slow
 def test_each_job_reports_its_own_peak_memory(tmp_path, data_cache):
     big = ("model.n_layer=2", "model.n_embd=256", "model.n_head=4", "model.block_size=128",
            "trainer.batch_size=64", "trainer.micro_batch_size=64", "trainer.max_steps=2")  # fmt: skip

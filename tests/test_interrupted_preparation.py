@@ -76,6 +76,7 @@ def test_a_stop_signal_ends_preparation_promptly_with_no_process_or_partial_left
     assert not list(cache.glob("*/meta.json")), "nothing that looks prepared"
 
 
+@pytest.mark.slow
 def test_after_sigkill_the_next_preparation_sweeps_the_partial_directory(big_corpus, tmp_path):
     # A third of the corpus (files 000-199, ~24 MB): still a second or more of preparing when the kill comes, and
     # the next preparation, which prepares it all, has a third of the work.

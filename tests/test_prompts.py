@@ -65,6 +65,7 @@ def test_a_prompt_and_a_prompt_file_together_are_one_line(trained_run, tmp_path)
         f"error: prompt='f(x)' and prompt_file='{tmp_path / 'p.txt'}' are both set; give one"]
 
 
+@pytest.mark.slow
 def test_heads_takes_a_prompt_of_code(trained_run, tmp_path, data_cache):
     result = run_script("heads.py", f"source={trained_run}", "windows=2", "prompt=for i in range(3):",
                         f"out={tmp_path / 'heads'}", "device=cpu", f"data.cache_dir={data_cache}",

@@ -57,6 +57,7 @@ def test_the_label_spells_each_option_as_the_command_line_does(model, show, labe
     assert attention_label(model, show=show) == label
 
 
+@pytest.mark.slow
 def test_a_kernel_sweep_names_directories_runs_and_report_rows_by_the_kernel_option(kernel_sweep, tmp_path):
     dirs = run_dirs(kernel_sweep)
     kernels = ["manual", "sdpa", "sdpa_flash", "sdpa_math"]  # experiment=compare_kernels, in its order
@@ -75,6 +76,7 @@ def test_a_kernel_sweep_names_directories_runs_and_report_rows_by_the_kernel_opt
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [f"fused_qkv\n{k}" for k in kernels]
 
 
+@pytest.mark.slow
 def test_a_kv_heads_sweep_names_each_variant_by_its_key_value_heads(kv_sweep):
     variants = [f"{layout}-sdpa-kv{kv}" for layout in ("wrapper", "fused_qkv") for kv in (4, 2, 1)]
     dirs = run_dirs(kv_sweep)
@@ -83,6 +85,7 @@ def test_a_kv_heads_sweep_names_each_variant_by_its_key_value_heads(kv_sweep):
     assert [run.variant for run in find_runs([kv_sweep])] == variants, "the report's label is the directory's"
 
 
+@pytest.mark.slow
 def test_the_kv_heads_report_gives_the_range_of_parameters_not_one_count(kv_sweep, tmp_path):
     out = compare.main([str(kv_sweep), "--out", str(tmp_path / "report")])
     with open(out / "report.csv") as f:
@@ -106,6 +109,7 @@ def test_the_loss_plot_names_the_curves_that_lie_on_each_other(kv_sweep):
         "the line drawn first is wider: both show"
 
 
+@pytest.mark.slow
 def test_a_job_of_a_parallel_launcher_names_itself_by_the_command_lines_sweep(tmp_path, data_cache):
     # submitit_local runs each job in its own process, whose command line is submitit's, not the user's:
     # the swept keys come from the sweep's multirun.yaml.

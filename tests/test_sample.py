@@ -158,6 +158,7 @@ def test_prompt_from_a_file(trained_run, tmp_path, capsys):
     assert text[0].startswith("class ")
 
 
+@pytest.mark.slow
 def test_flex_sampling_says_once_that_it_compiles_before_its_first_token(trained_run):
     """FlexAttention compiles on the prompt's pass (seconds on a CPU): said once, before the wait; not for sdpa."""
     if FLEX_ON_CPU_UNAVAILABLE:

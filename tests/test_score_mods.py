@@ -127,6 +127,7 @@ def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:
     (["model.position=rope", "model.rope_theta=nan"], "error: model.rope_theta=nan must be a finite number"),
     (["kernel=manual", "model.softcap=inf"], "error: model.softcap=inf must be a finite positive number"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_train_plan_refuses_a_bad_value_in_one_line_before_any_work(overrides, expected, tmp_path):
     result = train_plan(*overrides, cwd=tmp_path)
     assert result.returncode != 0

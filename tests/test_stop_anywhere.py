@@ -48,6 +48,7 @@ def test_a_signal_during_the_last_save_leaves_a_finished_run_that_resume_auto_sk
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a pipe whose reader exits")
+@pytest.mark.slow
 def test_ctrl_c_on_a_run_piped_into_a_reader_that_exits_still_saves_and_continues(tmp_path, data_cache):
     run = tmp_path / "run"
     options = [*TINY, "trainer.max_steps=100000", "trainer.checkpoint_interval=100000",
@@ -98,6 +99,7 @@ def uninterrupted(tmp_path_factory, data_cache):
 
 
 @pytest.mark.parametrize("moment", MOMENTS)
+@pytest.mark.slow
 def test_a_run_killed_as_it_creates_each_file_continues_to_the_uninterrupted_losses(moment, tmp_path, data_cache,
                                                                                      uninterrupted):  # fmt: skip
     run = tmp_path / "run"

@@ -24,6 +24,7 @@ def tiny(run_dir: Path, data_cache: Path, *overrides: str):
                          *overrides)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_signal_stops_the_whole_sweep_and_its_one_command_continues_it_to_the_uninterrupted_result(
         tmp_path, data_cache):  # fmt: skip
     args = ["-m", "attention=wrapper,fused_qkv", *TINY, "trainer.max_steps=40", "logger.mode=offline",
@@ -126,6 +127,7 @@ def test_two_processes_never_write_one_run_directory(tmp_path):
     claim_run_dir(str(tmp_path / "run"), continuing=True).release()  # free again once the writer is gone
 
 
+@pytest.mark.slow
 def test_the_report_reads_a_sweep_at_any_moment(tmp_path, data_cache, capsys):
     sweep = tmp_path / "sweep"
     for seed in (1, 2):

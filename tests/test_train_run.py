@@ -88,6 +88,7 @@ def test_non_finite_loss_stops_the_run_records_why_and_keeps_the_last_good_check
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_diverged_run_is_one_line_alone_and_one_failed_job_in_a_sweep_whose_others_go_on(tmp_path, data_cache):
     alone = run_cli(*TINY, *DIVERGING, f"trainer.run_dir={tmp_path / 'alone'}", f"data.cache_dir={data_cache}",
                     cwd=tmp_path, env=user_env())  # fmt: skip
@@ -129,6 +130,7 @@ def test_sigterm_finishes_the_step_saves_and_the_checkpoint_resumes(tmp_path, da
     assert summary["start_step"] == ckpt.step and summary["step"] == ckpt.step + 2
 
 
+@pytest.mark.slow
 def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_group(tmp_path, data_cache):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "attention=wrapper,fused_qkv", *TINY, "trainer.max_steps=3",
@@ -148,6 +150,7 @@ def test_multirun_writes_one_run_directory_and_one_wandb_run_per_job_in_one_grou
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on loopback")
+@pytest.mark.slow
 def test_two_gloo_ranks_match_one_process_with_twice_the_accumulation(tmp_path):
     """And the ranks, started on a corpus no process has prepared, prepare it once without a collective (this
     torchrun run also proves what test_architecture.py's test_two_gloo_ranks_prepare_an_unprepared_corpus_once_

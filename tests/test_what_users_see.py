@@ -88,6 +88,7 @@ def test_the_console_names_the_run_directory_and_every_evaluation(tmp_path, data
     assert "step 4: val/loss" in (tmp_path / "hydra" / "train.log").read_text(), "train.log holds the same"
 
 
+@pytest.mark.slow
 def test_a_wandb_run_ends_with_the_summary_below_wandbs_closing_lines(tmp_path, data_cache):
     run = tmp_path / "run"
     # one stream, as a terminal shows it: stderr (wandb's lines) joined to stdout (the log's)
@@ -122,6 +123,7 @@ def test_ctrl_c_prints_the_command_that_continues_the_run(tmp_path, data_cache):
     assert f"trainer.run_dir={run}" in command and f"hydra.run.dir={tmp_path / 'hydra'}" in command
 
 
+@pytest.mark.slow
 def test_a_multirun_over_a_non_attention_option_names_its_runs_apart(tmp_path, data_cache):
     sweep = tmp_path / "sweep"
     result = run_cli("-m", "optim.beta2=0.95,0.99", *TINY, "trainer.max_steps=2", "logger.mode=offline",
@@ -144,6 +146,7 @@ def test_a_sweep_preset_without_multirun_is_refused_naming_m(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["sample.py", "heads.py", "evaluate.py", "export.py"])
+@pytest.mark.slow
 def test_each_script_helps_with_its_own_options_and_names_a_missing_one_in_one_line(tmp_path, script):
     help_text = run_script(script, "--help", cwd=tmp_path, timeout=120).stdout
     assert f"Usage: python {script} source=" in help_text and "source: ???" in help_text
@@ -167,6 +170,7 @@ def seeded_sweep(tmp_path_factory, data_cache):
 
 
 @pytest.mark.xdist_group("seeded_sweep")  # pytest -n: one worker trains the sweep both tests read
+@pytest.mark.slow
 def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(seeded_sweep):
     sweep = seeded_sweep
     runs = find_runs([sweep])
@@ -188,6 +192,7 @@ def test_the_comparison_plot_draws_one_line_per_variant_with_seeds_aggregated(se
 
 
 @pytest.mark.xdist_group("seeded_sweep")  # pytest -n: one worker trains the sweep both tests read
+@pytest.mark.slow
 def test_the_comparison_and_the_head_study_log_into_wandb(tmp_path, data_cache, trained_run, seeded_sweep):
     import compare
     import heads
