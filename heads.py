@@ -145,6 +145,11 @@ def run(cfg: HeadsConfig) -> Path:
     check(cfg)
     loaded = load_model(cfg.source, cfg.attention, cfg.kernel, checkpoint=cfg.checkpoint)
     model, tokenizer = loaded.model, loaded.tokenizer
+    without = sorted({layout.name for layout, _ in model.config.layer_layouts if not layout.has_attention_maps})
+    if without:
+        raise ValueError(f"source={cfg.source}: attention={without[0]} layers have no attention maps (their heads "
+                         f"read a state, not a softmax over keys); heads.py studies models whose every layer is "
+                         f"softmax attention")  # fmt: skip
     check_head(model, cfg.layer, cfg.head)
     device = resolve_device(cfg.device, option="device")
     model = model.to(device).eval()

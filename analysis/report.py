@@ -24,7 +24,7 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "layers": lambda row: row.get("layers") is not None}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
-SHOWN_WHEN_VARIED = ("kv_cache_bytes", "token_budget")
+SHOWN_WHEN_VARIED = ("kv_cache_bytes", "state_bytes", "token_budget")
 # The figures a run's speed makes: a run that shared its machine with another marks each of them (SHARED_MARK).
 SPEED_COLUMNS = ("tokens_per_sec", "step_ms", "mfu", "compile_s", "time_to_target_s")
 SHARED_MARK = "†"
@@ -37,6 +37,7 @@ COLUMNS = [
     ("rope_fraction", "rope fraction"), *((mod.field, mod.column) for mod in with_fields()), ("layers", "layers"),
     ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
+    ("state_bytes", "state B/sample"),
     ("micro_batch", "micro-batch"), ("sdpa_backend", "SDPA kernel"),
     ("final_train_loss", "final train loss"), ("best_val_loss", "best val loss"),
     ("best_val_bpb", "val bpb"), ("tokens_per_sec", "tokens/s"), ("step_ms", "step ms"),
@@ -99,12 +100,13 @@ def identity(run: Run) -> dict:
             "rope_fraction": m.get("rope_fraction", 1.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
-            "kv_cache_bytes": kv_cache_bytes(run)}  # fmt: skip
+            **decoding_bytes(run)}  # fmt: skip
 
 
-def kv_cache_bytes(run: Run) -> int | None:
-    """Bytes sampling's KV cache keeps per token, over every layer, in the run's dtype: the layout's
-    ``cache_width`` (keys and values, or a latent); None where the run's model cannot be rebuilt here."""
+def decoding_bytes(run: Run) -> dict[str, int | None]:
+    """What decoding keeps, over every layer, in the run's dtype: ``kv_cache_bytes`` per token (the layout's
+    ``cache_width``: keys and values, or a latent) and ``state_bytes`` per sample at any length (a linear
+    layer's state); None where the run's model cannot be rebuilt here."""
     from dataclasses import fields
 
     import torch
@@ -112,13 +114,13 @@ def kv_cache_bytes(run: Run) -> int | None:
     from model.config import GPTConfig
 
     m = run.info["model"]
+    dtype = getattr(torch, str(run.info.get("dtype", "float32")), torch.float32)
     try:
         config = GPTConfig(**{f.name: m[f.name] for f in fields(GPTConfig) if f.name in m})
-        width = sum(config.cache_widths)
+        width, state = sum(config.cache_widths), config.state_bytes(torch.finfo(dtype).bits // 8)
     except (ValueError, TypeError, KeyError):  # a layout or option this checkout does not know
-        return None
-    dtype = getattr(torch, str(run.info.get("dtype", "float32")), torch.float32)
-    return width * (torch.finfo(dtype).bits // 8)  # every layer's (a schedule's layers each their own)
+        return {"kv_cache_bytes": None, "state_bytes": None}
+    return {"kv_cache_bytes": width * (torch.finfo(dtype).bits // 8), "state_bytes": state}
 
 
 def failed_row(run: Run) -> dict:
@@ -292,7 +294,7 @@ def format_value(key: str, value) -> str:
         return "-"
     if key == "position":
         return position_label(value)
-    if key in ("params", "kv_cache_bytes", "token_budget"):
+    if key in ("params", "kv_cache_bytes", "state_bytes", "token_budget"):
         return f"{value:,}"
     if isinstance(value, bool):
         return "yes" if value else "-"

@@ -1,6 +1,7 @@
-"""headlab's model: one GPT, three attention layouts of one function and multi-head latent attention, its
-kernels, one loader."""
+"""headlab's model: one GPT, three attention layouts of one function, multi-head latent attention and Gated
+DeltaNet, its kernels, one loader."""
 
+from model import deltanet as _deltanet  # noqa: F401  (registers attention=gated_deltanet)
 from model import latent as _latent  # noqa: F401  (registers attention=mla)
 from model.attention import ATTENTION_LAYOUTS, CausalAttentionHead, MultiHeadAttention, build_attention
 from model.checkpoint import Checkpoint, load_checkpoint

@@ -243,6 +243,7 @@ class MultiHeadAttention(nn.Module):
     function: ClassVar[str] = "mha"
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
     options: ClassVar[tuple[str, ...]] = ()  # AttentionSpec fields only this layout takes (attention=mla's kv_latent)
+    has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
     marker: ClassVar[str] = "o"
 
@@ -263,6 +264,18 @@ class MultiHeadAttention(nn.Module):
         """The widths, over all query heads, of the score matmul (queries . keys) and the value matmul: what
         the attention's FLOPs per key scale with (``GPT.flops_per_token``)."""
         return spec.n_embd, spec.n_embd
+
+    @classmethod
+    def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
+        """Training FLOPs per token of the score and value matmuls: 6 x their widths (``score_widths``) x the keys
+        each query sees (``seq_len``, or the window)."""
+        return 6 * sum(cls.score_widths(spec)) * min(seq_len, spec.window or seq_len)
+
+    @classmethod
+    def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
+        """Bytes a sequence's decoding state keeps per layer whatever its length, activations ``dtype_bytes``
+        wide (a KV cache has none: it grows by ``cache_width`` numbers per token)."""
+        return 0
 
     @classmethod
     def cache_width(cls, spec: AttentionSpec) -> int:

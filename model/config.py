@@ -88,6 +88,8 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
             continue
         theirs = attention_label({**uniform, **overrides}, "|", [*show, *overrides]).split("|")
         changes = [p for p in theirs[2:] if p not in parts]
+        if overrides.get("attention", model.get("attention")) != model.get("attention"):
+            changes.insert(0, str(overrides["attention"]))  # a hybrid's linear layers: D.gated_deltanet.nopos
         for mod in registry.SCORE_MODS.values():  # one a kind turns off: its part, with "no"
             own = mod.label(model.get(mod.field, mod.off))
             if own and mod.field in overrides and not mod.used(overrides[mod.field]):
@@ -195,10 +197,20 @@ class GPTConfig:
         return [self.layer_config(i).attention_spec for i in range(self.n_layer)]
 
     @property
+    def layer_layouts(self) -> list[tuple[type, AttentionSpec]]:
+        """Each layer's attention class (its kind's ``attention``, or the model's) and spec."""
+        return [(registry.layout(one.attention), one.attention_spec)
+                for one in (self.layer_config(i) for i in range(self.n_layer))]  # fmt: skip
+
+    @property
     def cache_widths(self) -> list[int]:
         """Numbers sampling's KV cache keeps per token for each layer, as the layout says (``cache_width``)."""
-        layout = registry.layout(self.attention)
-        return [layout.cache_width(spec) for spec in self.layer_specs]
+        return [layout.cache_width(spec) for layout, spec in self.layer_layouts]
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """Bytes every layer's decoding state keeps per sequence whatever its length (a linear layer's; 0 for a
+        KV cache, which grows by ``cache_widths``)."""
+        return sum(layout.state_bytes(spec, dtype_bytes) for layout, spec in self.layer_layouts)
 
     @property
     def cache_capacities(self) -> list[int]:
@@ -233,8 +245,9 @@ class GPTConfig:
         return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
-# The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>).
-LAYER_FIELDS = ("window", "position", "rope_theta", "rope_fraction", "n_kv_head", *score_mod_fields())
+# The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>); attention only to a layout of
+# another function than the model's (a hybrid's gated_deltanet layers).
+LAYER_FIELDS = ("attention", "window", "position", "rope_theta", "rope_fraction", "n_kv_head", *score_mod_fields())
 
 
 def check_schedule(config: GPTConfig) -> None:
@@ -271,9 +284,22 @@ def check_schedule(config: GPTConfig) -> None:
                                  f"{', '.join(LAYER_FIELDS)}")  # fmt: skip
         try:
             check_layer_position(config, kinds[kind].get("position", config.position))
+            check_layer_attention(config, kinds[kind].get("attention", config.attention))
             config.layer_config(layers[0])
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
+
+
+def check_layer_attention(config: GPTConfig, attention: str) -> None:
+    """A layer's attention may differ from the model's only as another function (a hybrid's linear layers): the
+    layouts of one function are one choice for the whole model, which converts them all together."""
+    if attention == config.attention:
+        return
+    mine, theirs = registry.layout(config.attention), registry.layout(attention)
+    if mine.function == theirs.function:
+        raise ValueError(f"attention={attention} with model.attention={config.attention}: they are layouts of one "
+                         f"function, chosen for the whole model; set model.attention={attention}, or give the layer "
+                         f"another function (e.g. attention=gated_deltanet)")  # fmt: skip
 
 
 def check_layer_position(config: GPTConfig, position: str) -> None:

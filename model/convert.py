@@ -31,17 +31,25 @@ def split_qkv_key(key: str) -> tuple[str, str, str] | None:
     return None
 
 
-def detect_attention_layout(state_dict: Mapping[str, torch.Tensor]) -> str:
-    """The layout whose q/k/v parameter names a state dict uses."""
+def detect_attention_layout(state_dict: Mapping[str, torch.Tensor], like: str | None = None) -> str:
+    """The layout whose q/k/v parameter names a state dict uses. A hybrid's holds layouts of two functions (its
+    linear layers'): there, the one of ``like``'s function."""
     found = {parts[0] for key in state_dict if (parts := split_qkv_key(key))}
+    if like is not None and len(found) > 1:
+        function = registry.layout(like).function
+        found = {name for name in found if registry.layout(name).function == function} or found
     if not found:
         examples = [repr(cls.QKV_EXAMPLE) for cls in ATTENTION_LAYOUTS.values()]
         raise ValueError(
             "the state dict holds no attention q/k/v weights "
             f"(no {', '.join(examples[:-1])} or {examples[-1]} keys); is it a headlab GPT state dict?"
         )
-    if len(found) > 1:
+    functions = {registry.layout(name).function for name in found}
+    if len(found) > len(functions):
         raise ValueError(f"the state dict mixes attention layouts {sorted(found)}; it is corrupt")
+    if len(found) > 1:
+        raise ValueError(f"the state dict holds layers of {' and '.join(sorted(found))}: a hybrid; say which "
+                         f"function's layout to read")  # fmt: skip
     return found.pop()
 
 
@@ -58,7 +66,7 @@ def convert_attention_layout(
     """
     src_cls, dst_cls = registry.layout(src), registry.layout(dst)
     check_converts(src, dst)
-    seen = detect_attention_layout(state_dict)
+    seen = detect_attention_layout(state_dict, like=src)
     if seen != src:
         raise ValueError(f"the state dict holds {seen!r} attention weights, not src={src!r}")
 
@@ -66,7 +74,7 @@ def convert_attention_layout(
     modules: dict[str, dict[str, torch.Tensor]] = {}  # module prefix -> its q/k/v tensors by local name
     for key, tensor in state_dict.items():
         parts = split_qkv_key(key)
-        if parts is None:
+        if parts is None or registry.layout(parts[0]).function != src_cls.function:  # a hybrid's other layers
             out[key] = tensor
         else:
             modules.setdefault(parts[1], {})[parts[2]] = tensor

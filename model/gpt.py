@@ -70,9 +70,9 @@ def _own_draws():
 
 
 def score_flops(layout: type, spec, seq_len: int) -> int:
-    """Training FLOPs per token of one layer's score and value matmuls: 6 x their widths (``score_widths``) x the
-    keys each query sees (``seq_len``, or the window)."""
-    return 6 * sum(layout.score_widths(spec)) * min(seq_len, spec.window or seq_len)
+    """Training FLOPs per token of one layer's mixing of tokens (``MultiHeadAttention.mixing_flops``): softmax
+    attention's score and value matmuls, a linear layer's state."""
+    return layout.mixing_flops(spec, seq_len)
 
 
 class GPT(nn.Module):
@@ -109,13 +109,18 @@ class GPT(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         starts = {f".{name}": value for mod in registry.SCORE_MODS.values()  # QK-norm's scales 1, sinks 0
                   for name, value in mod.initial_values(self.config.n_head).items()}  # fmt: skip
+        layouts = dict.fromkeys(layout for layout, _ in self.config.layer_layouts)
+        owns = [layout.initial_tensor for layout in layouts if hasattr(layout, "initial_tensor")]  # gated_deltanet's
         drawn: dict[str, torch.Tensor] = {}
         for name in sorted(canonical):
             template = canonical[name]
             start = next((value for ending, value in starts.items() if name.endswith(ending)), None)
             if name == "lm_head.weight":
                 continue  # tied to the token embedding
-            if template.dim() == 2:
+            special = next((t for t in (draw(name, template) for draw in owns) if t is not None), None)
+            if special is not None:  # a layout's own rule (a linear layer's decay and convolution)
+                drawn[name] = special
+            elif template.dim() == 2:
                 std = residual_std if name.endswith("c_proj.weight") else 0.02
                 drawn[name] = torch.empty_like(template).normal_(0.0, std)
             elif start is not None:
@@ -200,8 +205,7 @@ class GPT(nn.Module):
         cfg = self.config
         seq_len = cfg.block_size if seq_len is None else seq_len
         matmul_params = self.num_params() - self.position_params()
-        layout = registry.layout(cfg.attention)
-        return 6 * matmul_params + sum(score_flops(layout, spec, seq_len) for spec in cfg.layer_specs)
+        return 6 * matmul_params + sum(score_flops(layout, spec, seq_len) for layout, spec in cfg.layer_layouts)
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load a GPT state dict of any attention layout, converting it to this model's.
@@ -209,7 +213,8 @@ class GPT(nn.Module):
         Missing, unexpected or wrongly shaped tensors are a ValueError that names them.
         """
         cfg = self.config
-        state_dict = _as_layout(state_dict, detect_attention_layout(state_dict), cfg.attention, cfg.n_head)
+        state_dict = _as_layout(state_dict, detect_attention_layout(state_dict, like=cfg.attention), cfg.attention,
+                                cfg.n_head)  # fmt: skip
         own = self.state_dict()
         missing = sorted(set(own) - set(state_dict))
         unexpected = sorted(set(state_dict) - set(own))

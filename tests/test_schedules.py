@@ -36,7 +36,8 @@ LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5}}),
      "model.layer_pattern=LLLG: layer kind G is not in model.layer_kinds (has: L); add model.layer_kinds.G"),
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"windw": 5}, "G": {}}),
-     "model.layer_kinds.L (layers 0, 1, 2): windw=5 is not a field a layer sets; choose from window, position,"),
+     "model.layer_kinds.L (layers 0, 1, 2): windw=5 is not a field a layer sets; choose from attention, window, "
+     "position,"),
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {}, "G": {"window": 0}}),
      "model.layer_kinds.G (layer 3): model.window=0 must be a positive number of positions"),
     (dict(n_layer=4, kernel="sdpa", layer_pattern="LLLG", layer_kinds={"L": {"softcap": 30.0}, "G": {}}),

@@ -94,6 +94,8 @@ def axes_text(config: GPTConfig) -> str:
 def cache_kind(config: GPTConfig) -> str:
     """What sampling's KV cache keeps per layer, in words: the keys and values of every head (multi-head), of
     fewer shared heads (grouped-query, multi-query), or a latent they are made from (latent)."""
+    if registry.layout(config.attention).state_bytes(config.attention_spec, 4):  # a linear layer
+        return f"none: each of {config.n_head} heads keeps a {config.head_dim} x {config.head_dim} state instead"
     if config.kv_latent is not None:
         rope = f" + a rotary key of {config.rope_head_dim}" if config.rope_head_dim else ""
         return f"latent: {config.kv_latent} latent dims{rope}"
@@ -125,11 +127,16 @@ def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
         flops = 6 * params + score_flops(registry.layout(one.attention), spec, T)
         per_position = cache_width(one) * a
         full = per_position * one.cache_capacity
-        options = ", ".join(attention_label(vars(one), sep="|").split("|")[2:]) or "no other option"
-        rows.append(f"    {kind} x {len(layers)} (layers {', '.join(map(str, layers))}; {options}): {params:,} "
-                    f"parameters and {flops / 1e6:,.2f} M FLOPs per token each; KV cache {per_position:,} B per "
-                    f"position up to {one.cache_capacity:,} positions, {full * len(layers) / 1024:,.1f} KiB per "
-                    f"sample for the {len(layers)} when full")  # fmt: skip
+        label = attention_label(vars(one), sep="|").split("|")
+        options = ", ".join([*([one.attention] if one.attention != config.attention else []), *label[2:]])
+        state = registry.layout(one.attention).state_bytes(spec, a)
+        if state:  # a linear layer: a state of fixed size, no KV cache
+            memory = f"a state of {state * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} at any length"
+        else:
+            memory = f"KV cache {per_position:,} B per position up to {one.cache_capacity:,} positions, " \
+                     f"{full * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} when full"  # fmt: skip
+        rows.append(f"    {kind} x {len(layers)} (layers {', '.join(map(str, layers))}; {options or 'no other option'}"
+                    f"): {params:,} parameters and {flops / 1e6:,.2f} M FLOPs per token each; {memory}")  # fmt: skip
     return rows
 
 
@@ -229,6 +236,11 @@ class Plan:
         return sum(self.config.cache_widths) * (torch.finfo(self.dtype).bits // 8)
 
     @property
+    def state_bytes_per_sample(self) -> int:
+        """What a linear layer's decoding state holds per sample, whatever the length (0 without one)."""
+        return self.config.state_bytes(torch.finfo(self.dtype).bits // 8)
+
+    @property
     def peak_bytes(self) -> int:
         return self.static_bytes + sum(self.activations.values()) + self.logits_transient_bytes
 
@@ -306,13 +318,19 @@ class Plan:
             lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
                          f"sample while every layer's ring fills, {full / 1024:,.1f} KiB per sample when all are "
                          f"full ({str(self.dtype).removeprefix('torch.')})")  # fmt: skip
-            return "\n".join(lines)
+            return "\n".join([*lines, *self._state_lines()])
         lines += self._eval_lines()
         window = f", window {c.window}: at most {c.cache_capacity} positions" if c.window else ""
         lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
                      f"sample ({cache_kind(c)}; {cache_width(c):,} numbers per layer x {c.n_layer} layers{window}, "
                      f"{str(self.dtype).removeprefix('torch.')})")  # fmt: skip
-        return "\n".join(lines)
+        return "\n".join([*lines, *self._state_lines()])
+
+    def _state_lines(self) -> list[str]:
+        if not self.state_bytes_per_sample:
+            return []
+        return [f"  sampling's state: {self.state_bytes_per_sample / 1024:,.1f} KiB per sample at any length (the "
+                f"linear layers' heads' states, float32, and their convolutions' last inputs)"]  # fmt: skip
 
 
 def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype: torch.dtype,

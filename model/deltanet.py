@@ -1,0 +1,239 @@
+"""Gated DeltaNet (Yang, Kautz & Hatamizadeh 2024, arXiv 2412.06464), ``attention=gated_deltanet``: linear
+attention with the delta rule, the layer Qwen3-Next and Qwen3.5 mix 3:1 with full attention.
+
+Each head keeps a matrix state S (head_dim x head_dim) instead of a KV cache. At each token it decays the state
+by a_t, erases what the state holds for the key k_t and writes the value v_t there, by the share beta_t:
+
+    S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T,        o_t = S_t^T q_t
+
+(the paper's eq. 10; the erased value is read from the decayed state). Before it, the queries, keys and values
+pass a short causal depthwise convolution and a SiLU, and queries and keys are L2-normalised per head (the
+queries then scaled by 1/sqrt(head_dim)); beta_t = sigmoid(W_b x_t) and the decay a_t = exp(-A softplus(W_a x_t
++ dt_bias)) per head, A and dt drawn as Mamba-2 draws them. After it, each head's output passes an RMSNorm
+gated by SiLU(W_g x_t), then ``c_proj``.
+
+Training runs the chunked form (``chunked_delta_rule``: the WY representation, one triangular solve per chunk
+and a loop over chunks; plain PyTorch): it equals the recurrence (``tests/test_deltanet.py`` holds both to a
+float64 step-by-step reference). Decoding carries the state and the convolution's last inputs in the cache:
+memory constant in the length.
+
+It is another function than softmax attention: its weights convert to no other layout (refused, naming this).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model import registry
+from model.attention import QKV, AttentionSpec, MultiHeadAttention
+from model.convert import function_refusal
+from model.registry import ATTENTION_LAYOUTS, SCORE_MODS, register
+
+if TYPE_CHECKING:
+    from model.kv_cache import LayerCache
+
+CONV_SIZE = 4  # the short convolution's width (the paper's, Qwen3-Next's)
+
+
+def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+                       beta: torch.Tensor, chunk: int, state: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The gated delta rule over (B, H, T, d) queries, keys, values, (B, H, T) log decays (log a_t <= 0) and
+    betas, from ``state`` (B, H, dk, dv; None: zeros), in chunks of ``chunk`` positions -> the outputs (B, H, T,
+    dv) and the state after the last position.
+
+    Within a chunk, with G_i the cumulative log decay and gamma_i = exp(G_i), the state after position i is
+    gamma_i S_0 + sum_{j<=i} (gamma_i / gamma_j) k_j u_j^T, where the pseudo-values u solve the unit lower
+    triangular system (I + A) U = beta V - beta gamma K S_0, A_ij = beta_i (gamma_i / gamma_j) k_i.k_j for j < i.
+    So each chunk is matmuls and one triangular solve; only the chunk-to-chunk state is sequential. A length
+    that is not a multiple of ``chunk`` is padded with positions that change nothing (k = v = 0, a = 1).
+    """
+    work = torch.promote_types(q.dtype, torch.float32)  # at least float32: the solve and the state's sums
+    with torch.autocast(q.device.type, enabled=False):
+        o, state = _chunked(*(t.to(work) for t in (q, k, v, log_decay, beta)), chunk,
+                            None if state is None else state.to(work))  # fmt: skip
+    return o.to(v.dtype), state
+
+
+def _chunked(q, k, v, log_decay, beta, chunk, state):
+    B, H, T, dk = q.shape
+    dv = v.size(-1)
+    pad = -T % chunk
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        log_decay, beta = F.pad(log_decay, (0, pad)), F.pad(beta, (0, pad))
+    n = (T + pad) // chunk
+    q, k, v = (t.reshape(B, H, n, chunk, -1) for t in (q, k, v))
+    G = log_decay.reshape(B, H, n, chunk).cumsum(-1)
+    beta = beta.reshape(B, H, n, chunk, 1)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # gamma_i / gamma_j for j <= i (masked before exp: G_i - G_j > 0 above the diagonal could overflow)
+    decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal, -math.inf).exp()
+    A = (beta * (k @ k.transpose(-1, -2)) * decay).tril(-1)
+    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    inverse = torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
+    w = inverse @ (k * beta * G.exp().unsqueeze(-1))  # U = u - w S_0
+    u = inverse @ (v * beta)
+    scores = (q @ k.transpose(-1, -2)) * decay
+    decay_to_end = (G[..., -1:] - G).exp().unsqueeze(-1)  # gamma_C / gamma_j
+    S = q.new_zeros(B, H, dk, dv) if state is None else state
+    out = []
+    for c in range(n):
+        u_c = u[:, :, c] - w[:, :, c] @ S
+        out.append((q[:, :, c] * G[:, :, c].exp().unsqueeze(-1)) @ S + scores[:, :, c] @ u_c)
+        S = S * G[:, :, c, -1:].exp().unsqueeze(-1) + (k[:, :, c] * decay_to_end[:, :, c]).transpose(-1, -2) @ u_c
+    return torch.stack(out, dim=2).reshape(B, H, n * chunk, dv)[:, :, :T], S
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor:
+    """Depthwise causal convolution of (B, T, D) over time, each output from its input and the CONV_SIZE - 1
+    before it: ``past`` (B, CONV_SIZE - 1, D), the inputs before the first (None: zeros)."""
+    padded = torch.cat((past, x), dim=1) if past is not None else F.pad(x, (0, 0, CONV_SIZE - 1, 0))
+    return F.conv1d(padded.transpose(1, 2), weight, groups=x.size(-1)).transpose(1, 2)
+
+
+@register(ATTENTION_LAYOUTS)
+class GatedDeltaNet(MultiHeadAttention):
+    name, colour, marker = "gated_deltanet", "tab:olive", "P"
+    function = "gated_deltanet"
+    computes = "a linear-attention state per head, updated by the gated delta rule"
+    QKV_KEY = re.compile(r"(?P<proj>in_proj)\.(?P<kind>weight|bias)$")
+    QKV_EXAMPLE = "in_proj"
+    chunk = 64  # the chunked form's positions per chunk (fla's)
+    has_attention_maps = False
+
+    @classmethod
+    def check_spec(cls, spec: AttentionSpec) -> None:
+        """Refuse what a Gated DeltaNet layer has no place for, naming what it has instead."""
+        cls.check_layout_options(spec)
+        own = {"window": "its state keeps a decayed summary of every earlier token, not a window",
+               "n_kv_head": "its state is per head; keys and values are not grouped",
+               "qk_norm": "it L2-normalises its queries and keys itself",
+               "gate": "it gates its output through its own gated RMSNorm"}  # fmt: skip
+        off = {"window": None, "n_kv_head": None, "qk_norm": False, "gate": "none"}
+        for name, why in own.items():
+            value = getattr(spec, name)
+            if value != off[name] and not (name == "n_kv_head" and value == spec.n_head):
+                raise ValueError(f"model.{name}={value!r} with attention=gated_deltanet: {why}; set "
+                                 f"model.{name}={off[name] if off[name] is not None else 'null'}")  # fmt: skip
+        for mod in SCORE_MODS.values():
+            value = getattr(spec, mod.field)
+            if mod.field in off or not mod.used(value):
+                continue
+            raise ValueError(f"{mod.option(value)} changes softmax attention's scores, but attention=gated_deltanet "
+                             f"has no scores or softmax; turn it off (model.{mod.field}={mod.off})")  # fmt: skip
+        position = registry.position(spec.position)
+        if position.turns_queries_keys or position.biases_scores:
+            tableless = [n for n, p in registry.POSITIONS.items() if not (p.turns_queries_keys or p.biases_scores)]
+            raise ValueError(f"model.position={spec.position} acts on softmax attention's queries, keys or scores; "
+                             f"attention=gated_deltanet orders tokens by its convolution and state: use "
+                             f"model.position={' or '.join(tableless)}")  # fmt: skip
+        if spec.sdpa_backend != "auto":
+            raise ValueError(f"model.sdpa_backend={spec.sdpa_backend} chooses softmax attention's implementation; "
+                             f"attention=gated_deltanet runs its own chunked form: set model.sdpa_backend=auto")
+
+    @classmethod
+    def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
+        return 0, 0  # no score matrix: its mixing FLOPs do not grow with the keys (``mixing_flops``)
+
+    @classmethod
+    def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
+        """Training FLOPs per token of the chunked form (6 x its multiply-adds): per head, reading, correcting and
+        writing the state (3 dk dv) and the chunk's own products (chunk x (3 dk + 2 dv)); none grows with the
+        length."""
+        d, chunk = spec.head_dim, min(cls.chunk, seq_len)
+        return 6 * spec.n_head * (3 * d * d + chunk * 5 * d)
+
+    @classmethod
+    def cache_width(cls, spec: AttentionSpec) -> int:
+        return 0  # nothing per token: the state is fixed-size (``state_bytes``)
+
+    @classmethod
+    def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
+        """Each head's head_dim x head_dim state (float32: the chunked form sums in it) and the convolution's
+        last CONV_SIZE - 1 inputs (in the activations' dtype), whatever the length."""
+        return 4 * spec.n_head * spec.head_dim**2 + dtype_bytes * (CONV_SIZE - 1) * 3 * spec.n_embd
+
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        return 1  # in_proj alone reads the block's input
+
+    @classmethod
+    def initial_tensor(cls, name: str, template: torch.Tensor) -> torch.Tensor | None:
+        """Its tensors that GPT-2's rule (N(0, 0.02), norms 1, the rest 0) does not start: the convolution as
+        PyTorch's Conv1d draws it, A ~ U(1, 16) and dt ~ logU(0.001, 0.1) as Mamba-2 and the paper draw them."""
+        if name.endswith(".conv_weight"):
+            bound = 1 / math.sqrt(CONV_SIZE)
+            return torch.empty_like(template).uniform_(-bound, bound)
+        if name.endswith(".A_log"):
+            return torch.empty_like(template).uniform_(1, 16).log()
+        if name.endswith(".dt_bias"):
+            dt = torch.empty_like(template).uniform_(math.log(1e-3), math.log(0.1)).exp()
+            return dt + torch.log(-torch.expm1(-dt))  # softplus's inverse: softplus(dt_bias) = dt
+        return None
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__(spec)
+        C, H = spec.n_embd, spec.n_head
+        # queries, keys, values, the output gate, beta's and the decay's inputs: one matmul of the block's input
+        self.in_proj = nn.Linear(C, 4 * C + 2 * H, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(3 * C, 1, CONV_SIZE))  # depthwise, over q, k and v
+        self.A_log = nn.Parameter(torch.zeros(H))
+        self.dt_bias = nn.Parameter(torch.zeros(H))
+        self.o_norm = nn.RMSNorm(spec.head_dim, eps=1e-6)
+        nn.init.uniform_(self.conv_weight, -1 / math.sqrt(CONV_SIZE), 1 / math.sqrt(CONV_SIZE))
+
+    def inputs(self, x: torch.Tensor, past: torch.Tensor | None):
+        """(B, T, C) -> q, k, v (B, H, T, hd), log decays and betas (B, H, T), the gate (B, T, H, hd), and the
+        convolution's inputs (B, T, 3C) (their last ones are the next step's ``past``)."""
+        B, T, C = x.shape
+        H, hd = self.n_head, self.head_dim
+        mixed, gate, b, a = self.in_proj(x).split([3 * C, C, H, H], dim=-1)
+        q, k, v = F.silu(causal_conv(mixed, self.conv_weight, past)).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+        q = F.normalize(q, dim=-1) * hd**-0.5
+        k = F.normalize(k, dim=-1)
+        log_decay = -self.A_log.exp() * F.softplus(a + self.dt_bias)
+        return q, k, v, log_decay.transpose(1, 2), b.sigmoid().transpose(1, 2), gate.view(B, T, H, hd), mixed
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        held = cache.slots.get(0) if cache is not None else None  # (the convolution's last inputs, the state)
+        # a cache emptied for reuse (its length 0 outside a decode step) keeps its tensors, not their values
+        past = held if held is not None and (cache.owner.length or cache.owner.in_static_step) else (None, None)
+        q, k, v, log_decay, beta, gate, mixed = self.inputs(x, past[0])
+        o, state = chunked_delta_rule(q, k, v, log_decay, beta, min(self.chunk, T), past[1])
+        if cache is not None:
+            remember_state(cache, mixed, state, past[0], held)
+        o = F.rms_norm(o.transpose(1, 2), (self.head_dim,), self.o_norm.weight.to(o.dtype), self.o_norm.eps)
+        return (o * F.silu(gate)).reshape(B, T, C)
+
+    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError("attention=gated_deltanet has no attention weights: its heads read a state, not a "
+                         "softmax over keys")  # fmt: skip
+
+    @classmethod
+    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
+        raise ValueError(function_refusal(cls, "the other layouts"))
+
+    @classmethod
+    def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
+        raise ValueError(function_refusal(cls, "the other layouts"))
+
+
+def remember_state(cache: LayerCache, mixed: torch.Tensor, state: torch.Tensor, past: torch.Tensor | None,
+                   held: tuple[torch.Tensor, torch.Tensor] | None) -> None:  # fmt: skip
+    """Keep the state and the convolution's last CONV_SIZE - 1 inputs (after ``past``, the ones before this
+    call's) in the layer's cache slot, written in place once made (a captured decode step refers to them)."""
+    before = past if past is not None else mixed.new_zeros(mixed.size(0), CONV_SIZE - 1, mixed.size(2))
+    tail = torch.cat((before, mixed), dim=1)[:, -(CONV_SIZE - 1) :]
+    if held is None:
+        cache.slots[0] = (tail.clone(), state.clone())
+    else:
+        held[0].copy_(tail)
+        held[1].copy_(state)

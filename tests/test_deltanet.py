@@ -1,0 +1,309 @@
+"""attention=gated_deltanet (Gated DeltaNet, arXiv 2412.06464) held to the paper, written here in float64 step by
+step: the chunked form equals the recurrence at every length, chunk size and chunk boundary, with gradients;
+the whole layer equals the paper's layer; cached decoding (eager and static steps) equals a full forward from
+every prompt length, past block_size too; the state keeps the same bytes at every length; each bad value is
+refused in one line; it trains."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, KVCache, build_attention, convert_attention_layout, load_model
+from model.config import attention_label
+from model.decoding import StaticStep
+from model.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
+from tests.helpers import tiny_run, train_losses
+
+
+def recurrent_delta_rule(q, k, v, log_decay, beta, state=None):
+    """The gated delta rule one token at a time (the paper's eq. 10): decay the state, erase what it holds for
+    k_t and write v_t there by beta_t, read it with q_t."""
+    B, H, T, dk = q.shape
+    S = torch.zeros(B, H, dk, v.size(-1), dtype=q.dtype) if state is None else state
+    out = []
+    for t in range(T):
+        S = S * log_decay[:, :, t].exp()[..., None, None]
+        erase_write = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k[:, :, t], S))
+        S = S + k[:, :, t, :, None] * erase_write[:, :, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(out, dim=2), S
+
+
+def delta_inputs(B, H, T, dk, dv, seed, state=True):
+    """Random float64 inputs as the layer makes them: unit keys, scaled unit queries, betas in (0, 1), log decays
+    from about -4 (forgets within a few tokens) to about 0 (keeps everything)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, H, T, dk, generator=gen, dtype=torch.float64), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(B, H, T, dk, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, H, T, dv, generator=gen, dtype=torch.float64)
+    log_decay = -4 * torch.rand(B, H, T, generator=gen, dtype=torch.float64) ** 3
+    beta = torch.rand(B, H, T, generator=gen, dtype=torch.float64)
+    s0 = torch.randn(B, H, dk, dv, generator=gen, dtype=torch.float64) if state else None
+    return [t.requires_grad_() if t is not None else None for t in (q, k, v, log_decay, beta, s0)]
+
+
+LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33, 63, 64, 65, 97, 129]
+CHUNKS = [1, 2, 3, 4, 7, 16, 64]
+SHAPES = [(1, 1, 4, 4), (2, 3, 8, 6), (3, 2, 6, 8)]  # batch, heads, key and value widths
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_the_chunked_form_is_the_recurrence_at_every_length_and_chunk_with_gradients(chunk):
+    for i, T in enumerate(LENGTHS):
+        B, H, dk, dv = SHAPES[i % len(SHAPES)]
+        inputs = delta_inputs(B, H, T, dk, dv, seed=T * 100 + chunk, state=i % 2 == 0)
+        got = chunked_delta_rule(*inputs[:5], chunk, inputs[5])
+        want = recurrent_delta_rule(*inputs)
+        for g, w, what in zip(got, want, ("outputs", "state")):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=f"{what}: T={T} chunk={chunk}")
+        weights = [torch.randn_like(t) for t in want]
+        leaves = [t for t in inputs if t is not None]
+        got_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(got, weights)), leaves)
+        want_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(want, weights)), leaves)
+        for name, g, w in zip("q k v log_decay beta state".split(), got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T} chunk={chunk}")
+
+
+def test_a_sequence_in_pieces_carries_the_state_to_the_whole_sequences_result():
+    q, k, v, g, beta, _ = delta_inputs(2, 2, 50, 8, 8, seed=7, state=False)
+    whole, s_whole = chunked_delta_rule(q, k, v, g, beta, 16)
+    state, outs = None, []
+    for start, end in ((0, 1), (1, 17), (17, 18), (18, 50)):
+        o, state = chunked_delta_rule(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end],
+                                      g[:, :, start:end], beta[:, :, start:end], 16, state)  # fmt: skip
+        outs.append(o)
+    torch.testing.assert_close(torch.cat(outs, dim=2), whole, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(state, s_whole, rtol=1e-10, atol=1e-12)
+
+
+def reference_layer(block: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+    """The paper's layer from ``block``'s weights, step by step in float64: projections, the causal depthwise
+    convolution and SiLU, L2-normalised queries (scaled) and keys, beta and the decay, the recurrence, the
+    output's RMSNorm gated by SiLU, c_proj."""
+    B, T, C = x.shape
+    H, hd = block.n_head, block.head_dim
+    mixed, gate, b, a = block.in_proj(x).split([3 * C, C, H, H], dim=-1)
+    w = block.conv_weight[:, 0]  # (3C, CONV_SIZE): tap i reads the input CONV_SIZE - 1 - i positions back
+    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
+                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
+    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+    q = q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd)
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(b).transpose(1, 2)
+    log_decay = (-torch.exp(block.A_log) * F.softplus(a + block.dt_bias)).transpose(1, 2)
+    o, _ = recurrent_delta_rule(q, k, v, log_decay, beta)
+    o = o.transpose(1, 2)
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + block.o_norm.eps) * block.o_norm.weight
+    return block.c_proj((o * F.silu(gate.view(B, T, H, hd))).reshape(B, T, C))
+
+
+def random_deltanet(n_embd: int, n_head: int, seed: int) -> GatedDeltaNet:
+    block = build_attention("gated_deltanet", n_embd, n_head, "sdpa", position="none").double().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * (0.3 if p.dim() > 1 else 0.5))
+    return block
+
+
+@pytest.mark.parametrize("n_embd,n_head", [(16, 1), (24, 3), (32, 4)])
+def test_the_layer_is_the_papers_formula_at_every_length_with_gradients(n_embd, n_head):
+    block = random_deltanet(n_embd, n_head, seed=n_head)
+    for T in (1, 2, 3, 4, 5, 17, 64, 65, 130):
+        x = torch.randn(2, T, n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(T))
+        got, want = block(x), reference_layer(block, x)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=f"T={T}")
+        params, weight = dict(block.named_parameters()), torch.randn_like(got)
+        for name, g, w in zip(params, torch.autograd.grad((got * weight).sum(), list(params.values())),
+                              torch.autograd.grad((want * weight).sum(), list(params.values()))):  # fmt: skip
+            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T}")
+
+
+def deltanet_gpt(position: str = "none", n_layer: int = 2, seed: int = 0, **fields) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=64, block_size=16, n_layer=n_layer, n_head=2, n_embd=16,
+                       attention="gated_deltanet", position=position, **fields)  # fmt: skip
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(6.0 if p.dim() > 1 else 1.0)  # sharper than the 0.02 init: differences show
+    return model
+
+
+@pytest.mark.parametrize("position,static", [("none", False), ("none", True), ("learned", True), ("learned", False)])
+def test_cached_decoding_is_a_full_forward_from_every_prompt_length(position, static):
+    """Positions past block_size (16) without a table: the state goes on where softmax attention would keep a
+    window of block_size keys."""
+    model = deltanet_gpt(position)
+    length = 16 if position == "learned" else 40
+    idx = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(length))
+    with torch.inference_mode():
+        full, _ = model(idx, idx)
+        for prompt in range(1, length, 3):
+            cache = KVCache(model.config.n_layer)
+            first = model(idx[:, :prompt], cache=cache)[0][:, -1]
+            torch.testing.assert_close(first, full[:, prompt - 1], atol=1e-4, rtol=0)
+            if static:
+                step = StaticStep(model, cache, 2, torch.device("cpu"))
+            else:
+                step = lambda tokens, t, cache=cache: model(tokens, cache=cache)[0][:, -1]  # noqa: E731
+            for t in range(prompt, min(length, prompt + 9)):
+                torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], atol=1e-4, rtol=0,
+                                           msg=f"prompt {prompt}, position {t}")  # fmt: skip
+
+
+def hybrid_config(attention: str = "fused_qkv", **fields) -> GPTConfig:
+    """Qwen3-Next's schedule at a test's size: a Gated DeltaNet layer to each layer of full attention (rope)."""
+    return GPTConfig(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, attention=attention,
+                     position="rope", layer_pattern="DG", layer_kinds={"D": {"attention": "gated_deltanet",
+                     "position": "none"}, "G": {}}, **fields)  # fmt: skip
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+def test_a_hybrids_cached_decoding_is_a_full_forward_past_block_size(static):
+    """The linear layers carry their state while the full-attention layers' KV cache is a ring of block_size."""
+    torch.manual_seed(0)
+    model = GPT(hybrid_config()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(6.0 if p.dim() > 1 else 1.0)
+    idx = torch.randint(0, 64, (2, 36), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        full, _ = model(idx, idx)
+        for prompt in (1, 6, 17):
+            cache = KVCache(model.config.n_layer)
+            model(idx[:, :prompt], cache=cache)
+            step = StaticStep(model, cache, 2, torch.device("cpu")) if static else \
+                (lambda tokens, t, cache=cache: model(tokens, cache=cache)[0][:, -1])  # fmt: skip
+            for t in range(prompt, 36):
+                torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], atol=1e-4, rtol=0,
+                                           msg=f"prompt {prompt}, position {t}")  # fmt: skip
+
+
+def test_a_hybrid_starts_from_the_same_weights_in_every_layout_and_converts_its_softmax_layers():
+    x = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    fused = GPT(hybrid_config("fused_qkv"))
+    assert [type(b.attn).__name__ for b in fused.transformer.h] == ["GatedDeltaNet", "FusedQKVAttention"] * 2
+    for layout in ("separate_qkv", "wrapper"):
+        torch.manual_seed(0)
+        other = GPT(hybrid_config(layout))
+        torch.testing.assert_close(other(x, x)[1], fused(x, x)[1], atol=1e-6, rtol=0)
+        converted = GPT(hybrid_config(layout))
+        converted.load_weights(fused.state_dict())  # the linear layers' weights pass through unchanged
+        torch.testing.assert_close(converted(x, x)[0], fused(x, x)[0], atol=1e-6, rtol=0)
+    assert fused.config.state_bytes(4) == 2 * GatedDeltaNet.state_bytes(fused.config.layer_config(0).attention_spec, 4)
+    assert fused.config.cache_widths == [0, 2 * 16, 0, 2 * 16]
+
+
+def test_a_hybrid_is_named_by_its_kinds_and_a_kind_of_the_models_own_function_is_refused():
+    assert attention_label(vars(hybrid_config())) == "fused_qkv-sdpa-rope-DG_D.gated_deltanet.nopos_G"
+    with pytest.raises(ValueError) as err:
+        GPTConfig(**{**vars(hybrid_config()), "layer_kinds": {"D": {"attention": "wrapper"}, "G": {}}})
+    assert str(err.value) == ("model.layer_kinds.D (layers 0, 2): attention=wrapper with model.attention=fused_qkv: "
+                              "they are layouts of one function, chosen for the whole model; set "
+                              "model.attention=wrapper, or give the layer another function (e.g. "
+                              "attention=gated_deltanet)")  # fmt: skip
+    with pytest.raises(ValueError, match=r"^model.layer_kinds.D \(layers 0, 2\): model.position=rope acts on "):
+        GPTConfig(**{**vars(hybrid_config()), "layer_kinds": {"D": {"attention": "gated_deltanet"}, "G": {}}})
+
+
+def test_a_cache_reused_after_reset_starts_from_an_empty_state():
+    model = deltanet_gpt()
+    idx = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        cache = KVCache(model.config.n_layer)
+        model(idx[:, :7], cache=cache)
+        cache.reset()
+        again = model(idx[:, 7:], cache=cache)[0][:, -1]
+        fresh = model(idx[:, 7:])[0][:, -1]
+    torch.testing.assert_close(again, fresh, atol=1e-5, rtol=0)
+
+
+def test_the_state_keeps_the_same_bytes_at_every_length():
+    model = deltanet_gpt(n_layer=3)
+    spec = model.config.attention_spec
+    assert GatedDeltaNet.cache_width(spec) == 0
+    assert GatedDeltaNet.state_bytes(spec, 4) == (2 * 8 * 8 + (CONV_SIZE - 1) * 3 * 16) * 4  # heads' states, conv
+    sizes = []
+    for length in (1, 5, 16, 40):
+        cache = KVCache(3)
+        with torch.inference_mode():
+            model(torch.zeros(4, length, dtype=torch.long), cache=cache)
+        sizes.append(cache.nbytes())
+    assert sizes == [4 * model.config.state_bytes(4)] * 4  # a batch of 4, float32
+
+
+def test_the_flops_of_its_mixing_do_not_grow_with_the_length():
+    model = deltanet_gpt()
+    at = {T: model.flops_per_token(T) for T in (64, 256, 4096)}
+    assert at[64] == at[256] == at[4096]
+    softmax = GPT(GPTConfig(**{**vars(model.config), "attention": "fused_qkv"}))
+    assert softmax.flops_per_token(4096) > softmax.flops_per_token(64)
+
+
+def test_initial_weights_are_drawn_as_the_paper_draws_them():
+    torch.manual_seed(0)
+    attn = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, attention="gated_deltanet",
+                         position="none")).transformer.h[1].attn  # fmt: skip
+    A = attn.A_log.exp()
+    assert ((A >= 1) & (A <= 16)).all()
+    dt = F.softplus(attn.dt_bias)
+    assert ((dt >= 1e-3 - 1e-9) & (dt <= 0.1 + 1e-9)).all()
+    assert attn.conv_weight.abs().max() <= 1 / math.sqrt(CONV_SIZE) and attn.conv_weight.std() > 0.1
+    assert (attn.o_norm.weight == 1).all()
+    assert abs(attn.in_proj.weight.std().item() - 0.02) < 0.002
+    torch.manual_seed(0)
+    again = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, attention="gated_deltanet",
+                          position="none")).transformer.h[1].attn  # fmt: skip
+    assert torch.equal(again.A_log, attn.A_log) and torch.equal(again.conv_weight, attn.conv_weight)
+
+
+BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attention="gated_deltanet",
+            position="none")  # fmt: skip
+
+
+@pytest.mark.parametrize("fields,says", [
+    ({"window": 8}, "model.window=8 with attention=gated_deltanet: its state keeps a decayed summary"),
+    ({"n_kv_head": 1}, "model.n_kv_head=1 with attention=gated_deltanet: its state is per head"),
+    ({"qk_norm": True}, "model.qk_norm=True with attention=gated_deltanet: it L2-normalises"),
+    ({"gate": "headwise"}, "model.gate='headwise' with attention=gated_deltanet: it gates its output through its "
+                           "own gated RMSNorm; set model.gate=none"),
+    ({"softcap": 30.0, "kernel": "manual"}, "but attention=gated_deltanet has no scores or softmax"),
+    ({"sinks": True}, "but attention=gated_deltanet has no scores or softmax"),
+    ({"position": "rope"}, "model.position=rope acts on softmax attention's queries, keys or scores; "
+                           "attention=gated_deltanet orders tokens by its convolution and state: use "
+                           "model.position=learned or none"),
+    ({"position": "alibi"}, "model.position=alibi changes softmax attention's scores, but attention=gated_deltanet "
+                            "has no scores or softmax"),
+    ({"sdpa_backend": "math"}, "model.sdpa_backend=math chooses softmax attention's implementation"),
+    ({"kv_latent": 8}, "model.kv_latent=8 is an option of attention=mla, but attention=gated_deltanet"),
+])  # fmt: skip
+def test_each_bad_value_is_refused_in_one_line_naming_it_and_the_fix(fields, says):
+    with pytest.raises(ValueError) as err:
+        GPTConfig(**{**BASE, **fields})
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_its_weights_convert_to_no_other_layout():
+    state = deltanet_gpt().state_dict()
+    with pytest.raises(ValueError, match=r"^attention=gated_deltanet computes another function .* to/from "
+                                         r"fused_qkv; train it"):  # fmt: skip
+        convert_attention_layout(state, "gated_deltanet", "fused_qkv")
+    with pytest.raises(ValueError, match="has no attention weights"):
+        deltanet_gpt().transformer.h[0].attn.attention_weights(torch.zeros(1, 3, 16))
+
+
+@pytest.mark.slow
+def test_a_short_run_lowers_the_loss_and_loads_as_itself(tmp_path, data_cache):
+    run = tiny_run(tmp_path / "run", data_cache, "attention=gated_deltanet", "model.position=none")
+    losses = train_losses(run)
+    assert sum(losses[s] for s in (18, 19, 20)) / 3 < losses[1] - 0.3, losses
+    loaded = load_model(str(run))
+    assert isinstance(loaded.model.transformer.h[0].attn, GatedDeltaNet)
+    with pytest.raises(ValueError, match=r"^attention=gated_deltanet computes another function .* to/from wrapper"):
+        load_model(str(run), attention="wrapper")
