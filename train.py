@@ -84,10 +84,11 @@ def _sweep_command_line(multirun_yaml: str, mtime_ns: int) -> tuple[str, ...]:
     return _SWEEP_COMMAND_LINES[key]
 
 
-# Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash, -rope; the groups score_mods and
-# kv_cache set its axes); the others join a run's name.
-IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant", "model.attention", "model.kernel",
-                "model.sdpa_backend", *(f"model.{axis}" for axis in LABEL_AXES))  # fmt: skip
+# Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash, -rope; the groups score_mods,
+# kv_cache, length_variant, schedule and mixing set its axes); the others join a run's name.
+IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant", "schedule", "mixing",
+                "model.attention", "model.kernel", "model.sdpa_backend",
+                *(f"model.{axis}" for axis in LABEL_AXES))  # fmt: skip
 NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name")  # a run name also says the model
 
 

@@ -154,13 +154,16 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
         "kernel: flex, manual, sdpa, sdpa_cudnn, sdpa_efficient, sdpa_flash, sdpa_math",
         "model: gpt2_medium, gpt2_small, mini, nano",
         "logger: none, wandb",
-        "experiment: compare_attention, compare_attention_gpu, compare_kernels, compare_kernels_gpu, "
-        "compare_kv_heads, compare_kv_heads_gpu, compare_latent, compare_latent_gpu, compare_positions, "
-        "compare_positions_gpu, compare_score_mods, compare_score_mods_gpu, compare_windows, compare_windows_gpu, "
-        "finetune_shakespeare, gpt2_small, length_generalisation",
+        "experiment: compare_attention, compare_attention_gpu, compare_hybrid, compare_hybrid_gpu, compare_kernels, "
+        "compare_kernels_gpu, compare_kv_heads, compare_kv_heads_gpu, compare_latent, compare_latent_gpu, "
+        "compare_positions, compare_positions_gpu, compare_schedules, compare_schedules_gpu, compare_score_mods, "
+        "compare_score_mods_gpu, compare_windows, compare_windows_gpu, finetune_shakespeare, gpt2_small, "
+        "length_generalisation",
         "score_mods: none, qk_norm, sinks, softcap",
         "kv_cache: gqa2, gqa4, mha, mla512, mla85, mqa",
         "length_variant: alibi, gemma3, learned, none, rope, window",
+        "schedule: full, gemma3, gpt_oss, llama4, nanochat",
+        "mixing: attention, attention_gated, hybrid, hybrid_gated, linear",
     ]
     for line in expected:
         assert line in result.stdout

@@ -95,6 +95,9 @@ class TrainConfig:
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 # configs/hydra/launcher/submitit_local.yaml: every job of a local parallel sweep sees every GPU.
 OmegaConf.register_new_resolver("headlab_gpu_count", lambda: torch.cuda.device_count(), replace=True)
+# configs/schedule: a window as a share of the context, ${headlab_div:${model.block_size},8}, so that one schedule
+# serves the nano model (16 keys of 128) and GPT-2 small's shape (128 of 1024).
+OmegaConf.register_new_resolver("headlab_div", lambda a, b: int(a) // int(b), replace=True)
 
 LOGGER_KINDS = ("wandb", "none")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
