@@ -64,7 +64,7 @@ OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_
 DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
                  "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
                  "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes",
-                 "speed_ratio", "speed_ratio_min", "speed_ratio_max", "warnings"]  # fmt: skip
+                 "speed_ratio", "speed_ratio_min", "speed_ratio_max", "decoding_bytes", "warnings"]  # fmt: skip
 # Measurements of one cell this far apart (slowest / fastest) make it noisy: a 2.5x outlier is, whatever the
 # interquartile range says.
 NOISY_RANGE = 1.5
@@ -721,6 +721,7 @@ def measure_decode(args: argparse.Namespace) -> list[dict]:
     first = min(args.context_multiples)
     rows = []
     for i, (seq_len, cell) in enumerate(cells):
+        config = config_of(args, cell, seq_len)
         base = [window_speed(clock, first * seq_len, seq_len, args.batch)[0] for clock in clocks[i]]
         for multiple in args.context_multiples:
             measured = [window_speed(clock, multiple * seq_len, seq_len, args.batch) for clock in clocks[i]]
@@ -735,7 +736,9 @@ def measure_decode(args: argparse.Namespace) -> list[dict]:
                              median_step_ms=statistics.median(ms for _, ms in measured),
                              tokens_per_sec=speed, tokens_per_sec_min=min(speeds), tokens_per_sec_max=max(speeds),
                              passes=len(speeds), speed_ratio=statistics.median(ratios), speed_ratio_min=min(ratios),
-                             speed_ratio_max=max(ratios), warnings=decode_noise(speeds, ratios, multiple, first)))
+                             speed_ratio_max=max(ratios),
+                             decoding_bytes=config.decoding_bytes(dtype.itemsize),
+                             warnings=decode_noise(speeds, ratios, multiple, first)))  # fmt: skip
     return rows
 
 
@@ -758,10 +761,11 @@ def decode_markdown(rows: list[dict], title: str) -> str:
     (the median of the generations' own ratios, and their range); then the noisy cells."""
     axes = varied(rows)
     header = ["variant", "block_size", "context multiple", "position", "tokens/s", "range over passes",
-              "ms per step", "median step ms"]
+              "ms per step", "median step ms", "cache + state KiB per sample"]
     table = [[cell_label(r, axes), str(r["seq_len"]), f"{r['context_multiple']}x", f"{r['position_at']:,}",
               f"{r['tokens_per_sec']:,.0f}", f"{r['tokens_per_sec_min']:,.0f}-{r['tokens_per_sec_max']:,.0f}",
-              f"{r['ms_per_token']:.2f}", f"{r['median_step_ms']:.2f}"] for r in rows]  # fmt: skip
+              f"{r['ms_per_token']:.2f}", f"{r['median_step_ms']:.2f}", f"{r['decoding_bytes'] / 1024:,.1f}"]
+             for r in rows]  # fmt: skip
     lines = [title, "", markdown_table(header, table, [i >= 1 for i in range(len(header))]), ""]
     for (label, seq_len), group in itertools.groupby(rows, key=lambda r: (cell_label(r, axes), r["seq_len"])):
         group = sorted(group, key=lambda r: r["context_multiple"])

@@ -128,11 +128,15 @@ def val_loss_figure(runs: list[Run], against: str):
     if not evaluated:
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
         return fig
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend_title(map(label_of, evaluated)),
-              title_fontsize=8, handlelength=3.5)  # fmt: skip
+    legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                       title=legend_title(map(label_of, evaluated)), title_fontsize=8, handlelength=3.5)
     note = coincide_note(groups, len(lines))
     if note:  # otherwise the reader counts the legend's entries, sees fewer lines, and wonders where they went
         ax.text(1.02, 0.0, note, transform=ax.transAxes, fontsize=8, va="bottom")
+    # The figure widened by the legend's width: long labels (a schedule's, DDDG_D.gated_deltanet.nopos_G) would
+    # otherwise squeeze the plot to a third of its width.
+    fig.canvas.draw()
+    fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi, fig.get_figheight())
     return fig
 
 
@@ -171,6 +175,7 @@ LABEL_PARTS = (
     ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in POSITIONS.items()), "-<position>"),
     (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
     *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks
+    (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
 )  # fmt: skip
 
 
@@ -242,6 +247,14 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     return path
 
 
+def tick_label(variant: str) -> str:
+    """A label's parts a line each, and a schedule's kinds each on a line of its own (``DDDG_D.gated_deltanet_G``:
+    three lines), so that long labels side by side do not run into each other."""
+    parts = variant.split("-")
+    kinds = r"_(?=[A-Z](?:[._]|$))"  # the underscores before a kind's letter, not those inside a value
+    return "\n".join(re.sub(kinds, "\n", p) if re.fullmatch(r"[A-Z]+(_[A-Z][\w.]*)+", p) else p for p in parts)
+
+
 def throughput_figure(runs: list[Run], rows: list[dict]):
     """A bar per variant; a variant with a run that shared its machine (``shared_machine`` in its row) is pale
     and its figure carries the table's mark: its speed is not comparable."""
@@ -269,7 +282,7 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
         bar.set_alpha(0.4 if variant in shared else 1.0)
     marks = [f" {SHARED_MARK}" if v in shared else "" for v in variants]
     ax.bar_label(bars, labels=[f"{m:,.0f}{mark}" for m, mark in zip(mids, marks)], fontsize=8, padding=2)
-    ax.set_xticks(range(len(variants)), [v.replace("-", "\n") for v in variants], fontsize=8)
+    ax.set_xticks(range(len(variants)), [tick_label(v) for v in variants], fontsize=8)
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.margins(y=0.12)  # room above the tallest bar for its figure
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")

@@ -67,6 +67,7 @@ class AttentionSpec:
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     kv_latent: int | None = None  # attention=mla's latent width
     rope_head_dim: int | None = None  # attention=mla's decoupled rotary key width
+    linear_chunk: int | None = None  # attention=gated_deltanet's chunk of positions (None: its default, 64)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)

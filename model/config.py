@@ -48,6 +48,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
             parts.append(f"ropedim{model['rope_head_dim']}")
     elif kv != model.get("n_head") or "n_kv_head" in show:
         parts.append(f"kv{kv}")
+    if model.get("linear_chunk") is not None:  # gated_deltanet's chunk: -chunk32
+        parts.append(f"chunk{model['linear_chunk']}")
     window = model.get("window")
     if window or "window" in show:
         parts.append(f"window{window}" if window else "nowindow")
@@ -99,8 +101,8 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "window", "position", "rope_theta", "rope_fraction",
-              "rope_scaling", "rope_factor", *score_mod_fields(),
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "position", "rope_theta",
+              "rope_fraction", "rope_scaling", "rope_factor", *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
 
@@ -142,6 +144,8 @@ class GPTConfig:
     # attention=mla: the keys' and values' latent width, and the decoupled rotary key's width (position=rope)
     kv_latent: int | None = field(default=None, metadata={"reuse": "weights"})
     rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})
+    # attention=gated_deltanet: the positions per chunk of its chunked form (null: 64); the same function
+    linear_chunk: int | None = field(default=None, metadata={"reuse": "implementation"})
     # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
     # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
@@ -211,6 +215,13 @@ class GPTConfig:
         """Bytes every layer's decoding state keeps per sequence whatever its length (a linear layer's; 0 for a
         KV cache, which grows by ``cache_widths``)."""
         return sum(layout.state_bytes(spec, dtype_bytes) for layout, spec in self.layer_layouts)
+
+    def decoding_bytes(self, dtype_bytes: int) -> int:
+        """Bytes decoding holds per sequence at any length: each layer's KV cache, allocated whole at its first
+        write (``cache_width`` numbers for each of its ``cache_capacities`` positions: a ring past them), and the
+        linear layers' states."""
+        held = sum(w * c for w, c in zip(self.cache_widths, self.cache_capacities))
+        return held * dtype_bytes + self.state_bytes(dtype_bytes)
 
     @property
     def cache_capacities(self) -> list[int]:

@@ -56,9 +56,20 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_de
     """
     work = torch.promote_types(q.dtype, torch.float32)  # at least float32: the solve and the state's sums
     with torch.autocast(q.device.type, enabled=False):
-        o, state = _chunked(*(t.to(work) for t in (q, k, v, log_decay, beta)), chunk,
-                            None if state is None else state.to(work))  # fmt: skip
+        inputs = [t.to(work) for t in (q, k, v, log_decay, beta)]
+        state = None if state is None else state.to(work)
+        o, state = _one_step(*inputs, state) if q.size(2) == 1 else _chunked(*inputs, chunk, state)
     return o.to(v.dtype), state
+
+
+def _one_step(q, k, v, log_decay, beta, S):
+    """One position (a decode step): the recurrence itself, no chunk to solve."""
+    B, H, _, dk = q.shape
+    S = q.new_zeros(B, H, dk, v.size(-1)) if S is None else S
+    S = S * log_decay.exp().unsqueeze(-1)  # (B, H, 1, 1) broadcasts over the state
+    k_col = k.transpose(-1, -2)  # (B, H, dk, 1)
+    S = S + k_col @ (beta.unsqueeze(-1) * (v - k @ S))
+    return q @ S, S
 
 
 def _chunked(q, k, v, log_decay, beta, chunk, state):
@@ -72,10 +83,11 @@ def _chunked(q, k, v, log_decay, beta, chunk, state):
     q, k, v = (t.reshape(B, H, n, chunk, -1) for t in (q, k, v))
     G = log_decay.reshape(B, H, n, chunk).cumsum(-1)
     beta = beta.reshape(B, H, n, chunk, 1)
-    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    i = torch.arange(chunk, device=q.device)
+    causal, earlier = i[:, None] >= i[None, :], i[:, None] > i[None, :]
     # gamma_i / gamma_j for j <= i (masked before exp: G_i - G_j > 0 above the diagonal could overflow)
     decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal, -math.inf).exp()
-    A = (beta * (k @ k.transpose(-1, -2)) * decay).tril(-1)
+    A = (beta * (k @ k.transpose(-1, -2)) * decay).masked_fill(~earlier, 0)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
     inverse = torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
     w = inverse @ (k * beta * G.exp().unsqueeze(-1))  # U = u - w S_0
@@ -95,7 +107,10 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None
     """Depthwise causal convolution of (B, T, D) over time, each output from its input and the CONV_SIZE - 1
     before it: ``past`` (B, CONV_SIZE - 1, D), the inputs before the first (None: zeros)."""
     padded = torch.cat((past, x), dim=1) if past is not None else F.pad(x, (0, 0, CONV_SIZE - 1, 0))
-    return F.conv1d(padded.transpose(1, 2), weight, groups=x.size(-1)).transpose(1, 2)
+    # CONV_SIZE shifted products, not F.conv1d: oneDNN's depthwise convolution took 3.6 ms a call on a decode
+    # step's (1, 1, 96) input on a 2-core CPU, 47% of the step
+    T, taps = x.size(1), weight[:, 0].to(x.dtype)
+    return sum(taps[:, i] * padded[:, i : i + T] for i in range(CONV_SIZE))
 
 
 @register(ATTENTION_LAYOUTS)
@@ -105,13 +120,18 @@ class GatedDeltaNet(MultiHeadAttention):
     computes = "a linear-attention state per head, updated by the gated delta rule"
     QKV_KEY = re.compile(r"(?P<proj>in_proj)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "in_proj"
-    chunk = 64  # the chunked form's positions per chunk (fla's)
+    chunk = 64  # the chunked form's positions per chunk by default (fla's); model.linear_chunk sets another
+    options = ("linear_chunk",)
     has_attention_maps = False
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
         """Refuse what a Gated DeltaNet layer has no place for, naming what it has instead."""
         cls.check_layout_options(spec)
+        chunk = spec.linear_chunk
+        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+            raise ValueError(f"model.linear_chunk={chunk!r} must be a positive number of positions per chunk of the "
+                             f"chunked form (null: {cls.chunk}; 16 to 128 serve)")  # fmt: skip
         own = {"window": "its state keeps a decayed summary of every earlier token, not a window",
                "n_kv_head": "its state is per head; keys and values are not grouped",
                "qk_norm": "it L2-normalises its queries and keys itself",
@@ -147,7 +167,7 @@ class GatedDeltaNet(MultiHeadAttention):
         """Training FLOPs per token of the chunked form (6 x its multiply-adds): per head, reading, correcting and
         writing the state (3 dk dv) and the chunk's own products (chunk x (3 dk + 2 dv)); none grows with the
         length."""
-        d, chunk = spec.head_dim, min(cls.chunk, seq_len)
+        d, chunk = spec.head_dim, min(spec.linear_chunk or cls.chunk, seq_len)
         return 6 * spec.n_head * (3 * d * d + chunk * 5 * d)
 
     @classmethod
@@ -163,6 +183,20 @@ class GatedDeltaNet(MultiHeadAttention):
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
         return 1  # in_proj alone reads the block's input
+
+    @classmethod
+    def activation_bytes(cls, spec: AttentionSpec, batch: int, seq_len: int, dtype_bytes: int) -> dict[str, int]:
+        """What one layer keeps for backward, in place of softmax attention's parts (the plan's memory), counted
+        from what autograd saves: in the activations' dtype, in_proj's input and output and the views of it,
+        the convolution's and SiLU's outputs, the normalised queries and keys and the gated norm's inputs (about
+        16 widths); in float32, the chunked form's per-position tensors (about 12 widths: q, k, v, the
+        pseudo-values, their products) and seven chunk x chunk matrices per chunk and head (decays, k k^T, A, I + A,
+        its inverse, q k^T, the masked scores), and a state per chunk."""
+        n, H, d = batch * seq_len * spec.n_embd, spec.n_head, spec.head_dim
+        chunk = min(spec.linear_chunk or cls.chunk, seq_len)
+        chunks = -(-seq_len // chunk)
+        inside = 4 * (12 * n + 7 * batch * H * chunks * chunk * chunk + batch * H * chunks * d * d)
+        return {"attention projections": 16 * n * dtype_bytes, "linear attention chunks": inside}
 
     @classmethod
     def initial_tensor(cls, name: str, template: torch.Tensor) -> torch.Tensor | None:
@@ -187,6 +221,7 @@ class GatedDeltaNet(MultiHeadAttention):
         self.A_log = nn.Parameter(torch.zeros(H))
         self.dt_bias = nn.Parameter(torch.zeros(H))
         self.o_norm = nn.RMSNorm(spec.head_dim, eps=1e-6)
+        self.chunk = spec.linear_chunk or self.chunk
         nn.init.uniform_(self.conv_weight, -1 / math.sqrt(CONV_SIZE), 1 / math.sqrt(CONV_SIZE))
 
     def inputs(self, x: torch.Tensor, past: torch.Tensor | None):

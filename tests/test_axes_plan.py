@@ -109,7 +109,10 @@ def test_each_preset_plans_its_four_variants(experiment, tmp_path):
 @pytest.mark.parametrize(
     "options",
     [dict(position="rope"), dict(qk_norm=True), dict(position="rope", qk_norm=True),
-     dict(attention="mla", kv_latent=32), dict(attention="mla", kv_latent=32, position="rope", rope_head_dim=8)],
+     dict(attention="mla", kv_latent=32), dict(attention="mla", kv_latent=32, position="rope", rope_head_dim=8),
+     dict(attention="gated_deltanet", position="none"),
+     dict(position="rope", layer_pattern="DG", layer_kinds={"D": {"attention": "gated_deltanet", "position": "none"},
+                                                            "G": {}})],
 )  # fmt: skip
 def test_the_memory_estimate_of_the_new_axes_is_within_25_percent_of_what_autograd_saves(options, dtype):
     from test_gpu_readiness import saved_tensor_bytes

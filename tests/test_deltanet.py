@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from analysis.plots import legend_title, tick_label
 from model import GPT, GPTConfig, KVCache, build_attention, convert_attention_layout, load_model
 from model.config import attention_label
 from model.decoding import StaticStep
 from model.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
-from tests.helpers import tiny_run, train_losses
+from tests.helpers import run_script, tiny_run, train_losses
 
 
 def recurrent_delta_rule(q, k, v, log_decay, beta, state=None):
@@ -198,6 +199,11 @@ def test_a_hybrid_starts_from_the_same_weights_in_every_layout_and_converts_its_
         torch.testing.assert_close(converted(x, x)[0], fused(x, x)[0], atol=1e-6, rtol=0)
     assert fused.config.state_bytes(4) == 2 * GatedDeltaNet.state_bytes(fused.config.layer_config(0).attention_spec, 4)
     assert fused.config.cache_widths == [0, 2 * 16, 0, 2 * 16]
+    cache = KVCache(4)
+    with torch.inference_mode():
+        fused(torch.zeros(3, 5, dtype=torch.long), cache=cache)  # a KV cache allocates its capacity at once
+    # two attention layers x 32 numbers x 16 positions x float32, and two linear layers' states
+    assert cache.nbytes() == 3 * fused.config.decoding_bytes(4) == 3 * (2 * 32 * 16 * 4 + fused.config.state_bytes(4))
 
 
 def test_a_hybrid_is_named_by_its_kinds_and_a_kind_of_the_models_own_function_is_refused():
@@ -282,11 +288,27 @@ BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attent
                             "has no scores or softmax"),
     ({"sdpa_backend": "math"}, "model.sdpa_backend=math chooses softmax attention's implementation"),
     ({"kv_latent": 8}, "model.kv_latent=8 is an option of attention=mla, but attention=gated_deltanet"),
+    ({"linear_chunk": 0}, "model.linear_chunk=0 must be a positive number of positions per chunk"),
+    ({"linear_chunk": True}, "model.linear_chunk=True must be a positive number"),
+    ({"linear_chunk": 16, "attention": "fused_qkv", "position": "rope"}, "model.linear_chunk=16 is an option of "
+                                                                         "attention=gated_deltanet, but "
+                                                                         "attention=fused_qkv"),
 ])  # fmt: skip
 def test_each_bad_value_is_refused_in_one_line_naming_it_and_the_fix(fields, says):
     with pytest.raises(ValueError) as err:
         GPTConfig(**{**BASE, **fields})
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_chunk_size_changes_the_arithmetic_not_the_function_and_names_the_run():
+    x = torch.randint(0, 64, (2, 45), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for chunk in (None, 1, 7, 45, 128):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**{**BASE, "block_size": 64, "linear_chunk": chunk}))
+        losses.append(model(x, x)[1].item())
+    assert max(losses) - min(losses) < 1e-5, losses
+    assert attention_label(vars(GPTConfig(**BASE, linear_chunk=32))) == "gated_deltanet-sdpa-chunk32-nopos"
 
 
 def test_its_weights_convert_to_no_other_layout():
@@ -307,3 +329,15 @@ def test_a_short_run_lowers_the_loss_and_loads_as_itself(tmp_path, data_cache):
     assert isinstance(loaded.model.transformer.h[0].attn, GatedDeltaNet)
     with pytest.raises(ValueError, match=r"^attention=gated_deltanet computes another function .* to/from wrapper"):
         load_model(str(run), attention="wrapper")
+    heads = run_script("heads.py", f"source={run}", f"out={tmp_path / 'heads'}", cwd=tmp_path)
+    assert heads.returncode != 0 and not (tmp_path / "heads").exists()
+    assert "attention=gated_deltanet layers have no attention maps" in heads.stderr, heads.stderr[-1000:]
+    assert len(heads.stderr.strip().splitlines()) == 1, heads.stderr
+    export = run_script("export.py", f"source={run}", f"out={tmp_path / 'hf'}", cwd=tmp_path)
+    assert export.returncode != 0 and "attention=gated_deltanet" in export.stderr and not (tmp_path / "hf").exists()
+
+
+def test_a_hybrids_label_reads_in_the_reports_legend_and_bars():
+    label = attention_label(vars(hybrid_config(gate="none")))
+    assert legend_title([label]).endswith("-<layer pattern>_<kind>.<what it sets>")
+    assert tick_label(label).splitlines() == ["fused_qkv", "sdpa", "rope", "DG", "D.gated_deltanet.nopos", "G"]

@@ -181,6 +181,10 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
         "query/key encodings": encoding_bytes(config, N, kv_share, a),
         "dropout masks": 2 * N if drop else 0,
     }
+    own = getattr(registry.layout(config.attention), "activation_bytes", None)  # a linear layer's own parts
+    if own is not None:
+        del per_layer["attention projections"], per_layer["attention matrices" if matrices else "attention log-sum-exp"]
+        per_layer = {**own(config.attention_spec, B, T, a), **per_layer}
     parts = {name: L * value for name, value in per_layer.items()}
     V = config.vocab_size or config.padded_vocab_size
     parts["final norm and LM head input"] = N * 4 + N * a
