@@ -63,6 +63,9 @@ FEWER_JOBS = {
     "python train.py -m experiment=compare_attention trainer.seed=1,2": ["attention=fused_qkv"],
     # 3 jobs, not 6: 4, 2 and 1 key/value heads in the wrapper layout (fused_qkv's: compare_latent's line)
     "python train.py -m experiment=compare_kv_heads": ["attention=wrapper"],
+    # 5 jobs, not 10: one seed of each variant, at the 4 layers their schedules of 4 kinds tile (DDDG, LLLG, ...)
+    "python train.py -m experiment=compare_hybrid": ["trainer.seed=1", "model.n_layer=4"],
+    "python train.py -m experiment=compare_schedules": ["trainer.seed=1", "model.n_layer=4"],
 }
 # The benchmarks' smallest cell: one layout and kernel (test_bench.py runs the default grid), the shapes of
 # test_bench.py's compiled cell (a compiled line reuses its inductor cache in a full run).
