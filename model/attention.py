@@ -245,6 +245,7 @@ class MultiHeadAttention(nn.Module):
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
     options: ClassVar[tuple[str, ...]] = ()  # AttentionSpec fields only this layout takes (attention=mla's kv_latent)
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
+    takes_kernel: ClassVar[bool] = True  # runs model.kernel (a linear layer runs its own form)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
     marker: ClassVar[str] = "o"
 

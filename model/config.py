@@ -170,6 +170,16 @@ class GPTConfig:
                                  f"{{window: 128}}, or {{}} for none")  # fmt: skip
         self.layer_kinds = {str(kind): dict(values) for kind, values in (self.layer_kinds or {}).items()}
         check_schedule(self)
+        self.check_kernel_is_used()
+
+    def check_kernel_is_used(self) -> None:
+        """Refuse a kernel chosen for a model without a layer that runs one (every layer Gated DeltaNet)."""
+        default = type(self).__dataclass_fields__["kernel"].default
+        if self.kernel != default and not any(layout.takes_kernel for layout, _ in self.layer_layouts):
+            raise ValueError(f"model.kernel={self.kernel} chooses softmax attention's kernel, but every layer is "
+                             f"attention={self.attention}, which runs its own chunked form; leave "
+                             f"model.kernel={default}, or give some layers softmax attention "
+                             f"(model.layer_pattern)")  # fmt: skip
 
     @property
     def attention_spec(self) -> AttentionSpec:
@@ -189,7 +199,13 @@ class GPTConfig:
         kind = self.layer_kind_names[layer]
         if kind is None:
             return self
-        return replace(self, layer_pattern=None, layer_kinds={}, **self.layer_kinds[kind])
+        fields_of_kind = self.layer_kinds[kind]
+        layout = registry.layout(fields_of_kind.get("attention", self.attention))
+        # A layer that runs no kernel (a hybrid's Gated DeltaNet layers) takes none of the model's, which its
+        # softmax layers run: the defaults, as a uniform model of that layer has.
+        unused = {} if layout.takes_kernel else {name: type(self).__dataclass_fields__[name].default
+                                                 for name in ("kernel", "sdpa_backend")}  # fmt: skip
+        return replace(self, layer_pattern=None, layer_kinds={}, **fields_of_kind, **unused)
 
     def in_any_layer(self, name: str) -> bool:
         """Whether any layer sets the attention field ``name`` (``sinks``: some layer has sinks)."""

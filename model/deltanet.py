@@ -122,7 +122,7 @@ class GatedDeltaNet(MultiHeadAttention):
     QKV_EXAMPLE = "in_proj"
     chunk = 64  # the chunked form's positions per chunk by default (fla's); model.linear_chunk sets another
     options = ("linear_chunk",)
-    has_attention_maps = False
+    has_attention_maps, takes_kernel = False, False
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:

@@ -206,6 +206,14 @@ def test_a_hybrid_starts_from_the_same_weights_in_every_layout_and_converts_its_
     assert cache.nbytes() == 3 * fused.config.decoding_bytes(4) == 3 * (2 * 32 * 16 * 4 + fused.config.state_bytes(4))
 
 
+@pytest.mark.parametrize("kernel", ["manual", "sdpa_math", "flex"])
+def test_a_hybrids_softmax_layers_take_the_models_kernel_and_its_linear_layers_none(kernel):
+    config = hybrid_config(kernel=kernel)
+    kernels = [(layout.name, spec.kernel, spec.sdpa_backend) for layout, spec in config.layer_layouts]
+    softmax = (config.attention, config.kernel, config.sdpa_backend)
+    assert kernels == [("gated_deltanet", "sdpa", "auto"), softmax] * 2
+
+
 def test_a_hybrid_is_named_by_its_kinds_and_a_kind_of_the_models_own_function_is_refused():
     assert attention_label(vars(hybrid_config())) == "fused_qkv-sdpa-rope-DG_D.gated_deltanet.nopos_G"
     with pytest.raises(ValueError) as err:
@@ -288,6 +296,8 @@ BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attent
                             "has no scores or softmax"),
     ({"sdpa_backend": "math"}, "model.sdpa_backend=math chooses softmax attention's implementation"),
     ({"kv_latent": 8}, "model.kv_latent=8 is an option of attention=mla, but attention=gated_deltanet"),
+    ({"kernel": "manual"}, "model.kernel=manual chooses softmax attention's kernel, but every layer is "
+                           "attention=gated_deltanet, which runs its own chunked form; leave model.kernel=sdpa"),
     ({"linear_chunk": 0}, "model.linear_chunk=0 must be a positive number of positions per chunk"),
     ({"linear_chunk": True}, "model.linear_chunk=True must be a positive number"),
     ({"linear_chunk": 16, "attention": "fused_qkv", "position": "rope"}, "model.linear_chunk=16 is an option of "
