@@ -86,7 +86,7 @@ def test_a_first_fill_longer_than_the_window_keeps_its_last_positions():
             model(idx[:, 10:12], cache=cache)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "flex"])
+@pytest.mark.parametrize("kernel", ["sdpa", pytest.param("flex", marks=pytest.mark.slow)])  # flex: 30 s cold
 def test_windowed_grouped_query_generation_gives_the_same_choices_with_and_without_the_cache(kernel):
     if kernel == "flex" and FLEX_ON_CPU_UNAVAILABLE:
         pytest.skip(FLEX_ON_CPU_UNAVAILABLE)

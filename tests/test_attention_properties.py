@@ -92,7 +92,17 @@ def pytest_generate_tests(metafunc):
     for name, make in (("cell", cells), ("encoding_cell", encoding_cells),
                        ("encoding_decode_cell", encoding_decode_cells), ("past_context_cell", past_context_cells)):
         if name in metafunc.fixturenames:
-            metafunc.parametrize(name, [p.values for p in make(deep)], ids=[p.id for p in make(deep)])
+            params = flex_cells_after_the_first_deep(list(make(deep)))
+            metafunc.parametrize(name, [pytest.param(p.values, id=p.id, marks=p.marks) for p in params])
+
+
+def flex_cells_after_the_first_deep(params: list) -> list:
+    """A grid's cells, its flex cells but the first marked deep: each compiles graphs of its own, 10-30 s of a
+    fresh machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at every default length
+    and more. The first keeps flex in the default run."""
+    flex = [i for i, p in enumerate(params) if "-flex-" in f"{p.id}-"]
+    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in flex[1:] else p
+            for i, p in enumerate(params)]  # fmt: skip
 
 
 def test_the_default_grids_reach_every_registered_layout_kernel_position_and_modification():
@@ -331,7 +341,7 @@ def eager_or_static(static: bool, device: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
-@pytest.mark.parametrize("layout,kernel,n_kv,window", list(decode_cells()))
+@pytest.mark.parametrize("layout,kernel,n_kv,window", flex_cells_after_the_first_deep(list(decode_cells())))
 def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout, kernel, n_kv, window, static,
                                                                          device, request):  # fmt: skip
     if kernel == "flex" and flex_unavailable(device):
@@ -433,8 +443,8 @@ DEEP_COMPILED_PAST_CELLS = [("alibi", "separate_qkv", "manual", None, {"sinks": 
 
 
 @pytest.mark.parametrize("position,layout,kernel,window,mods",
-                         COMPILED_PAST_CELLS + [pytest.param(*c, marks=pytest.mark.deep)
-                                                for c in DEEP_COMPILED_PAST_CELLS])  # fmt: skip
+                         [pytest.param(*c, marks=pytest.mark.deep)  # compiled past block_size: the deep sweep's
+                          for c in COMPILED_PAST_CELLS + DEEP_COMPILED_PAST_CELLS])  # fmt: skip
 def test_the_compiled_static_step_past_block_size_is_a_full_forward(position, layout, kernel, window, mods):
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))

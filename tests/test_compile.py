@@ -50,6 +50,7 @@ def test_the_manual_kernel_traces_without_warnings(recwarn):
     assert not [str(w.message) for w in recwarn if "lru_cache" in str(w.message)]
 
 
+@pytest.mark.slow
 def test_regional_compilation_compiles_one_block_for_all_layers_and_trains_like_eager():
     layout = "wrapper"  # the layout whose blocks hold the most modules (3 projections per head)
     torch._dynamo.reset()

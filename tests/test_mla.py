@@ -159,7 +159,7 @@ def test_gradients_of_every_weight_and_the_input_are_the_formulas(name, kernel):
 
 
 @pytest.mark.skipif(FLEX_ON_CPU_UNAVAILABLE is not None, reason=str(FLEX_ON_CPU_UNAVAILABLE))
-@pytest.mark.parametrize("name", ["3heads-rope", "2heads-alibi-sinks"])
+@pytest.mark.parametrize("name", ["3heads-rope", pytest.param("2heads-alibi-sinks", marks=pytest.mark.slow)])
 def test_flex_forward_computes_the_formula(name):
     attn = mla_module(name, "flex", dtype=torch.float32)
     for T in (7, 33):
@@ -214,6 +214,7 @@ def test_cached_decoding_is_a_full_recomputation_past_block_size(options, kernel
         decodes_like_full_recomputation(model, length, prompt, static)
 
 
+@pytest.mark.slow
 def test_the_compiled_static_step_is_a_full_recomputation_past_block_size():
     decodes_like_full_recomputation(mla_gpt(window=5, n_layer=1), 20, 3, static=True, compiled=True)
 
