@@ -111,6 +111,19 @@ def function_refusal(odd: type, other: str) -> str:
             f"to/from {other}; train it, or init_from an {odd.name} checkpoint")  # fmt: skip
 
 
+class ConvertsToNoOther:
+    """Mixed into a layout of a function of its own (attention=mla, gated_deltanet): its weights convert to no
+    other layout, refused naming why."""
+
+    @classmethod
+    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
+        raise ValueError(function_refusal(cls, "the other layouts"))
+
+    @classmethod
+    def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
+        raise ValueError(function_refusal(cls, "the other layouts"))
+
+
 def same_function_layouts(layout: str) -> list[str]:
     """The layouts that compute the same function as ``layout`` (itself included), sorted: those its weights
     convert to exactly (attention=mla computes another function than fused_qkv, separate_qkv and wrapper)."""

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import QKV, AttentionSpec, MultiHeadAttention
-from model.convert import function_refusal
+from model.attention import AttentionSpec, MultiHeadAttention
+from model.convert import ConvertsToNoOther
 from model.registry import ATTENTION_LAYOUTS, SCORE_MODS, register
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None
 
 
 @register(ATTENTION_LAYOUTS)
-class GatedDeltaNet(MultiHeadAttention):
+class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "gated_deltanet", "tab:olive", "P"
     function = "gated_deltanet"
     computes = "a linear-attention state per head, updated by the gated delta rule"
@@ -251,14 +251,6 @@ class GatedDeltaNet(MultiHeadAttention):
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError("attention=gated_deltanet has no attention weights: its heads read a state, not a "
                          "softmax over keys")  # fmt: skip
-
-    @classmethod
-    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
-        raise ValueError(function_refusal(cls, "the other layouts"))
-
-    @classmethod
-    def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
-        raise ValueError(function_refusal(cls, "the other layouts"))
 
 
 def remember_state(cache: LayerCache, mixed: torch.Tensor, state: torch.Tensor, past: torch.Tensor | None,

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import QKV, AttentionSpec, MultiHeadAttention, remember, rms_normed
-from model.convert import function_refusal
+from model.attention import AttentionSpec, MultiHeadAttention, remember, rms_normed
+from model.convert import ConvertsToNoOther
 from model.kernels import repeat_kv
 from model.registry import ATTENTION_LAYOUTS, register
 
@@ -42,7 +42,7 @@ def positive_int(value) -> bool:
 
 
 @register(ATTENTION_LAYOUTS)
-class LatentAttention(MultiHeadAttention):
+class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "mla", "tab:purple", "D"
     function = "mla"
     computes = "keys and values through a kv_latent-wide latent"
@@ -149,11 +149,3 @@ class LatentAttention(MultiHeadAttention):
         positions = torch.arange(x.size(1), device=x.device)
         k, _ = self.keys_values(*self.latent_and_rotary_key(x, positions))
         return self.queries(x, positions), repeat_kv(k, self.n_head)
-
-    @classmethod
-    def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
-        raise ValueError(function_refusal(cls, "the other layouts"))
-
-    @classmethod
-    def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
-        raise ValueError(function_refusal(cls, "the other layouts"))
