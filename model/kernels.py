@@ -232,7 +232,10 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     # compiled for an evaluation under no_grad then serves sampling under inference_mode, whose tensors carry other
     # dispatch keys (one graph of seconds instead of two).
     with ordinary_tensors():
-        q, k, v = (t.clone() if t.is_inference() else t.contiguous() for t in (q, k, v))
+        # .view: the canonical strides, also of a dimension of size 1 (one key/value head, a batch of one), which
+        # contiguous() leaves as the projection made them; dynamo guards on them (one more graph of seconds)
+        q, k, v = ((t.clone(memory_format=torch.contiguous_format) if t.is_inference() else t.contiguous())
+                   .view(t.shape) for t in (q, k, v))  # fmt: skip
         batch_only = contextlib.nullcontext()
         if mods is not None:
             for t in (q, k, v):
