@@ -92,16 +92,18 @@ def pytest_generate_tests(metafunc):
     for name, make in (("cell", cells), ("encoding_cell", encoding_cells),
                        ("encoding_decode_cell", encoding_decode_cells), ("past_context_cell", past_context_cells)):
         if name in metafunc.fixturenames:
-            params = flex_cells_after_the_first_deep(list(make(deep)))
+            params = flex_cells_deep(list(make(deep)), keep_first=name == "cell")
             metafunc.parametrize(name, [pytest.param(p.values, id=p.id, marks=p.marks) for p in params])
 
 
-def flex_cells_after_the_first_deep(params: list) -> list:
-    """A grid's cells, its flex cells but the first marked deep: each compiles graphs of its own, 10-30 s of a
-    fresh machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at every default length
-    and more. The first keeps flex in the default run."""
+def flex_cells_deep(params: list, keep_first: bool) -> list:
+    """A grid's flex cells marked deep (all, or all but the first with ``keep_first``): each compiles graphs of
+    its own, 10-30 s of a fresh machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at
+    every default length and more. The default run keeps the first flex cell of the plain grid and of the decoding
+    grid: flex compiled on this CPU, in a forward and in decode steps."""
     flex = [i for i, p in enumerate(params) if "-flex-" in f"{p.id}-"]
-    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in flex[1:] else p
+    deep = flex[1:] if keep_first else flex
+    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in deep else p
             for i, p in enumerate(params)]  # fmt: skip
 
 
@@ -280,7 +282,6 @@ DECODE_BLOCK = 24
 PROMPTS = [1, 2, 5, 8, 13, 23]
 DEEP_PROMPTS = list(range(1, DECODE_BLOCK))
 DECODE_WINDOWS = {"full": None, "window7": 7}
-COMPILED_CELLS = [("fused_qkv", "sdpa", 2, 7)]
 
 
 def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, **options) -> GPT:
@@ -341,7 +342,7 @@ def eager_or_static(static: bool, device: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
-@pytest.mark.parametrize("layout,kernel,n_kv,window", flex_cells_after_the_first_deep(list(decode_cells())))
+@pytest.mark.parametrize("layout,kernel,n_kv,window", flex_cells_deep(list(decode_cells()), keep_first=True))
 def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout, kernel, n_kv, window, static,
                                                                          device, request):  # fmt: skip
     if kernel == "flex" and flex_unavailable(device):
@@ -411,12 +412,12 @@ def test_generation_past_block_size_is_a_full_forward_over_the_whole_sequence(pa
     assert_decodes_like_full_recomputation(model, eager_or_static(static, "cpu"), PAST_PROMPTS, "cpu", PAST_TOTAL)
 
 
-DEEP_COMPILED_CELLS = [*(c for c in itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)) if c not in COMPILED_CELLS),
-                       ("wrapper", "manual", 1, None)]  # fmt: skip
+# The deep sweep's (8-25 s each on a fresh machine): the default run compiles decoding in test_decoding.py.
+COMPILED_CELLS = [*itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)), ("wrapper", "manual", 1, None)]
 
 
 @pytest.mark.parametrize("layout,kernel,n_kv,window",
-                         COMPILED_CELLS + [pytest.param(*c, marks=pytest.mark.deep) for c in DEEP_COMPILED_CELLS])
+                         [pytest.param(*c, marks=pytest.mark.deep) for c in COMPILED_CELLS])
 def test_the_compiled_static_step_is_a_full_recomputation(layout, kernel, n_kv, window):
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))

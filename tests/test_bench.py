@@ -76,6 +76,7 @@ def test_plain_mode_prints_each_cells_ratios_with_their_range(tmp_path, capsys):
     assert len(list(csv.DictReader((tmp_path / "bench.csv").open()))) == 6
 
 
+@pytest.mark.slow  # 6 s of compiling; test_compile.py compiles a GPT in the default tier
 def test_compiled_cells_run(tmp_path):
     rows = bench.main(["--layouts", "fused_qkv", "--kernels", "sdpa", "--compile", "eager", "compiled",
                        "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",

@@ -26,7 +26,7 @@ def test_dynamo_finds_no_graph_breaks(layout):
     assert explanation.graph_count == 1
 
 
-@pytest.mark.parametrize("layout", ["separate_qkv", "fused_qkv"])
+@pytest.mark.parametrize("layout", [pytest.param("separate_qkv", marks=pytest.mark.slow), "fused_qkv"])
 def test_compiled_gpt_matches_eager(layout):
     torch._dynamo.reset()
     model = small_gpt(layout)

@@ -67,6 +67,7 @@ def test_a_checkpoint_trained_with_one_layout_samples_identically_with_every_oth
     assert texts[0].startswith("def ") and len(texts[0]) > len("def ") + 10
 
 
+@pytest.mark.slow  # 10 s of compiling; test_decoding.py compiles decoding in the default tier
 def test_compiled_sampling_of_a_batch_gives_the_eager_samples(trained_run, capsys, monkeypatch):
     recorder = record_choices(monkeypatch)
     settings = dict(source=str(trained_run), prompt="def ", num_samples=2, max_new_tokens=12, seed=2)
