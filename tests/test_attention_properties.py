@@ -216,9 +216,13 @@ ENCODING_LENGTHS = [1, 2, 5, 8, 17, 40, 127, 129, 200]
 def takes(kernel: str, options: dict) -> bool:
     """Whether the kernel applies every modification of the scores the options use (sdpa cannot cap scores: it
     has no step before the softmax), as the registries say."""
-    used = [name for name, mod in SCORE_MODS.items()
+    return all(name in KERNELS[kernel].score_mods for name in score_modifications(options))
+
+
+def score_modifications(options: dict) -> list[str]:
+    """The modifications of the scores the options use (ALiBi's bias, softcap, sinks): flex's score_mod."""
+    return [name for name, mod in SCORE_MODS.items()
             if mod.on_scores and mod.field in options and mod.used(options[mod.field])]  # fmt: skip
-    return all(name in KERNELS[kernel].score_mods for name in used)
 
 
 def keys_seen(options: dict, window: int | None) -> int | None:
@@ -269,15 +273,18 @@ def test_every_encoding_cell_is_the_formula_at_every_length_in_training_and_eval
 
 
 def deep_encoding_lengths(name: str, layout: str, kernel: str) -> list[int]:
-    """Every deep length, but for flex on a CPU the layouts other than the encoding's turn (which holds its
-    score_mod at every padded size: 1 to 4 blocks) stop at the first block's edge. With a score_mod a CPU compiles
-    one graph per padded size (10-15 s each on a fresh 2-core machine), and this grid's flex cells took a third
-    of the deep sweep's time. flex receives the same (batch, heads, length, head dim) tensors from every layout;
-    each layout x encoding still meets it, and flex meets every length in every layout in the plain grid."""
-    if kernel != "flex" or layout == LAYOUTS[list(ENCODINGS).index(name) % len(LAYOUTS)]:
+    """Every deep length, but for flex with a score_mod (ALiBi, softcap, sinks) on a CPU the layouts other than
+    the encoding's turn (which holds it at every padded size: 1 to 4 blocks) stay within the first block. With a
+    score_mod a CPU compiles one graph per padded size (10-15 s each on a fresh 2-core machine), and this grid's
+    flex cells took a third of the deep sweep's time. flex receives the same (batch, heads, length, head dim)
+    tensors from every layout; each layout x encoding still meets it, and flex meets every length in every
+    layout in the plain grid."""
+    options = ENCODINGS[name]
+    turn = LAYOUTS[list(ENCODINGS).index(name) % len(LAYOUTS)]
+    if kernel != "flex" or not score_modifications(options) or layout == turn:
         return DEEP_LENGTHS
-    sink = int(bool(ENCODINGS[name].get("sinks")))  # the sink is one more key: padded with the rest
-    return [n for n in DEEP_LENGTHS if n + sink <= kernels.FLEX_BLOCK + 1]
+    sink = int(bool(options.get("sinks")))  # the sink is one more key: padded with the rest
+    return [n for n in DEEP_LENGTHS if n + sink <= kernels.FLEX_BLOCK]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
