@@ -454,17 +454,16 @@ def compiled_step(model, cache, batch):
     return CompiledStep(model, cache, batch, torch.device("cpu"))
 
 
-# The compiled static step past block_size: a rope model with a window (its ring wraps many times), and with
-# --deep alibi and none, and rope with sinks and softcap.
-COMPILED_PAST_CELLS = [("rope", "fused_qkv", "sdpa", 6, {})]
-DEEP_COMPILED_PAST_CELLS = [("alibi", "separate_qkv", "manual", None, {"sinks": True}),
-                            ("none", "wrapper", "sdpa", 6, {}),
-                            ("rope", "fused_qkv", "flex", 6, {"softcap": 3.0, "sinks": True})]  # fmt: skip
+# The compiled static step past block_size, the deep sweep's: a rope model with a window (its ring wraps many
+# times), alibi and none, and rope with sinks and softcap.
+COMPILED_PAST_CELLS = [("rope", "fused_qkv", "sdpa", 6, {}),
+                       ("alibi", "separate_qkv", "manual", None, {"sinks": True}),
+                       ("none", "wrapper", "sdpa", 6, {}),
+                       ("rope", "fused_qkv", "flex", 6, {"softcap": 3.0, "sinks": True})]  # fmt: skip
 
 
 @pytest.mark.parametrize("position,layout,kernel,window,mods",
-                         [pytest.param(*c, marks=pytest.mark.deep)  # compiled past block_size: the deep sweep's
-                          for c in COMPILED_PAST_CELLS + DEEP_COMPILED_PAST_CELLS])  # fmt: skip
+                         [pytest.param(*c, marks=pytest.mark.deep) for c in COMPILED_PAST_CELLS])
 def test_the_compiled_static_step_past_block_size_is_a_full_forward(position, layout, kernel, window, mods):
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
