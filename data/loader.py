@@ -1,10 +1,12 @@
 """Prepared token files -> batches of (inputs, targets) windows.
 
-Training batches are random contiguous windows of ``block_size + 1`` tokens,
-drawn from a generator seeded by (seed, step, global micro-batch index), where
-the global index is ``micro_step * world_size + rank``. So a resumed run sees
-the same batches, every DDP rank draws its own, and one process with N-fold
-gradient accumulation sees exactly the batches of N ranks.
+Training batches are random contiguous windows of ``block_size + 1`` tokens.
+A step's whole batch (``trainer.batch_size`` windows over every rank and
+micro-step) is drawn from a generator seeded by (seed, step) alone, then sliced:
+rank r takes its share, and each micro-step the next ``micro_batch_size`` of it.
+So every split of one batch (the micro-batch, the accumulation count, the number
+of ranks, a run continued with another of them) trains on the same windows in
+the same order, and a resumed run sees the same batches.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ class PreparedData:
 
 
 class BatchLoader:
-    """Deterministic random windows from one split, as (inputs, targets) on ``device``."""
+    """Deterministic random windows from one split, as (inputs, targets) on ``device``: one rank's micro-batches
+    of each step's ``batch_size`` windows (``step_starts``)."""
 
     def __init__(
         self,
@@ -122,28 +125,43 @@ class BatchLoader:
         rank: int = 0,
         world_size: int = 1,
         device: str | torch.device = "cpu",
+        micro_batch_size: int | None = None,
     ) -> None:
         if len(tokens) < block_size + 1:
             raise ValueError(
                 f"{len(tokens)} tokens are fewer than block_size + 1 = {block_size + 1}; "
                 f"use a smaller block_size or more data"
             )
+        share = batch_size // world_size
+        micro = share if micro_batch_size is None else micro_batch_size
+        if share * world_size != batch_size or share % micro:
+            raise ValueError(f"batch_size={batch_size} does not split into {world_size} rank(s) x micro-batches of "
+                             f"{micro}; choose a micro-batch that divides batch_size / ranks = "
+                             f"{batch_size / world_size:g}")  # fmt: skip
         self.tokens = tokens
         self.block_size = block_size
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # the step's, over every rank and micro-step
+        self.micro_batch_size = micro  # one forward's, on this rank
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
 
     def starts(self, step: int, micro_step: int = 0) -> np.ndarray:
-        """Window start offsets of one micro-batch."""
-        stream = micro_step * self.world_size + self.rank
-        rng = np.random.default_rng([self.seed, step, stream])
-        return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
+        """Window start offsets of one micro-batch: its slice of the step's windows."""
+        first = self.rank * (self.batch_size // self.world_size) + micro_step * self.micro_batch_size
+        return step_starts(self.seed, step, self.batch_size, len(self.tokens), self.block_size)[
+            first : first + self.micro_batch_size
+        ]
 
     def batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         return windows(self.tokens, self.starts(step, micro_step), self.block_size, self.device)
+
+
+def step_starts(seed: int, step: int, batch_size: int, n_tokens: int, block_size: int) -> np.ndarray:
+    """The start offsets of a step's ``batch_size`` windows: a function of (seed, step) alone, whatever the split."""
+    rng = np.random.default_rng([seed, step])
+    return rng.integers(0, n_tokens - block_size, size=batch_size)
 
 
 def validation_starts(n_tokens: int, block_size: int, n_windows: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The batch loader: shifted targets, determinism from (seed, step), distinct ranks."""
+"""The batch loader: shifted targets, determinism from (seed, step), the same windows for every split."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.loader import BatchLoader, validation_starts, windows
+from data.loader import BatchLoader, step_starts, validation_starts, windows
 
 TOKENS = np.arange(10_000, dtype=np.uint16) % 997  # position-revealing, within a small vocabulary
 
@@ -30,17 +30,36 @@ def test_same_seed_and_step_give_identical_batches():
     assert not torch.equal(loader().batch(0)[0], loader(seed=2).batch(0)[0])
 
 
-def test_ranks_draw_different_windows():
-    starts = [set(loader(rank=r, world_size=4).starts(5).tolist()) for r in range(4)]
-    assert all(a != b for i, a in enumerate(starts) for b in starts[i + 1 :])
+def splits(batch_size: int):
+    """Every (ranks, micro-batch) that splits ``batch_size`` evenly."""
+    for world in range(1, batch_size + 1):
+        if batch_size % world == 0:
+            share = batch_size // world
+            yield from ((world, micro) for micro in range(1, share + 1) if share % micro == 0)
 
 
-def test_ranks_together_see_what_one_process_sees_with_accumulation():
-    # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps, batch for batch.
-    for rank in range(2):
-        distributed = loader(rank=rank, world_size=2).batch(step=9, micro_step=0)[0]
-        single = loader(rank=0, world_size=1).batch(step=9, micro_step=rank)[0]
-        assert torch.equal(distributed, single)
+@pytest.mark.parametrize("batch_size", [1, 2, 6, 8, 12, 30])
+def test_every_split_of_a_step_trains_on_the_same_windows_in_the_same_order(batch_size):
+    """Ranks x micro-steps, read rank by rank and micro-step by micro-step, are the step's windows, whatever the
+    split: a micro-batch, an accumulation count or a number of ranks never changes the data."""
+    for step in (0, 1, 57):
+        whole = step_starts(1, step, batch_size, len(TOKENS), 32)
+        for world, micro in splits(batch_size):
+            read = [loader(batch_size=batch_size, micro_batch_size=micro, rank=rank, world_size=world)
+                    .starts(step, m) for rank in range(world) for m in range(batch_size // world // micro)]  # fmt: skip
+            assert all(len(part) == micro for part in read)
+            assert np.array_equal(np.concatenate(read), whole), (world, micro)
+
+
+def test_ranks_draw_different_windows_of_one_step():
+    starts = [loader(batch_size=16, rank=r, world_size=4).starts(5) for r in range(4)]
+    assert np.array_equal(np.concatenate(starts), step_starts(1, 5, 16, len(TOKENS), 32))
+    assert len({tuple(s) for s in starts}) == 4
+
+
+def test_a_batch_that_does_not_split_is_refused():
+    with pytest.raises(ValueError, match=r"batch_size=8 does not split into 2 rank\(s\) x micro-batches of 3"):
+        loader(batch_size=8, world_size=2, micro_batch_size=3)
 
 
 def test_windows_stay_inside_the_tokens():
