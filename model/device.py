@@ -106,9 +106,11 @@ def resolve_device(name: str, local_rank: int = 0, option: str = "trainer.device
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes a run may still allocate: the GPU's free memory, or the CPU's available RAM (Linux); None if unknown."""
+    """Bytes a run may still allocate: the GPU's free memory and what this process's allocator holds unused (an
+    earlier job's cached blocks, which the run reuses), or the CPU's available RAM (Linux); None if unknown."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        held_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + held_unused
     try:
         with open("/proc/meminfo") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))

@@ -4,6 +4,7 @@ out-of-memory error, the SDPA kernel the compiled graph calls, a profile of CUDA
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ import torch
 from helpers import TINY, compose_train, read_metrics
 from omegaconf import OmegaConf
 
-from model import GPTConfig
+from model import GPT, GPTConfig
+from model.device import available_memory
 from training.loop import RunFailed, train
+from training.memory import release_memory
 from training.plan import make_plan
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -47,12 +50,19 @@ def test_the_plans_memory_estimate_is_within_30_percent_of_the_measured_peak(tmp
     assert abs(plan.peak_bytes - measured) / measured < 0.30, (plan.peak_bytes, measured)
 
 
-def test_a_real_out_of_memory_error_is_recorded_and_its_memory_freed(tmp_path, data_cache):
-    torch.cuda.empty_cache()
+def test_a_real_out_of_memory_error_is_recorded_and_its_memory_freed(tmp_path, data_cache, monkeypatch):
+    import training.loop as loop
+
+    device = torch.device("cuda")
+    for dtype in (torch.float32, torch.bfloat16):  # every library workspace a product makes, made before we count
+        torch.ones(64, 64, device=device, dtype=dtype) @ torch.ones(64, 64, device=device, dtype=dtype)
+    release_memory(device)  # what earlier tests left, cuBLAS's workspaces included (they count as allocated)
     before = torch.cuda.memory_allocated()
     big = ["model.n_layer=4", "model.n_head=4", "model.n_embd=256", "model.block_size=256",
            "trainer.batch_size=64", "trainer.micro_batch_size=64", "kernel=manual"]  # fmt: skip
     free, _ = torch.cuda.mem_get_info()
+    models = []
+    monkeypatch.setattr(loop, "GPT", lambda config: models.append(GPT(config)) or models[-1])
     # Leave this process ~200 MB: the plan (which reads the whole GPU) lets the run start; the step cannot fit.
     torch.cuda.set_per_process_memory_fraction(min(1.0, (before + 200 * 2**20) / torch.cuda.get_device_properties(0)
                                                    .total_memory))  # fmt: skip
@@ -65,8 +75,28 @@ def test_a_real_out_of_memory_error_is_recorded_and_its_memory_freed(tmp_path, d
         torch.cuda.set_per_process_memory_fraction(1.0)
     reason = json.loads((tmp_path / "run" / "failure.json").read_text())["reason"]
     assert reason.startswith("out of memory at trainer.micro_batch_size=64")
+    parameters = [weakref.ref(p) for p in models.pop().parameters()]
+    assert not [p for p in parameters if p() is not None], "nothing holds the failed run's weights"
+    release_memory(device)  # cuBLAS's workspaces again: the failed run's first products made them anew
     assert torch.cuda.memory_allocated() - before < 16 * 2**20, "the failed run's tensors were freed"
     assert free > 0
+
+
+def test_a_jobs_auto_micro_batch_is_its_pick_alone_whatever_ran_before(tmp_path, data_cache):
+    """A multirun's jobs share one process: the previous job's cached blocks must not shrink the next one's plan."""
+    from training.plan import auto_micro_batch, planned_model
+
+    shape = ["model.n_layer=4", "model.n_head=8", "model.n_embd=512", "model.block_size=1024",
+             "trainer.batch_size=512", "trainer.micro_batch_size=auto", "trainer.max_steps=2",
+             "trainer.dtype=bfloat16", f"data.cache_dir={data_cache}"]  # fmt: skip
+    config = OmegaConf.to_object(compose_train(*ON_GPU, *shape, "kernel=manual"))
+    device = torch.device("cuda")
+    release_memory(device)
+    alone = auto_micro_batch(config, planned_model(config), 1, torch.bfloat16, available_memory(device))
+    train(compose_train(*ON_GPU, *shape, "kernel=manual", f"trainer.run_dir={tmp_path / 'first'}"))
+    train(compose_train(*ON_GPU, *shape, "kernel=manual", f"trainer.run_dir={tmp_path / 'second'}"))
+    picked = json.loads((tmp_path / "second" / "run.json").read_text())["trainer"]["micro_batch_size"]
+    assert picked == alone
 
 
 def test_a_cuda_profile_counts_matrix_products_and_the_fused_attention_kernel(tmp_path, data_cache):

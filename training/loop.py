@@ -9,7 +9,6 @@ rank 0 writes.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import math
@@ -40,7 +39,7 @@ from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps
 from training.distributed import Distributed, init_distributed
 from training.evaluate import Evaluator, length_rows, resolve_lengths
-from training.memory import MemoryMeter
+from training.memory import MemoryMeter, release_memory
 from training.optim import lr_at, make_optimizer
 from training.plan import read_lengths
 from training.preflight import RunSetup, preflight, with_micro_batch
@@ -103,8 +102,8 @@ def run(setup: RunSetup) -> dict:
             reason = f"out of memory at trainer.micro_batch_size={t.micro_batch_size}; try trainer.micro_batch_size={half} ({detail})"  # noqa: E501
         except NonFiniteLoss as err:  # diverged: a sweep's other variants go on, the report names why
             reason = str(err)
-        # Out of the except block: the error's traceback (and the tensors its frames hold) is gone.
-        free_memory(device)
+        # Out of the except block: the error's traceback (and the tensors its frames hold) is gone; the memory is
+        # released as the run ends (below).
         if dist.is_main:
             record_failure(run_dir, container, config, reason)
         raise RunFailed(f"{run_name(config)}: {reason}; recorded in {run_dir / FAILURE}")
@@ -112,6 +111,7 @@ def run(setup: RunSetup) -> dict:
         dist.close(finished)
         if claim is not None:
             claim.release()
+        release_memory(device, config.trainer.compile)  # the next job of a multirun starts on a clean device
 
 
 def agreed_micro_batch(config: TrainConfig, dist: Distributed, device: torch.device) -> TrainConfig:
@@ -152,13 +152,6 @@ class RunFailed(RuntimeError):
 
 class NonFiniteLoss(FloatingPointError):
     """The training loss became NaN or infinite: the run stops before it saves anything of that step."""
-
-
-def free_memory(device: torch.device) -> None:
-    """Release a failed job's memory before the next job of a multirun starts."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 class Trainer:
@@ -204,8 +197,8 @@ class Trainer:
         forward = compile_for_training(self.model, t.compile_scope) if t.compile else self.model
         if dist.enabled:
             forward = DistributedDataParallel(forward, device_ids=[device.index] if device.type == "cuda" else None)
-        loader = BatchLoader(data.tokens["train"], model_config.block_size, t.micro_batch_size, t.seed,
-                             dist.rank, dist.world_size, device)  # fmt: skip
+        loader = BatchLoader(data.tokens["train"], model_config.block_size, t.batch_size, t.seed, dist.rank,
+                             dist.world_size, device, t.micro_batch_size)  # fmt: skip
         self.step = TrainStep(self.model, forward, self.optimizer, loader, grad_accum, cfg.optim.grad_clip,
                               t.seed, dtype, dist, self.scaler)  # fmt: skip
         self.evaluate = Evaluator(data.tokens["val"], model_config.block_size, t.eval_windows, t.micro_batch_size,

@@ -1,4 +1,5 @@
-"""Peak memory of this run alone: a multirun's jobs share one process, so all-time peaks would leak."""
+"""Memory of this run alone: a multirun's jobs share one process, so an earlier job's memory and all-time peaks
+would leak into the next job's plan and figures."""
 
 from __future__ import annotations
 
@@ -48,3 +49,18 @@ def _status_kb(field: str) -> float:
         if line.startswith(field + ":"):
             return float(line.split()[1])
     return float("nan")
+
+
+def release_memory(device: torch.device, compiled: bool = False) -> None:
+    """Hand back what a job of this process left (at its end, and again before the next job's plan): its
+    unreachable objects (collected), its ``compiled`` graphs, and on a GPU the allocator's cached blocks and
+    cuBLAS's workspaces (allocated through the caching allocator, they count as memory in use: 33 MiB on a
+    Hopper GPU). A job's plan then reads the memory it would read alone, and its figures start from zero."""
+    gc.collect()
+    if compiled:  # compiled graphs and their guards hold the job's code and constants
+        torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)

@@ -31,6 +31,7 @@ from training.config import TrainConfig, TrainerConfig, micro_batch_for, validat
 from training.continuation import Continuation
 from training.distributed import Distributed, from_environment
 from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
+from training.memory import release_memory
 from training.plan import auto_micro_batch, check_fits_device, make_plan, plan_of, planned_model
 
 log = logging.getLogger("headlab.train")
@@ -79,6 +80,7 @@ def preflight(cfg: DictConfig | TrainConfig) -> RunSetup | dict:
     if continuing is not None and continuing.action == "finished":
         return skipped(continuing, config.trainer, dist)
     device = claimed_device(config.trainer, dist)
+    release_memory(device)  # an earlier job of a multirun must not shrink this one's plan
     dtype = resolve_dtype(config.trainer.dtype, device)
     check_kernel_runs(planned, device, dtype, training=True)
     auto_micro = config.trainer.micro_batch_size == "auto"
