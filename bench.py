@@ -42,6 +42,7 @@ from tqdm import tqdm
 from analysis.tables import markdown_table, pyplot, save_figure, write_csv, write_text
 from bench_reference import PLAIN_KERNELS, PLAIN_LAYOUTS, plain_twin
 from cli import OneLineErrorParser
+from common.machine_load import OthersLoad, cores, is_busy
 from model import ATTENTION_LAYOUTS, GPT, GPTConfig, registry
 from model.attention import attention_of
 from model.config import attention_label
@@ -56,7 +57,7 @@ from training.profiling import sdpa_backends, without_profiler_notices
 COMPILE_MODES = ("eager", "compiled")
 FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype",
           "forward_ms", "step_ms", "step_ms_min", "step_ms_max", "tokens_per_sec", "peak_mem_mb",
-          "sdpa_backend", "compile_s", "warnings"]  # fmt: skip
+          "sdpa_backend", "compile_s", "others_cores", "warnings"]  # fmt: skip
 # The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
 # their defaults: a default grid's CSV has exactly FIELDS.
 OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_fields()}, "kv_latent": None,
@@ -64,15 +65,18 @@ OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_
 DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
                  "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
                  "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes",
-                 "speed_ratio", "speed_ratio_min", "speed_ratio_max", "decoding_bytes", "warnings"]  # fmt: skip
+                 "speed_ratio", "speed_ratio_min", "speed_ratio_max", "decoding_bytes", "others_cores", "busy",
+                 "warnings"]  # fmt: skip
 # Measurements of one cell this far apart (slowest / fastest) make it noisy: a 2.5x outlier is, whatever the
 # interquartile range says.
 NOISY_RANGE = 1.5
+BUSY_MARK = "†"  # a figure timed while other processes used a share of the machine's cores
 DECODE_REPEATS = 3  # --mode decode's generations per cell by default: a median and a spread
 PLAIN_REPEATS = 5  # --mode plain's rounds by default: ratios of interleaved timings, a median and a spread
 PLAIN_FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_embd", "n_head", "dtype", "forward_ms",
                 "plain_forward_ms", "forward_ratio", "forward_ratio_min", "forward_ratio_max", "step_ms",
-                "plain_step_ms", "step_ratio", "step_ratio_min", "step_ratio_max", "rounds"]  # fmt: skip
+                "plain_step_ms", "step_ratio", "step_ratio_min", "step_ratio_max", "rounds", "others_cores",
+                "busy"]  # fmt: skip
 
 
 def default_layouts() -> list[str]:
@@ -360,6 +364,27 @@ def noise_warnings(runs: list[dict], step_name: str) -> str:
     return "; ".join(notes)
 
 
+def busy_note(runs: list[dict]) -> str:
+    """The passes timed on a busy machine (other processes used a share of its cores: common/machine_load.py),
+    with what they used; "" where none was. A cell slowed as a whole has no spread to show it: this says it."""
+    busy = [r["others_cores"] for r in runs if is_busy(r.get("others_cores"))]
+    if not busy:
+        return ""
+    used = f"{min(busy):.1f}" if min(busy) == max(busy) else f"{min(busy):.1f}-{max(busy):.1f}"
+    return (f"a busy machine in {len(busy)} of {len(runs)} pass(es) (other processes used {used} of {cores()} "
+            f"cores): not this cell's own speed")  # fmt: skip
+
+
+def max_load(runs: list[dict]) -> float | None:
+    """The most cores other processes used in any of the cell's passes (None where the system does not say)."""
+    loads = [r["others_cores"] for r in runs if r.get("others_cores") is not None]
+    return max(loads) if loads else None
+
+
+def joined(*notes: str) -> str:
+    return "; ".join(note for note in notes if note)
+
+
 def measurement_noise(runs: list[dict], what: str) -> list[str]:
     """Why one measurement (``forward`` or ``step``) of a cell is noisy, over its passes ([] when it is not): an
     interquartile range past 10% of the median (torch.utils.benchmark's own threshold) in a pass, a slowest
@@ -422,8 +447,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
                          step_ms_min=min(step), step_ms_max=max(step),
                          tokens_per_sec=args.batch * seq_len / (step_ms / 1e3),
                          peak_mem_mb=max(peaks) if peaks else None, sdpa_backend=runs[0]["sdpa_backend"],
-                         compile_s=compile_s, warnings=noise_warnings(runs, step_label(args.mode)),
-                         noisy={what for what in ("forward", "step") if measurement_noise(runs, what)},
+                         compile_s=compile_s, others_cores=max_load(runs),
+                         warnings=joined(noise_warnings(runs, step_label(args.mode)), busy_note(runs)),
+                         noisy={what for what in ("forward", "step")
+                                if measurement_noise(runs, what) or busy_note(runs)},
                          **options_set(cell)),
                     )  # fmt: skip
     return rows
@@ -445,6 +472,7 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     forward, step = make_cell(args, attention, compile_mode == "compiled", seq_len, device)
+    load = OthersLoad()  # the cores other processes use while this cell is timed
     forward_ms, forward_first_s, forward_spread, forward_range = median_ms(forward, args.min_run_time, device)
     if device.type == "cpu" and not kernel_of(kernel).trains_on_cpu:  # flex: no backward on a CPU, forward only
         step_ms, step_first_s, step_spread, step_range, step = math.nan, 0.0, 0.0, 1.0, forward
@@ -457,7 +485,7 @@ def time_cell(args: argparse.Namespace, cell: tuple, device) -> dict:
         # the first calls compile (forward, then the backward graph); later ones take forward_ms / step_ms
         "compile_s": forward_first_s - forward_ms / 1e3 + (step_first_s - step_ms / 1e3 if step_ms == step_ms else 0),
         "forward_spread": forward_spread, "step_spread": step_spread,
-        "forward_range": forward_range, "step_range": step_range,
+        "forward_range": forward_range, "step_range": step_range, "others_cores": load.since_start(),
     }  # fmt: skip
 
 
@@ -528,11 +556,15 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
         cells += ([step if step == "-" else f"{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}"]
                   if repeats > 1 else [])  # fmt: skip
         speed = "-" if r["tokens_per_sec"] != r["tokens_per_sec"] else f"{r['tokens_per_sec']:,.0f}"
+        speed += f" {BUSY_MARK}" if is_busy(r.get("others_cores")) and speed != "-" else ""
         cells += [speed, "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}",
                   r["sdpa_backend"], "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"]  # fmt: skip
         table.append(cells)
     right = [i >= 3 + len(axes) + len(options) and name != "SDPA backend" for i, name in enumerate(header)]
     lines = [title, "", markdown_table(header, table, right)]
+    if any(is_busy(r.get("others_cores")) for r in rows):
+        lines += ["", f"{BUSY_MARK} timed on a busy machine (other processes used a share of the cores: the warnings "
+                      f"say how much): not the cell's own speed"]  # fmt: skip
     notes = []
     for r in rows:
         cell = f"{cell_label(r, varied(rows))}, {r['compile']}, seq {r['seq_len']}"
@@ -712,10 +744,13 @@ def measure_decode(args: argparse.Namespace) -> list[dict]:
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     cells = list(itertools.product(args.seq_len, attention_cells(args)))
     clocks: dict[int, list[list[float]]] = {i: [] for i in range(len(cells))}
+    loads: dict[int, list[dict]] = {i: [] for i in range(len(cells))}  # per generation, the cores others used
     with tqdm(total=len(cells) * args.repeats, desc="benchmark (decode)") as bar:
         for _ in range(args.repeats):
             for i, (seq_len, cell) in enumerate(cells):
+                load = OthersLoad()
                 clocks[i].append(decode_times(args, config_of(args, cell, seq_len), device, dtype))
+                loads[i].append({"others_cores": load.since_start()})
                 bar.update()
     decoding = choose_decoding(args.decoding, device)
     first = min(args.context_multiples)
@@ -737,7 +772,8 @@ def measure_decode(args: argparse.Namespace) -> list[dict]:
                              tokens_per_sec=speed, tokens_per_sec_min=min(speeds), tokens_per_sec_max=max(speeds),
                              passes=len(speeds), speed_ratio=statistics.median(ratios), speed_ratio_min=min(ratios),
                              speed_ratio_max=max(ratios),
-                             decoding_bytes=config.decoding_bytes(dtype.itemsize),
+                             decoding_bytes=config.decoding_bytes(dtype.itemsize), others_cores=max_load(loads[i]),
+                             busy=busy_note(loads[i]),
                              warnings=decode_noise(speeds, ratios, multiple, first)))  # fmt: skip
     return rows
 
@@ -773,13 +809,15 @@ def decode_markdown(rows: list[dict], title: str) -> str:
         if first is not last:
             spread = (f" (median of {last['passes']} generations' own ratios, range {last['speed_ratio_min']:.2f}-"
                       f"{last['speed_ratio_max']:.2f})" if last["passes"] > 1 else " (one generation)")  # fmt: skip
-            spread += ": noisy, see the warnings" if last["warnings"] and last["passes"] > 1 else ""
+            spread += ": noisy, see the warnings" if (last["warnings"] and last["passes"] > 1) or last["busy"] else ""
             lines.append(f"- {label}, block_size {seq_len}: tokens/s at {last['context_multiple']}x block_size is "
                          f"{last['speed_ratio']:.2f} x that at {first['context_multiple']}x{spread}")  # fmt: skip
     single = [r for r in rows if r["passes"] == 1]
     notes = [f"- {cell_label(r, axes)}, block_size {r['seq_len']}, {r['context_multiple']}x: {r['warnings']}"
              for r in rows if r["warnings"] and r["passes"] > 1]  # fmt: skip
     notes += [f"- every cell: {single[0]['warnings']}"] if single else []
+    notes += [f"- {cell_label(r, axes)}, block_size {r['seq_len']}: {r['busy']}"
+              for r in rows if r["busy"] and r["context_multiple"] == rows[0]["context_multiple"]]  # fmt: skip
     if notes:
         lines += ["", "Benchmark warnings:", *notes]
     return "\n".join(lines)
@@ -860,23 +898,27 @@ def measure_plain(args: argparse.Namespace) -> list[dict]:
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     cells = list(itertools.product(args.seq_len, args.compile_modes, args.layouts, args.kernels))
     ms = {(cell, side, what): [] for cell in cells for side in ("headlab", "plain") for what in ("forward", "step")}
+    loads: dict[tuple, list[dict]] = {cell: [] for cell in cells}  # per round, the cores other processes used
     with torch._dynamo.config.patch(recompile_limit=64):  # one forward per layout, kernel and length
         pairs = {cell: plain_pair(args, cell, device, dtype) for cell in cells}
         with tqdm(total=len(cells) * args.repeats, desc="benchmark (plain)") as bar:
             for r in range(args.repeats):
                 for cell in cells:
+                    load = OthersLoad()
                     for w, what in enumerate(("forward", "step")):
                         order = ("headlab", "plain") if r % 2 == 0 else ("plain", "headlab")
                         for side in order:
                             fn = pairs[cell][side][w]
                             ms[cell, side, what].append(median_ms(fn, args.min_run_time, device)[0])
+                    loads[cell].append({"others_cores": load.since_start()})
                     bar.update()
     rows = []
     for cell in cells:
         seq_len, compile_mode, layout, kernel = cell
         row = dict(mode="plain", layout=layout, kernel=kernel, compile=compile_mode, seq_len=seq_len, batch=args.batch,
                    n_embd=args.n_embd, n_head=args.n_head, rounds=args.repeats,
-                   dtype=str(dtype).removeprefix("torch."))  # fmt: skip
+                   dtype=str(dtype).removeprefix("torch."), others_cores=max_load(loads[cell]),
+                   busy=busy_note(loads[cell]))  # fmt: skip
         for what in ("forward", "step"):
             ours, theirs = ms[cell, "headlab", what], ms[cell, "plain", what]
             ratios = [a / b for a, b in zip(ours, theirs)]
@@ -897,7 +939,12 @@ def plain_markdown(rows: list[dict], title: str) -> str:
             for r in rows]  # fmt: skip
     note = ("ratio: headlab's block time / its plain reference's (bench_reference.py), the median of the rounds' "
             "ratios and their range (below 1: headlab is faster)")
-    return "\n".join([title, "", markdown_table(header, body, [i >= 2 for i in range(len(header))]), "", note])
+    busy = [f"- {r['layout']}-{r['kernel']}, {r['compile']}, seq {r['seq_len']}: {r['busy']}"
+            for r in rows if r["busy"]]  # fmt: skip
+    warnings = ["", "Benchmark warnings (a ratio of interleaved timings cancels much of a busy machine, not all):",
+                *busy] if busy else []  # fmt: skip
+    return "\n".join([title, "", markdown_table(header, body, [i >= 2 for i in range(len(header))]), "", note,
+                      *warnings])
 
 
 def main_plain(args: argparse.Namespace) -> list[dict]:

@@ -27,7 +27,7 @@ from analysis.report import (
     markdown_table,
     parameter_counts,
     profile_table,
-    shared_speed_note,
+    speed_caution_note,
     token_budgets,
 )
 from analysis.runs import find_runs
@@ -96,7 +96,7 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
             f"{lengths}\n") if lengths else ""  # fmt: skip
     info = (trained[0][0] if trained else runs[0]).info
     table = markdown_table(rows)
-    shared = shared_speed_note(rows)
+    shared = speed_caution_note(rows)
     states = Counter(run.state for run in runs)
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     incomplete = ("Runs not finished are reported as far as they got; the loss flags and the default target "

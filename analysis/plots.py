@@ -21,7 +21,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from analysis.report import SHARED_MARK
+from analysis.report import SPEED_CAUTION
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
 from model.registry import ATTENTION_LAYOUTS, KERNELS, POSITIONS
@@ -256,12 +256,12 @@ def tick_label(variant: str) -> str:
 
 
 def throughput_figure(runs: list[Run], rows: list[dict]):
-    """A bar per variant; a variant with a run that shared its machine (``shared_machine`` in its row) is pale
-    and its figure carries the table's mark: its speed is not comparable."""
+    """A bar per variant; a variant with a run whose speed is not its own (``speed_caution`` in its row: it shared
+    its machine, a busy machine, another split of the batch) is pale and its figure carries the table's mark."""
     speeds: dict[str, list[float]] = defaultdict(list)
     kernels = {run.variant: run.kernel for run in runs}
     colour_of = colours(runs)
-    shared = {run.variant for run, row in zip(runs, rows) if row.get("shared_machine")}
+    shared = {run.variant for run, row in zip(runs, rows) if row.get("speed_caution")}
     for run, row in zip(runs, rows):
         if row["tokens_per_sec"] == row["tokens_per_sec"]:  # not NaN: the run has steps
             speeds[run.variant].append(row["tokens_per_sec"])
@@ -280,7 +280,7 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
     for bar, variant in zip(bars, variants):
         bar.set_hatch(hatch(kernels[variant]))
         bar.set_alpha(0.4 if variant in shared else 1.0)
-    marks = [f" {SHARED_MARK}" if v in shared else "" for v in variants]
+    marks = [f" {SPEED_CAUTION}" if v in shared else "" for v in variants]
     ax.bar_label(bars, labels=[f"{m:,.0f}{mark}" for m, mark in zip(mids, marks)], fontsize=8, padding=2)
     ax.set_xticks(range(len(variants)), [tick_label(v) for v in variants], fontsize=8)
     ax.set_ylabel("tokens/s (median of steady steps)")
@@ -290,8 +290,8 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
     hatched_kernels = sorted({k for k in kernels.values() if hatch(k)})
     plural = "s" if len(hatched_kernels) > 1 else ""
     hatched = f"; hatched: {' and '.join(hatched_kernels)} kernel{plural}" if hatched_kernels else ""
-    caution = (f"\n{SHARED_MARK} pale: ran alongside another run on the same machine, its speed is not comparable"
-               if shared else "")  # fmt: skip
+    caution = (f"\n{SPEED_CAUTION} pale: not the variant's own speed (the report's flag says why: another run or a "
+               f"busy machine shared the cores, another split of the batch)" if shared else "")  # fmt: skip
     ax.set_title(f"training throughput on {runs[0].info.get('device_name', '?')}{counts if repeated else ''}"
                  f"{hatched}{caution}", fontsize=9)  # fmt: skip
     ax.grid(axis="y", alpha=0.3)

@@ -7,7 +7,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict
 
-from analysis.runs import Run
+from analysis.runs import Run, natural_key
+from common.machine_load import busy_text, is_busy
 from model.config import GPTConfig, attention_label
 from model.score_mods import score_mod_fields, with_fields
 
@@ -25,9 +26,10 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
 SHOWN_WHEN_VARIED = ("kv_cache_bytes", "state_bytes", "token_budget")
-# The figures a run's speed makes: a run that shared its machine with another marks each of them (SHARED_MARK).
+# The figures a run's speed makes: a run whose speed is not its variant's own (it shared its machine, a busy
+# machine, another split of the batch: flag_speed_conditions) marks each of them (SPEED_CAUTION).
 SPEED_COLUMNS = ("tokens_per_sec", "step_ms", "mfu", "compile_s", "time_to_target_s")
-SHARED_MARK = "†"
+SPEED_CAUTION = "†"
 FLAG_SIGMAS = 3.0
 ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compute one function), never a flag
 
@@ -260,20 +262,62 @@ def nothing_to_flag(variants: list[tuple[str, int]]) -> str:
 
 
 def build_rows(runs: list[Run], target: float | None) -> tuple[list[dict], str]:
-    """A row per run; loss flags compare the finished runs that evaluated, speed flags every pair of runs
-    that shared a machine (and GPU) at the same time."""
+    """A row per run; loss flags compare the finished runs that evaluated, speed flags every run whose speed
+    figures were taken in conditions that make them not its variant's own (``flag_speed_conditions``)."""
     rows = [summarize(run, target) for run in runs]
     done = [i for i, run in enumerate(runs) if run.finished and run.evals and run.steps]
     if len(done) > 1:
         rule = flag_loss_differences([runs[i] for i in done], [rows[i] for i in done])
     else:
         rule = f"{len(done)} finished run(s) with evaluations: too few to compare losses"
-    for i, others in overlapping_runs(runs).items():
-        names = ", ".join(f"{runs[j].variant} (seed {runs[j].seed})" for j in others)
-        note = f"ran alongside {names}: its speed is not comparable"
-        rows[i]["flag"] = f"{rows[i]['flag']}; {note}" if rows[i]["flag"] else note
-        rows[i]["shared_machine"] = True  # each of its speed figures carries SHARED_MARK
+    flag_speed_conditions(runs, rows)
     return rows, rule
+
+
+def add_flag(row: dict, note: str) -> None:
+    row["flag"] = f"{row['flag']}; {note}" if row["flag"] else note
+
+
+def flag_speed_conditions(runs: list[Run], rows: list[dict]) -> None:
+    """Say why a run's speed is not its variant's own, and mark each of its speed figures (``SPEED_CAUTION``): it
+    ran alongside another run on its machine (and GPU), on a busy machine (other processes used a share of the
+    cores), or under another split of the batch (micro-batch, accumulation, ranks) or after fewer tokens than
+    the runs it is compared with. A compile time read partly from the compile cache says so in its own cell."""
+    reasons: dict[int, list[str]] = defaultdict(list)
+    for i, others in overlapping_runs(runs).items():
+        reasons[i].append("ran alongside " + ", ".join(f"{runs[j].variant} (seed {runs[j].seed})" for j in others))
+    for i, run in enumerate(runs):
+        others, n_cores = run.others_cores(), run.info.get("cores")
+        if is_busy(others, n_cores):
+            reasons[i].append(f"a busy machine ({busy_text(others, n_cores)})")
+    trained = [i for i, run in enumerate(runs) if run.failure is None and run.steps]
+    splits = {i: runs[i].batch_split for i in trained}
+    if len(set(splits.values())) > 1:
+        every = ", ".join(sorted({split_text(split) for split in splits.values()}, key=natural_key))
+        for i, split in splits.items():
+            reasons[i].append(f"micro-batch {split_text(split)} where the runs split their batch as {every}")
+    seen = {i: runs[i].tokens_seen for i in trained if runs[i].tokens_seen is not None}
+    most = max(seen.values(), default=None)
+    for i, tokens in seen.items():
+        if tokens < most:
+            reasons[i].append(f"{tokens:,} tokens seen where another run saw {most:,}")
+    for i, why in reasons.items():
+        add_flag(rows[i], "; ".join(why) + ": its speed is not comparable")
+        rows[i]["speed_caution"] = True  # each of its speed figures carries SPEED_CAUTION
+    cached = {i: runs[i].compile_cache_hits for i in trained if runs[i].compile_cache_hits is not None}
+    if any(hits for hits, _ in cached.values()):
+        for i, (hits, total) in cached.items():
+            rows[i]["compile_cached"] = f"{hits}/{total}"
+            if hits:
+                add_flag(rows[i], f"compile s read {hits} of {total} graphs from the compile cache (an earlier run "
+                                  f"or job compiled them): not a cold compile")  # fmt: skip
+
+
+def split_text(split: tuple[int | None, int | None, int]) -> str:
+    """``16 x 4 accumulation steps`` (x 2 ranks): how a step's batch was split."""
+    micro, accum, ranks = split
+    text = f"{micro if micro is not None else '?'} x {accum if accum is not None else '?'} accumulation step(s)"
+    return text + (f" x {ranks} ranks" if ranks > 1 else "")
 
 
 def overlapping_runs(runs: list[Run]) -> dict[int, list[int]]:
@@ -346,18 +390,25 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def table_cell(row: dict, key: str) -> str:
-    """A cell of the markdown table: its value, marked where it is a speed figure of a run that shared its
-    machine (``shared_speed_note`` says what the mark means)."""
+    """A cell of the markdown table: its value, marked where it is a speed figure not comparable
+    (``speed_caution_note`` says what the mark means); a compile time says how much the compile cache gave."""
     text = format_value(key, row[key])
-    return f"{text} {SHARED_MARK}" if row.get("shared_machine") and key in SPEED_COLUMNS and text != "-" else text
+    if key == "compile_s" and row.get("compile_cached") and text != "-":
+        text += f" ({row['compile_cached']} cached)"
+    return f"{text} {SPEED_CAUTION}" if row.get("speed_caution") and key in SPEED_COLUMNS and text != "-" else text
 
 
-def shared_speed_note(rows: list[dict]) -> str:
-    """The line under the table that says what the speed figures' mark means ("" when no run shared a machine)."""
-    if not any(row.get("shared_machine") for row in rows):
-        return ""
-    return (f"{SHARED_MARK} the run ran alongside another on the same machine (its flag names them): its speed "
-            f"figures (tokens/s, step ms, MFU, compile s, time to target) are not comparable.\n")
+def speed_caution_note(rows: list[dict]) -> str:
+    """The lines under the table that say what the marks mean ("" where no figure carries one)."""
+    notes = []
+    if any(row.get("speed_caution") for row in rows):
+        notes.append(f"{SPEED_CAUTION} not the variant's own speed (its flag says why: it ran alongside another run "
+                     f"on the same machine, a busy machine, another split of the batch or fewer tokens seen): its "
+                     f"speed figures (tokens/s, step ms, MFU, compile s, time to target) are not comparable.")
+    if any(row.get("compile_cached") for row in rows):
+        notes.append("compile s (h/n cached): h of the compile's n graphs were read from the compile cache, which an "
+                     "earlier run or job warmed; only times with 0 cached are cold compiles.")
+    return "".join(f"{note}\n" for note in notes)
 
 
 def parameter_counts(runs: list[Run]) -> str:

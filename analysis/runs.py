@@ -146,6 +146,34 @@ class Run:
         return self.info.get("compile_s")
 
     @property
+    def compile_cache_hits(self) -> tuple[int, int] | None:
+        """(graphs read from the compile cache, graphs compiled) of the run's compile; None where it did not compile
+        or did not record it (runs before it was kept)."""
+        hits, misses = self.info.get("compile_cache", (None, None))
+        return None if hits is None or misses is None else (hits, hits + misses)
+
+    def others_cores(self) -> float | None:
+        """The cores other processes used, on average over the steady steps (each step's reading weighed by its
+        time); None where the run did not record it (runs before it was kept, a system that does not say)."""
+        read = [(s["perf/others_cores"], s["perf/step_ms"]) for s in self.steady_steps() if "perf/others_cores" in s]
+        spent = sum(ms for _, ms in read)
+        return sum(cores * ms for cores, ms in read) / spent if spent > 0 else None
+
+    @property
+    def batch_split(self) -> tuple[int | None, int | None, int]:
+        """(micro-batch, accumulation steps, ranks): how each step's batch was split, which sets how fast a step
+        runs but not what it computes."""
+        t, ranks = self.info["trainer"], self.info.get("world_size") or 1
+        micro, batch = t.get("micro_batch_size"), t.get("batch_size")
+        accum = batch // (micro * ranks) if isinstance(micro, int) and isinstance(batch, int) and micro > 0 else None
+        return (micro if isinstance(micro, int) else None), accum, ranks
+
+    @property
+    def tokens_seen(self) -> int | None:
+        per_step = self.info.get("tokens_per_step")
+        return per_step * self.last_step if per_step is not None else None
+
+    @property
     def token_budget(self) -> int | None:
         """Tokens the run was set to train on; None for a run that failed before it recorded its tokens per step."""
         per_step, steps = self.info.get("tokens_per_step"), self.info["trainer"].get("max_steps")
@@ -230,9 +258,11 @@ def load_run(path: Path) -> Run:
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
     steps = {r["step"]: r for r in records if "train/loss" in r}
     evals = {r["step"]: r for r in records if "val/loss" in r}
-    compile_s = [r["perf/compile_s"] for r in records if "perf/compile_s" in r]
-    if compile_s:
-        info["compile_s"] = compile_s[-1]
+    compiled = [r for r in records if "perf/compile_s" in r]
+    if compiled:  # the last compile: its time, and how many of its graphs the compile cache gave
+        last = compiled[-1]
+        info["compile_s"] = last["perf/compile_s"]
+        info["compile_cache"] = (last.get("perf/compile_cache_hits"), last.get("perf/compile_cache_misses"))
     profile = optional_json(path / PROFILE / PROFILE_SUMMARY)
     return Run(path, info, [steps[s] for s in sorted(steps)], [evals[s] for s in sorted(evals)],
                failure_reason(path), profile)  # fmt: skip

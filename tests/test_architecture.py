@@ -58,7 +58,8 @@ def test_heads_studies_a_save_pretrained_gpt2_through_the_same_loader(tmp_path, 
 
 
 # That two gloo ranks prepare an unprepared corpus once, without a collective, is proven by the torchrun run of
-# tests/test_train_run.py::test_two_gloo_ranks_match_one_process_with_another_split_of_the_batch (one torchrun for both).
+# tests/test_train_run.py::test_two_gloo_ranks_match_one_process_with_another_split_of_the_batch (one torchrun for
+# both).
 
 
 def test_a_run_directory_holding_another_run_is_refused(tmp_path, data_cache):

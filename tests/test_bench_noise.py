@@ -116,3 +116,22 @@ def test_only_the_measurement_drawn_is_called_noisy_on_its_bar():
 def test_several_sequence_lengths_keep_the_line_plot():
     ax = bench.figure(cells([128, 256]), "grid", "forward+backward").axes[0]
     assert len(ax.get_lines()) == 6 and ax.get_legend() is not None
+
+
+def test_a_cell_slowed_as_a_whole_on_a_busy_machine_is_said_with_what_the_others_used():
+    """A whole cell 7x slower has no spread to show it: the load beside its timings says it (issue 51, item 10)."""
+    from common.machine_load import busy_cores, cores
+
+    quiet, busy = busy_cores() / 2, busy_cores() + 0.3
+    passes = [{**quiet_pass(70.0), "others_cores": busy}, {**quiet_pass(72.0), "others_cores": quiet}]
+    assert bench.noise_warnings(passes, "train step") == "", "uniformly slow: no noise to see"
+    assert bench.busy_note(passes) == (f"a busy machine in 1 of 2 pass(es) (other processes used {busy:.1f} of "
+                                       f"{cores()} cores): not this cell's own speed")  # fmt: skip
+    assert bench.busy_note([{**quiet_pass(), "others_cores": quiet}, quiet_pass()]) == ""
+    row = {"mode": "block", "layout": "fused_qkv", "kernel": "sdpa", "kv_heads": 2, "window": None,
+           "compile": "eager", "seq_len": 8, "n_head": 2, "forward_ms": 70.0, "step_ms": 140.0, "step_ms_min": 139.0,
+           "step_ms_max": 144.0, "tokens_per_sec": 57.0, "peak_mem_mb": None, "sdpa_backend": "math",
+           "compile_s": None, "others_cores": busy, "warnings": bench.busy_note(passes)}  # fmt: skip
+    table = bench.markdown([row, {**row, "layout": "wrapper", "others_cores": quiet, "warnings": ""}], "t", "step", 2)
+    assert f"| 57 {bench.BUSY_MARK} |" in table and "| 57 |" in table
+    assert f"{bench.BUSY_MARK} timed on a busy machine" in table and "not this cell's own speed" in table

@@ -7,7 +7,7 @@ import json
 import statistics
 
 import pytest
-from helpers import TINY, compose_train, read_metrics
+from helpers import TINY, as_if_quiet, compose_train, read_metrics
 
 import compare
 from training.loop import train
@@ -22,6 +22,7 @@ def sweep(tmp_path_factory, data_cache):
         train(compose_train(*TINY, "logger=none", f"attention={layout}", "trainer.max_steps=20",
                             "trainer.eval_interval=5", f"trainer.run_dir={root / f'{i}_{layout}'}",
                             f"data.cache_dir={data_cache}"))  # fmt: skip
+        as_if_quiet(root / f"{i}_{layout}")
     return root
 
 

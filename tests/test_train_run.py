@@ -35,7 +35,8 @@ def test_tiny_run_learns_and_writes_metrics_checkpoints_and_a_wandb_offline_run(
     assert sum(losses[-5:]) / 5 < losses[0] - 1.0, "training lowered the loss"
     assert vals[-1] < vals[0]
     step_metrics = next(m for m in metrics if "train/loss" in m)
-    assert {"lr", "perf/tokens_per_sec", "perf/step_ms", "perf/max_rss_mb"} <= step_metrics.keys()
+    assert {"lr", "perf/tokens_per_sec", "perf/step_ms", "perf/max_rss_mb", "perf/others_cores"} <= step_metrics.keys()
+    assert all(m["perf/others_cores"] >= 0 for m in metrics if "train/loss" in m), "cores other processes used"
     assert "perf/mfu" not in step_metrics, "no MFU on a CPU"
     bpb = [m["val/bpb"] for m in metrics if "val/bpb" in m]
     assert bpb[-1] == pytest.approx(vals[-1] / math.log(2), rel=0.01), "bytes tokenizer: ~1 token per byte"

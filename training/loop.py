@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from common.machine_load import cores
 from common.run_files import BEST, FAILURE, LAST, PROFILE, RUN_INFO
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
@@ -46,6 +47,7 @@ from training.preflight import RunSetup, preflight, with_micro_batch
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
 from training.run_log import RunDirClaim, claim_run_dir, open_run_log, record_failure, run_name
 from training.signals import StopSignals
+from training.speed_conditions import LoadWatch, compile_cache_counts
 from training.step import TrainStep
 
 log = logging.getLogger("headlab.train")
@@ -169,6 +171,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self.memory = MemoryMeter(device)
+        self.load = LoadWatch(is_main=dist.is_main)  # the cores other processes use: the speed figures' conditions
 
         torch.manual_seed(t.seed)  # the same initial weights on every rank, and in every layout
         self.model = GPT(model_config)
@@ -209,7 +212,7 @@ class Trainer:
         self.peak = peak_flops(device, dtype)
         facts = {
             "params": self.model.num_params(), "params_non_embedding": self.model.num_params(non_embedding=True),
-            "world_size": dist.world_size, "device_name": device_name(device),
+            "world_size": dist.world_size, "device_name": device_name(device), "cores": cores(),
             "dtype": str(dtype).removeprefix("torch."), "data_dir": str(data.folder),
             "tokens_per_step": self.tokens_per_step, "continues": list(earlier_dirs),
         }  # fmt: skip
@@ -345,7 +348,7 @@ class Trainer:
                         summary["signal"])  # fmt: skip
         lines = [f"run directory: {self.run_dir}", f"steps: {summary['start_step']} -> {step} in {seconds:,.1f} s"]
         if self.speeds:
-            lines.append(f"median throughput: {statistics.median(self.speeds):,.0f} tokens/s")
+            lines.append(f"median throughput: {statistics.median(self.speeds):,.0f} tokens/s{self.load.caution()}")
         if self.best_step is not None:
             lines.append(f"best val/loss {self.best_val:.4f} (val/bpb {self.best_bpb:.4f}) at step {self.best_step}")
         saved = [name for name in (LAST, BEST) if (self.run_dir / name).exists()]
@@ -359,7 +362,7 @@ class Trainer:
         if self.dist.is_main:
             log.info("compiling (trainer.compile_scope=%s): the first forward and backward pass, untimed",
                      self.cfg.trainer.compile_scope)
-        start = time.perf_counter()
+        start, cache = time.perf_counter(), compile_cache_counts()
         x, y = self.step.loader.batch(step, 0)
         with autocast(self.device, self.dtype):
             loss = self.step.forward(x, y)[1]
@@ -370,7 +373,12 @@ class Trainer:
         seconds = time.perf_counter() - start
         if self.dist.is_main:
             log.info("compiled in %.1f s", seconds)
-        self.record(step, {"perf/compile_s": seconds})
+        hits, misses = (now - before for now, before in zip(compile_cache_counts(), cache))
+        if self.dist.is_main and hits:
+            log.info("compile: %d of %d graphs read from the compile cache (an earlier run or job compiled them): "
+                     "this compile time is not a cold one", hits, hits + misses)  # fmt: skip
+        self.record(step, {"perf/compile_s": seconds, "perf/compile_cache_hits": hits,
+                           "perf/compile_cache_misses": misses})  # fmt: skip
         self.memory.reset()  # the compile's workspace is not the run's steady state
         return seconds
 
@@ -384,7 +392,7 @@ class Trainer:
             metrics["perf/mfu"] = self.flops_per_token * per_gpu / self.peak
         if self.scaler is not None:
             metrics["train/loss_scale"] = self.scaler.get_scale()
-        return {**metrics, **self.memory.read()}
+        return {**metrics, **self.memory.read(), **self.load.step()}
 
     def record(self, step: int, metrics: dict) -> None:
         if self.log is not None:

@@ -64,3 +64,4 @@ def release_memory(device: torch.device, compiled: bool = False) -> None:
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
