@@ -82,7 +82,8 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
     if trained:
         plots = [
             plot_val_loss([run for run, _ in trained], out, "step"),
-            plot_val_loss([run for run, _ in trained], out, "time"),
+            plot_val_loss([run for run, _ in trained], out, "time",
+                          frozenset(run.variant for run, row in trained if row.get("speed_caution"))),
             plot_throughput([run for run, _ in trained], [row for _, row in trained], out),
         ]
 

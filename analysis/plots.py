@@ -89,17 +89,18 @@ def _curve(run: Run, against: str) -> dict[int, tuple[float, float]]:
             for e in run.evals}  # fmt: skip
 
 
-def plot_val_loss(runs: list[Run], out: Path, against: str) -> Path:
+def plot_val_loss(runs: list[Run], out: Path, against: str, cautioned: frozenset[str] = frozenset()) -> Path:
     """``against``: "step" or "time" (training seconds: evaluation, compilation and warm-up excluded)."""
     path = out / f"val_loss_vs_{against}.png"
-    save_figure(val_loss_figure(runs, against), path)
+    save_figure(val_loss_figure(runs, against, cautioned), path)
     return path
 
 
-def val_loss_figure(runs: list[Run], against: str):
+def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = frozenset()):
     """One line per variant; a sweep in progress draws what its runs evaluated so far (at each step, the
     seeds that reached it). Curves that lie on each other are named in a note (identical initial weights make
-    every layout the same function); where only some do, they are drawn as rims of decreasing width."""
+    every layout the same function); where only some do, they are drawn as rims of decreasing width. Against
+    time, a variant whose speed is not its own (``cautioned``: the report's flag says why) carries its mark."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     evaluated = by_curve([run for run in runs if run.evals])
     colour_of = colours(runs)
@@ -114,16 +115,20 @@ def val_loss_figure(runs: list[Run], against: str):
     halo = {} if len(groups) == 1 and len(groups[0]) == len(lines) else halo_widths(groups)  # all alike: the note
     for variant, (xs, mean, points) in lines.items():
         group = evaluated[variant]
+        mark = f" {SPEED_CAUTION}" if against == "time" and group[0].variant in cautioned else ""
         ax.plot(xs, mean, line_style(group[0].kernel), color=colour_of[group[0].variant],
                 marker=marker(group[0].layout), ms=4 + halo.get(variant, 0),
-                lw=1.5 + halo.get(variant, 0), label=f"{variant}{runs_note(group)}")  # fmt: skip
+                lw=1.5 + halo.get(variant, 0), label=f"{variant}{runs_note(group)}{mark}")  # fmt: skip
         if len(group) > 1:
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[group[0].variant],
                             alpha=0.15, lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
     ax.set_ylabel("validation loss (nats/token)")
     spread = " (line: mean over runs, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
-    ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}", fontsize=10)
+    caution = (f"\n{SPEED_CAUTION}: not the variant's own speed (the report's flag says why)"
+               if against == "time" and cautioned & {g[0].variant for g in evaluated.values()} else "")  # fmt: skip
+    ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}{caution}",
+                 fontsize=10)  # fmt: skip
     ax.grid(alpha=0.3)
     if not evaluated:
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")

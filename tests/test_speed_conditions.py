@@ -15,7 +15,7 @@ import time
 import pytest
 from test_compare_truth import make_run, report_of, setting, table_rows
 
-from analysis.plots import throughput_figure
+from analysis.plots import throughput_figure, val_loss_figure
 from analysis.report import SPEED_CAUTION, build_rows
 from analysis.runs import find_runs
 from common.machine_load import OthersLoad, busy_cores, is_busy
@@ -60,6 +60,8 @@ def test_a_run_on_a_busy_machine_is_flagged_with_what_the_others_used(trained_ru
     runs = find_runs([tmp_path])
     labels = [t.get_text() for t in throughput_figure(runs, build_rows(runs, None)[0]).axes[0].texts]
     assert sorted(text.endswith(SPEED_CAUTION) for text in labels) == [False, True]
+    legend = val_loss_figure(runs, "time", frozenset({"wrapper-sdpa"})).axes[0].get_legend().get_texts()
+    assert sorted(t.get_text() for t in legend) == ["fused_qkv-sdpa", f"wrapper-sdpa {SPEED_CAUTION}"]
 
 
 def test_variants_that_split_their_batch_differently_are_flagged_with_each_split(trained_run, tmp_path):
