@@ -34,7 +34,7 @@ from model.config import LABEL_AXES, attention_label
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
 from training.continuation import STOP_AT_STEP, continue_command
-from training.distributed import from_environment
+from training.distributed import from_environment, relaunch_prefix
 from training.loop import RunFailed, train
 from training.plan import plan_variants
 
@@ -46,10 +46,14 @@ RENAMED = {
 
 
 def _quiet_non_main_ranks() -> None:
-    """Under torchrun (or srun) only rank 0 writes: the other ranks' Hydra keeps no output directory or log."""
+    """Under torchrun (or srun) only rank 0 writes: the other ranks' Hydra keeps no output directory or log. A run
+    directory the command names (``hydra.run.dir``, as a printed continue command does) stays every rank's: each
+    rank reads from it what ``trainer.resume=auto`` continues (the ranks' default directories, made from the clock,
+    may differ)."""
     if not from_environment().is_main:
+        named = any(arg.startswith("hydra.run.dir=") for arg in sys.argv[1:])
         sys.argv += [
-            f"hydra.run.dir={tempfile.gettempdir()}",
+            *([] if named else [f"hydra.run.dir={tempfile.gettempdir()}"]),
             "hydra.output_subdir=null",
             "hydra/job_logging=disabled",
             "hydra/hydra_logging=disabled",
@@ -204,7 +208,8 @@ def stop_here(summary: dict, hydra_cfg, multirun: bool) -> None:
     by_signal = stopper != STOP_AT_STEP
     if from_environment().is_main:
         sweep_dir = os.path.abspath(hydra_cfg.sweep.dir) if multirun else None
-        command = continue_command(sys.argv[1:], sweep_dir, os.path.abspath(hydra_cfg.runtime.output_dir), stopper)
+        command = continue_command(sys.argv[1:], sweep_dir, os.path.abspath(hydra_cfg.runtime.output_dir), stopper,
+                                   relaunch_prefix())  # fmt: skip
         what = ("the sweep: finished jobs are skipped, this one continues from its last.pt, the rest start"
                 if multirun else "the run from its last.pt, in the same directory")  # fmt: skip
         if not by_signal:

@@ -214,3 +214,30 @@ def test_two_gloo_ranks_match_one_process_with_another_split_of_the_batch(tmp_pa
         assert a == pytest.approx(b, abs=2e-4), key
     # Only rank 0 wrote: one metrics file, one Hydra directory.
     assert [p.name for p in (tmp_path / "ddp").iterdir()] and list((tmp_path / "hydra").glob(".hydra"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on loopback")
+@pytest.mark.slow
+def test_a_torchrun_run_stopped_in_place_continues_with_the_printed_torchrun_command_to_the_same_losses(
+        tmp_path, data_cache):  # fmt: skip
+    """No trainer.run_dir: Hydra's dated directory, which only rank 0 keeps. The printed command names it and starts
+    with torchrun; every rank then reads the checkpoint there, and the run ends, finished, with the losses of one
+    uninterrupted process (the same windows for any split of the batch)."""
+    import shlex
+
+    common = [*TINY, "logger=none", "trainer.max_steps=8", "trainer.micro_batch_size=4", "trainer.eval_interval=4",
+              "trainer.checkpoint_interval=4", f"data.cache_dir={data_cache}"]  # fmt: skip
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py")]
+    first = run_python([*torchrun, *common, "trainer.stop_at_step=3"], cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    printed = first.stderr.strip().splitlines()[-1].strip()
+    launcher = "torchrun --standalone --nproc_per_node=2 train.py "
+    assert printed.startswith(launcher) and "trainer.resume=auto" in printed, printed
+    second = run_python([*torchrun, *shlex.split(printed.removeprefix(launcher))], cwd=tmp_path, timeout=120)
+    assert second.returncode == 0, second.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").glob("*/*")
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    train(compose_train(*common, f"trainer.run_dir={tmp_path / 'single'}"))
+    single, continued = train_losses(tmp_path / "single"), train_losses(run_dir)
+    assert sorted(continued) == list(range(1, 9))
+    assert max(abs(continued[s] - single[s]) for s in single) <= 2e-4, (continued, single)

@@ -157,14 +157,16 @@ def _step_of(line: str) -> float:
         return float("inf")
 
 
-def continue_command(argv: list[str], sweep_dir: str | None, run_dir: str | None, stopped_by: str | None = None) -> str:
-    """The command that continues a stopped multirun (or run): the same overrides, the same directory,
+def continue_command(argv: list[str], sweep_dir: str | None, run_dir: str | None, stopped_by: str | None = None,
+                     launcher: tuple[str, ...] = ("python",)) -> str:  # fmt: skip
+    """The command that continues a stopped multirun (or run): the same launcher (``python``, or torchrun and its
+    ranks: ``training.distributed.relaunch_prefix``), the same overrides, the same directory,
     ``trainer.resume=auto`` (without ``trainer.stop_at_step`` when that was what stopped it)."""
     pinned = {"hydra.sweep.dir": sweep_dir} if sweep_dir else {"hydra.run.dir": run_dir}
     replaced = ("hydra.sweep.dir", "hydra.run.dir", "trainer.resume",
                 *(("trainer.stop_at_step",) if stopped_by == STOP_AT_STEP else ()))  # fmt: skip
     kept = [arg for arg in argv
             if arg not in ("-m", "--multirun") and arg.partition("=")[0].lstrip("+") not in replaced]  # fmt: skip
-    parts = ["python", "train.py", *(["-m"] if sweep_dir else []), *kept,
+    parts = [*launcher, "train.py", *(["-m"] if sweep_dir else []), *kept,
              *(f"{key}={value}" for key, value in pinned.items()), "trainer.resume=auto"]  # fmt: skip
-    return " ".join(shlex.quote(part) for part in parts)
+    return " ".join([*launcher[:-1], *(shlex.quote(part) for part in parts[len(launcher) - 1 :])])

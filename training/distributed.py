@@ -93,6 +93,20 @@ def from_environment() -> Distributed:
     return Distributed()
 
 
+def relaunch_prefix() -> tuple[str, ...]:
+    """How to start this command again, before ``train.py``: ``python``, or torchrun with this run's ranks
+    (``--standalone --nproc_per_node=N`` on one machine; on several, the node count and a placeholder for the
+    rendezvous the user gave, which the ranks do not see)."""
+    state = from_environment()
+    if state.launcher != "torchrun":
+        return ("python",)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", state.world_size))
+    nodes = max(1, state.world_size // per_node)
+    if nodes == 1:
+        return ("torchrun", "--standalone", f"--nproc_per_node={per_node}")
+    return ("torchrun", f"--nnodes={nodes}", f"--nproc_per_node={per_node}", "<your rendezvous options>")
+
+
 def init_distributed(state: Distributed, device: torch.device) -> None:
     """Join the process group: NCCL on GPUs, gloo on CPUs. SLURM's tasks meet on the job's first node."""
     if not state.enabled:

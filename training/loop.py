@@ -83,6 +83,7 @@ def run(setup: RunSetup) -> dict:
     init_distributed(dist, device)
     finished, claim = False, None
     try:
+        same_start_on_every_rank(dist, device, setup.resume.step if setup.resume is not None else 0)
         if setup.auto_micro:
             config = agreed_micro_batch(config, dist, device)
         t = config.trainer
@@ -114,6 +115,19 @@ def run(setup: RunSetup) -> dict:
         if claim is not None:
             claim.release()
         release_memory(device, config.trainer.compile)  # the next job of a multirun starts on a clean device
+
+
+def same_start_on_every_rank(dist: Distributed, device: torch.device, step: int) -> None:
+    """Every rank starts from the step rank 0 starts from: a rank that found another checkpoint (or none) to
+    continue would train other steps, and the ranks would wait for each other forever."""
+    if not dist.enabled:
+        return
+    main_step = dist.broadcast(step)
+    if dist.any(step != main_step, device):
+        raise ValueError(f"the ranks would continue from different steps (rank 0 from step {main_step}, "
+                         f"rank {dist.rank} from step {step}): each read another run directory. Name the run "
+                         f"directory in the torchrun command (hydra.run.dir=<dir>, as the printed continue command "
+                         f"does, or trainer.run_dir=<dir>) so that every rank reads it")  # fmt: skip
 
 
 def agreed_micro_batch(config: TrainConfig, dist: Distributed, device: torch.device) -> TrainConfig:
