@@ -35,7 +35,7 @@ from data.hf_tokenizer import HF_GPT2_TOKENIZER_FILES, write_hf_gpt2_tokenizer
 from data.tokenizers import GPT2_IDS
 from model import load_model
 from model.checkpoint import BEST, LAST
-from model.gpt2_export import HF_CONFIG, HF_WEIGHTS, check_gpt2_holds, export_hf_gpt2
+from model.gpt2_export import HF_CONFIG, HF_WEIGHTS, check_gpt2_holds, export_hf_gpt2, repeated_heads
 
 
 @dataclass
@@ -77,9 +77,9 @@ def run(cfg: ExportConfig) -> Path:
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     trained = loaded.model.config
-    shared = trained.kv_heads != trained.n_head  # GPT-2 has one key/value head per query head
+    shared = repeated_heads(trained)  # GPT-2 has one key/value head per query head, in every layer
     size = f"{loaded.model.num_params():,} parameters" + (
-        f"; {trained.kv_heads} key/value heads written as {trained.n_head}, the same function" if shared else "")
+        f"; {' and '.join(shared)} key/value heads written as {trained.n_head}, the same function" if shared else "")
     print(f"exported {loaded.name} ({size}, tokenizer {info['tokenizer']}) "
           f"to {out}/: {', '.join(info['files'])}", file=sys.stderr)  # fmt: skip
     if removed:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from types import SimpleNamespace
 from typing import Any
 
 from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
 from model.attention import AttentionSpec
-from model.score_mods import finite_number, score_mod_fields
+from model.score_mods import finite_number, score_mod_fields, spelled
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -163,19 +164,22 @@ class GPTConfig:
             raise ValueError(f"model.dropout={self.dropout!r} must be in [0, 1)")
         layout = registry.layout(self.attention)
         self.kernel, self.sdpa_backend = one_kernel_vocabulary(self.kernel, self.sdpa_backend)
-        layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
         for kind, values in (self.layer_kinds or {}).items():
             if not isinstance(values, Mapping):
                 raise ValueError(f"model.layer_kinds.{kind}={values!r} must be the kind's fields, e.g. "
                                  f"{{window: 128}}, or {{}} for none")  # fmt: skip
         self.layer_kinds = {str(kind): dict(values) for kind, values in (self.layer_kinds or {}).items()}
-        check_schedule(self)
+        # Before the kernel's checks, which do not concern a layer that runs none: the kernel is not their fix.
+        check_linear_layers(self)
         self.check_kernel_is_used()
+        layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
+        check_schedule(self)
 
     def check_kernel_is_used(self) -> None:
         """Refuse a kernel chosen for a model without a layer that runs one (every layer Gated DeltaNet)."""
         default = type(self).__dataclass_fields__["kernel"].default
-        if self.kernel != default and not any(layout.takes_kernel for layout, _ in self.layer_layouts):
+        attentions = {self.layer_kinds.get(kind, {}).get("attention", self.attention) for kind in self.layer_kind_names}
+        if self.kernel != default and not any(registry.layout(name).takes_kernel for name in attentions):
             raise ValueError(f"model.kernel={self.kernel} chooses softmax attention's kernel, but every layer is "
                              f"attention={self.attention}, which runs its own chunked form; leave "
                              f"model.kernel={default}, or give some layers softmax attention "
@@ -277,10 +281,83 @@ class GPTConfig:
 LAYER_FIELDS = ("attention", "window", "position", "rope_theta", "rope_fraction", "n_kv_head", *score_mod_fields())
 
 
+def context_notes(config: GPTConfig) -> list[str]:
+    """What the model's windows mean at its context, for the trainer to say before it trains (each allowed, but
+    not what a user may think they run): a window that covers the whole context is the same function as none (a
+    sweep shortened to a small context); a window of 1 leaves each position only itself (a schedule's window, a
+    share of the context rounded down, at a small block_size). The model's window and every layer kind's."""
+    names = config.layer_kind_names
+    takes_models = any(kind is None or "window" not in config.layer_kinds[kind] for kind in names)
+    notes = window_notes(config.window, config.block_size) if takes_models else []
+    for kind in dict.fromkeys(kind for kind in names if kind is not None):
+        if "window" in config.layer_kinds[kind]:
+            notes += window_notes(config.layer_kinds[kind]["window"], config.block_size, kind,
+                                  kind_layers(config, kind))  # fmt: skip
+    return notes
+
+
+def window_notes(window: int | None, block_size: int, kind: str | None = None, layers: str = "") -> list[str]:
+    """The notes on one window: the model's (``kind`` None) or a layer kind's, whose ``layers`` they name."""
+    if not window:
+        return []
+    option = f"model.layer_kinds.{kind}.window" if kind else "model.window"
+    if window >= block_size:
+        if kind is None:
+            return [f"{option}={window} covers the whole context (block_size={block_size}): the same function as "
+                    f"{option}=null"]  # fmt: skip
+        return [f"{option}={window} covers the whole context (block_size={block_size}) in its layers {layers}: the "
+                f"same function as no window there ({option}=null)"]  # fmt: skip
+    if window == 1:
+        if kind is None:
+            return [f"{option}=1 lets each position see only itself: attention mixes no tokens"]
+        return [f"{option}=1 lets each position of its layers {layers} see only itself: they mix no tokens (a "
+                f"schedule's share of the context rounds down to 1 at model.block_size={block_size}: too short for "
+                f"the schedule's local attention)"]  # fmt: skip
+    return []
+
+
 def check_schedule(config: GPTConfig) -> None:
     """Refuse a bad schedule of layers before any work, in one line naming the layer kind (its layers) and the
     value: a pattern that does not tile the layers, a letter with no kind, a field a kind cannot set, a value
     its layers' attention cannot take (each kind's layers are checked as a uniform model is)."""
+    check_pattern(config)
+    for kind in dict.fromkeys(config.layer_pattern or ""):
+        where = kind_where(config, kind)
+        check_no_window_left(config, kind)
+        try:
+            check_layer_position(config, config.layer_kinds[kind].get("position", config.position))
+            check_layer_attention(config, config.layer_kinds[kind].get("attention", config.attention))
+            config.layer_config(config.layer_kind_names.index(kind))
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+
+
+def check_no_window_left(config: GPTConfig, kind: str) -> None:
+    """Refuse a kind's window of 0 naming where it most likely comes from: a schedule's share of too short a
+    context (configs/schedule's ``${headlab_div:${model.block_size},8}`` rounds down), not a value typed."""
+    window = config.layer_kinds[kind].get("window")
+    if window == 0 and not isinstance(window, bool):
+        raise ValueError(f"model.layer_kinds.{kind}.window=0 {kind_layers(config, kind)} leaves each position no key "
+                         f"to see (a schedule's share of the context rounds down to 0 at model.block_size="
+                         f"{config.block_size}: configs/schedule's windows are shares such as block_size/8); use a "
+                         f"longer model.block_size, or set model.layer_kinds.{kind}.window to at least 1 (null: the "
+                         f"whole context)")  # fmt: skip
+
+
+def kind_where(config: GPTConfig, kind: str) -> str:
+    """A layer kind as refusals name it: ``model.layer_kinds.L (layers 0, 2)``."""
+    return f"model.layer_kinds.{kind} {kind_layers(config, kind)}"
+
+
+def kind_layers(config: GPTConfig, kind: str) -> str:
+    """A layer kind's layers as messages spell them: ``(layers 0, 2)``, ``(layer 3)``."""
+    layers = [i for i, k in enumerate(config.layer_kind_names) if k == kind]
+    return f"(layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})"
+
+
+def check_pattern(config: GPTConfig) -> None:
+    """Refuse a schedule's shape: a pattern that does not tile the layers, a letter with no kind, a kind in no
+    layer, a field a kind cannot set."""
     pattern, kinds = config.layer_pattern, config.layer_kinds
     if pattern is None:
         if kinds:
@@ -303,18 +380,55 @@ def check_schedule(config: GPTConfig) -> None:
             raise ValueError(f"model.layer_pattern={pattern}: layer kind {kind} is not in model.layer_kinds (has: "
                              f"{', '.join(kinds) or 'none'}); add model.layer_kinds.{kind} (its fields, or "
                              f"{{}})")  # fmt: skip
-        layers = [i for i, k in enumerate(config.layer_kind_names) if k == kind]
-        where = f"model.layer_kinds.{kind} (layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))})"
         for name, value in kinds[kind].items():
             if name not in LAYER_FIELDS:
-                raise ValueError(f"{where}: {name}={value!r} is not a field a layer sets; choose from "
-                                 f"{', '.join(LAYER_FIELDS)}")  # fmt: skip
+                raise ValueError(f"{kind_where(config, kind)}: {name}={value!r} is not a field a layer sets; choose "
+                                 f"from {', '.join(LAYER_FIELDS)}")  # fmt: skip
+
+
+def check_linear_layers(config: GPTConfig) -> None:
+    """Refuse a field set where a layer of linear attention (one that runs no kernel: Gated DeltaNet) cannot
+    apply it, naming those layers (the whole model, or a kind's) and what to do, before any kernel's check:
+    such a layer has no scores, so the kernel is never the fix (kernel=manual gives it no softcap)."""
+    if config.layer_pattern is None:
+        layout = registry.layout(config.attention)
+        unapplied = [] if layout.takes_kernel else layout.unapplied(config)
+        if unapplied:
+            name, value, offs, why = unapplied[0]
+            raise ValueError(f"model.{name}={spelled(value)} with attention={config.attention} in every layer: "
+                             f"{why}; set model.{name}={' or '.join(map(spelled, offs))}, or give it to softmax "
+                             f"attention (another model.attention, or a hybrid schedule: mixing=hybrid)")  # fmt: skip
+        return
+    check_pattern(config)
+    for kind in dict.fromkeys(config.layer_pattern):
         try:
-            check_layer_position(config, kinds[kind].get("position", config.position))
-            check_layer_attention(config, kinds[kind].get("attention", config.attention))
-            config.layer_config(layers[0])
+            fields = SimpleNamespace(**{**vars(config), **config.layer_kinds[kind]})  # the kind's layers' fields
+            layout = registry.layout(fields.attention)
+            unapplied = [] if layout.takes_kernel else layout.unapplied(fields)
         except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
+            raise ValueError(f"{kind_where(config, kind)}: {err}") from None
+        if unapplied:
+            raise ValueError(linear_kind_refusal(config, kind, *unapplied[0]))
+
+
+def linear_kind_refusal(config: GPTConfig, kind: str, name: str, value, offs: tuple, why: str) -> str:
+    """Why layer kind ``kind``'s linear layers cannot apply ``name=value``, named where it is set (the kind's
+    field or the model's), and the fixes: set it on the softmax kinds only, or turn it off for this kind."""
+    kinds, own = config.layer_kinds, config.layer_kinds[kind]
+    if name == "position":  # a layer's encoding differs from the model's only among those without a table
+        offs = tuple(o for o in offs if registry.position(o).runs_past_context) or offs
+    off, shown, layers = spelled(offs[0]), spelled(value), kind_layers(config, kind)
+    linear = f"attention={own.get('attention', config.attention)}, which cannot apply it: {why}"
+    softmax = [k for k in kinds if registry.layout(kinds[k].get("attention", config.attention)).takes_kernel]
+    given = " ".join(f"+model.layer_kinds.{k}.{name}={shown}" for k in softmax if name not in kinds[k])
+    if name in own:
+        fix = f"set model.layer_kinds.{kind}.{name}={off}" + (f" (the softmax kinds take it: {given})" if given else "")
+        return f"model.layer_kinds.{kind}.{name}={shown}: layer kind {kind} {layers} is {linear}; {fix}"
+    only = f"set model.{name}={off}"
+    if softmax:
+        only = f"set it on the softmax kinds only ({' '.join(filter(None, [f'model.{name}={off}', given]))})"
+    return (f"model.{name}={shown} reaches layer kind {kind} {layers}, {linear}; {only}, or turn it off for kind "
+            f"{kind} (+model.layer_kinds.{kind}.{name}={off})")  # fmt: skip
 
 
 def check_layer_attention(config: GPTConfig, attention: str) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +34,19 @@ from model import registry
 from model.attention import AttentionSpec, MultiHeadAttention
 from model.convert import ConvertsToNoOther
 from model.registry import ATTENTION_LAYOUTS, SCORE_MODS, register
+from model.score_mods import spelled
 
 if TYPE_CHECKING:
     from model.kv_cache import LayerCache
 
 CONV_SIZE = 4  # the short convolution's width (the paper's, Qwen3-Next's)
+# The attention fields a Gated DeltaNet layer has a mechanism of its own for: the values that leave each off, and why.
+OWN_FIELDS = {
+    "window": ((None,), "its state keeps a decayed summary of every earlier token, not a window"),
+    "n_kv_head": ((None,), "its state is per head; keys and values are not grouped"),
+    "qk_norm": ((False,), "it L2-normalises its queries and keys itself"),
+    "gate": (("none",), "it gates its output through its own gated RMSNorm"),
+}
 
 
 def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
@@ -132,31 +140,37 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise ValueError(f"model.linear_chunk={chunk!r} must be a positive number of positions per chunk of the "
                              f"chunked form (null: {cls.chunk}; 16 to 128 serve)")  # fmt: skip
-        own = {"window": "its state keeps a decayed summary of every earlier token, not a window",
-               "n_kv_head": "its state is per head; keys and values are not grouped",
-               "qk_norm": "it L2-normalises its queries and keys itself",
-               "gate": "it gates its output through its own gated RMSNorm"}  # fmt: skip
-        off = {"window": None, "n_kv_head": None, "qk_norm": False, "gate": "none"}
-        for name, why in own.items():
-            value = getattr(spec, name)
-            if value != off[name] and not (name == "n_kv_head" and value == spec.n_head):
-                raise ValueError(f"model.{name}={value!r} with attention=gated_deltanet: {why}; set "
-                                 f"model.{name}={off[name] if off[name] is not None else 'null'}")  # fmt: skip
-        for mod in SCORE_MODS.values():
-            value = getattr(spec, mod.field)
-            if mod.field in off or not mod.used(value):
-                continue
-            raise ValueError(f"{mod.option(value)} changes softmax attention's scores, but attention=gated_deltanet "
-                             f"has no scores or softmax; turn it off (model.{mod.field}={mod.off})")  # fmt: skip
-        position = registry.position(spec.position)
-        if position.turns_queries_keys or position.biases_scores:
-            tableless = [n for n, p in registry.POSITIONS.items() if not (p.turns_queries_keys or p.biases_scores)]
-            raise ValueError(f"model.position={spec.position} acts on softmax attention's queries, keys or scores; "
-                             f"attention=gated_deltanet orders tokens by its convolution and state: use "
-                             f"model.position={' or '.join(tableless)}")  # fmt: skip
+        unapplied = cls.unapplied(spec)
+        if unapplied:
+            name, value, offs, why = unapplied[0]
+            raise ValueError(f"model.{name}={spelled(value)} with attention=gated_deltanet: {why}; set "
+                             f"model.{name}={' or '.join(map(spelled, offs))}")  # fmt: skip
         if spec.sdpa_backend != "auto":
             raise ValueError(f"model.sdpa_backend={spec.sdpa_backend} chooses softmax attention's implementation; "
                              f"attention=gated_deltanet runs its own chunked form: set model.sdpa_backend=auto")
+
+    @classmethod
+    def unapplied(cls, spec) -> list[tuple[str, Any, tuple, str]]:
+        """Each field set to a value a Gated DeltaNet layer has no place for: (field, value, the values that
+        leave it off, why). It reads the fields by name, so a GPTConfig asks it too, naming the model's or a
+        layer kind's field before the kernel's checks (a layer that runs no kernel has no scores for one to
+        change: the kernel is never the fix)."""
+        found = []
+        for name, (offs, why) in OWN_FIELDS.items():
+            value = getattr(spec, name)
+            if value not in offs and not (name == "n_kv_head" and value == spec.n_head):
+                found.append((name, value, offs, why))
+        tableless = tuple(n for n, p in registry.POSITIONS.items() if not (p.turns_queries_keys or p.biases_scores))
+        for mod in SCORE_MODS.values():  # softcap, sinks, ALiBi: modifications of scores it does not have
+            value = getattr(spec, mod.field)
+            if mod.field not in OWN_FIELDS and mod.used(value):
+                offs = tableless if mod.field == "position" else (mod.off,)
+                found.append((mod.field, value, offs, "it is linear attention, with no attention scores or softmax "
+                                                      "for it to change"))  # fmt: skip
+        if registry.position(spec.position).turns_queries_keys:
+            found.append(("position", spec.position, tableless, "rotary turns softmax attention's queries and keys; "
+                          "it orders tokens by its convolution and state"))  # fmt: skip
+        return found
 
     @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:

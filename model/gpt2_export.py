@@ -10,6 +10,7 @@ loads the folder with the same logits.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,8 +31,9 @@ def what_gpt2_cannot_hold(config) -> list[str]:
     GPT-2's format the model would compute another function. Grouped-query heads are not among them: their
     keys and values are written repeated per query head, the same function."""
     if config.layer_pattern is not None:  # each kind's layers as a uniform model: GPT-2's layers are all alike
-        first = {kind: config.layer_kind_names.index(kind) for kind in dict.fromkeys(config.layer_kind_names)}
-        problems = [problem for i in first.values() for problem in what_gpt2_cannot_hold(config.layer_config(i))]
+        names = config.layer_kind_names
+        problems = [as_kind_sets_it(problem, kind, config.layer_kinds[kind]) for kind in dict.fromkeys(names)
+                    for problem in what_gpt2_cannot_hold(config.layer_config(names.index(kind)))]  # fmt: skip
         return list(dict.fromkeys(problems))
     problems = []
     if config.window is not None:
@@ -51,6 +53,15 @@ def what_gpt2_cannot_hold(config) -> list[str]:
     return problems
 
 
+def as_kind_sets_it(problem: str, kind: str, overrides: dict) -> str:
+    """A layer kind's problem named where it is set: ``model.layer_kinds.L.window=4 (...)`` for a field the kind
+    sets, ``model.window=4 (...)`` for one it takes from the model."""
+    option = problem.removeprefix("model.")
+    if option.split("=")[0] not in overrides:
+        return problem
+    return f"model.layer_kinds.{kind}.{option}"
+
+
 def check_gpt2_holds(config) -> None:
     """Refuse, before anything is written, a model GPT-2's format cannot hold, naming each option and the fix."""
     problems = what_gpt2_cannot_hold(config)
@@ -64,14 +75,32 @@ def check_gpt2_holds(config) -> None:
                          f"and evaluate.py as it is")  # fmt: skip
 
 
+def gpt2_form(config):
+    """The model as GPT-2's format holds it: every layer alike, multi-head, in the fused layout. A schedule's
+    kinds that GPT-2 holds differ only in their key/value heads (``what_gpt2_cannot_hold`` refuses the rest),
+    which the conversion writes repeated per query head, so one uniform model of layer 0's fields is each
+    layer's."""
+    return replace(config.layer_config(0), attention="fused_qkv", kernel="sdpa", sdpa_backend="auto",
+                   n_kv_head=None)  # fmt: skip
+
+
+def repeated_heads(config) -> list[str]:
+    """The key/value heads GPT-2's format writes repeated to ``n_head``, each count that is fewer as the export
+    says it: ``1`` (the model's), or ``layer kind L's 1`` for each kind of a schedule."""
+    if config.layer_pattern is None:
+        return [str(config.kv_heads)] if config.kv_heads != config.n_head else []
+    names = config.layer_kind_names
+    heads = {kind: config.layer_config(names.index(kind)).kv_heads for kind in dict.fromkeys(names)}
+    return [f"layer kind {kind}'s {n}" for kind, n in heads.items() if n != config.n_head]
+
+
 def hf_gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights named and shaped as ``GPT2LMHeadModel``'s (the LM head is tied, so left out)."""
     config = model.config
     check_gpt2_holds(config)
     # Any layout -> the fused c_attn GPT-2 uses; grouped-query keys and values repeated for every query
-    # head of their group: GPT-2's multi-head form of the same function.
-    fused = GPT(config.__class__(**{**vars(config), "attention": "fused_qkv", "kernel": "sdpa", "n_kv_head": None,
-                                    "sdpa_backend": "auto"}))  # fmt: skip
+    # head of their group, in each layer as it has them: GPT-2's multi-head form of the same function.
+    fused = GPT(gpt2_form(config))
     fused.load_weights(convert_attention_layout(model.state_dict(), config.attention, "fused_qkv", config.n_head,
                                                 as_multi_head=True))  # fmt: skip
     out: dict[str, torch.Tensor] = {}

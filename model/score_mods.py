@@ -38,6 +38,13 @@ def finite_number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
+def spelled(value) -> str:
+    """A value as an override types it, for refusals: ``null``, ``true``, ``30.0``, ``headwise``."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 class ScoreMod:
     """A modification of the attention, as a model's config sets it: a switch (``model.<field>=true``) unless a
     subclass says otherwise. Every fact is asked of the class; nothing else spells its name."""

@@ -7,16 +7,20 @@ refused in one line; it trains."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from analysis.plots import legend_title, tick_label
 from model import GPT, GPTConfig, KVCache, build_attention, convert_attention_layout, load_model
 from model.config import attention_label
 from model.decoding import StaticStep
 from model.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
+from model.registry import KERNELS, SCORE_MODS
+from model.score_mods import spelled
 from tests.helpers import run_script, tiny_run, train_losses
 
 
@@ -222,7 +226,8 @@ def test_a_hybrid_is_named_by_its_kinds_and_a_kind_of_the_models_own_function_is
                               "they are layouts of one function, chosen for the whole model; set "
                               "model.attention=wrapper, or give the layer another function (e.g. "
                               "attention=gated_deltanet)")  # fmt: skip
-    with pytest.raises(ValueError, match=r"^model.layer_kinds.D \(layers 0, 2\): model.position=rope acts on "):
+    with pytest.raises(ValueError, match=r"^model.position=rope reaches layer kind D \(layers 0, 2\), "
+                                         r"attention=gated_deltanet, which cannot apply it: rotary turns "):
         GPTConfig(**{**vars(hybrid_config()), "layer_kinds": {"D": {"attention": "gated_deltanet"}, "G": {}}})
 
 
@@ -282,22 +287,27 @@ BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attent
 
 
 @pytest.mark.parametrize("fields,says", [
-    ({"window": 8}, "model.window=8 with attention=gated_deltanet: its state keeps a decayed summary"),
-    ({"n_kv_head": 1}, "model.n_kv_head=1 with attention=gated_deltanet: its state is per head"),
-    ({"qk_norm": True}, "model.qk_norm=True with attention=gated_deltanet: it L2-normalises"),
-    ({"gate": "headwise"}, "model.gate='headwise' with attention=gated_deltanet: it gates its output through its "
-                           "own gated RMSNorm; set model.gate=none"),
-    ({"softcap": 30.0, "kernel": "manual"}, "but attention=gated_deltanet has no scores or softmax"),
-    ({"sinks": True}, "but attention=gated_deltanet has no scores or softmax"),
-    ({"position": "rope"}, "model.position=rope acts on softmax attention's queries, keys or scores; "
-                           "attention=gated_deltanet orders tokens by its convolution and state: use "
+    ({"window": 8}, "model.window=8 with attention=gated_deltanet in every layer: its state keeps a decayed "
+                    "summary"),
+    ({"n_kv_head": 1}, "model.n_kv_head=1 with attention=gated_deltanet in every layer: its state is per head"),
+    ({"qk_norm": True}, "model.qk_norm=true with attention=gated_deltanet in every layer: it L2-normalises"),
+    ({"gate": "headwise"}, "model.gate=headwise with attention=gated_deltanet in every layer: it gates its output "
+                           "through its own gated RMSNorm; set model.gate=none"),
+    ({"softcap": 30.0, "kernel": "manual"}, "model.softcap=30.0 with attention=gated_deltanet in every layer: it is "
+                                            "linear attention, with no attention scores or softmax for it to change; "
+                                            "set model.softcap=null"),
+    ({"sinks": True}, "it is linear attention, with no attention scores or softmax for it to change"),
+    ({"position": "rope"}, "model.position=rope with attention=gated_deltanet in every layer: rotary turns softmax "
+                           "attention's queries and keys; it orders tokens by its convolution and state; set "
                            "model.position=learned or none"),
-    ({"position": "alibi"}, "model.position=alibi changes softmax attention's scores, but attention=gated_deltanet "
-                            "has no scores or softmax"),
+    ({"position": "alibi"}, "model.position=alibi with attention=gated_deltanet in every layer: it is linear "
+                            "attention, with no attention scores or softmax"),
     ({"sdpa_backend": "math"}, "model.sdpa_backend=math chooses softmax attention's implementation"),
     ({"kv_latent": 8}, "model.kv_latent=8 is an option of attention=mla, but attention=gated_deltanet"),
     ({"kernel": "manual"}, "model.kernel=manual chooses softmax attention's kernel, but every layer is "
                            "attention=gated_deltanet, which runs its own chunked form; leave model.kernel=sdpa"),
+    ({"kernel": "flex", "dropout": 0.1}, "model.kernel=flex chooses softmax attention's kernel, but every layer is "
+                                         "attention=gated_deltanet"),  # not flex's lack of dropout: no layer runs it
     ({"linear_chunk": 0}, "model.linear_chunk=0 must be a positive number of positions per chunk"),
     ({"linear_chunk": True}, "model.linear_chunk=True must be a positive number"),
     ({"linear_chunk": 16, "attention": "fused_qkv", "position": "rope"}, "model.linear_chunk=16 is an option of "
@@ -351,3 +361,60 @@ def test_a_hybrids_label_reads_in_the_reports_legend_and_bars():
     label = attention_label(vars(hybrid_config(gate="none")))
     assert legend_title([label]).endswith("-<layer pattern>_<kind>.<what it sets>")
     assert tick_label(label).splitlines() == ["fused_qkv", "sdpa", "rope", "DG", "D.gated_deltanet.nopos", "G"]
+
+
+# Every field a Gated DeltaNet layer cannot apply, at a value that uses it: those it has a mechanism of its own
+# for, rotary, and every registered score modification (ALiBi, QK-norm, softcap, sinks, the gate).
+UNAPPLIED = [("window", 4), ("n_kv_head", 1), ("position", "rope"),
+             *((mod.field, mod.example) for mod in SCORE_MODS.values())]  # fmt: skip
+# A hybrid whose linear kind D takes every attention field from the model (positions: none, so D may differ).
+HYBRID = dict(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, position="none", layer_pattern="DG")
+
+
+def refusal(**fields) -> str:
+    with pytest.raises(ValueError) as err:
+        GPTConfig(**fields)
+    message = str(err.value)
+    assert "\n" not in message and "kernel" not in message, "no kernel gives a linear layer scores"
+    return message
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("name,value", UNAPPLIED)
+def test_what_a_linear_model_cannot_apply_is_refused_for_its_linear_layers_never_for_the_kernel(name, value,
+                                                                                               kernel):  # fmt: skip
+    shown = spelled(value)
+    message = refusal(**{**BASE, name: value, "kernel": kernel})
+    assert message.startswith(f"model.{name}={shown} with attention=gated_deltanet in every layer: ")
+    assert f"; set model.{name}=" in message
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("name,value", UNAPPLIED)
+def test_a_hybrids_linear_kind_is_named_with_the_fixes_for_the_models_field_and_for_its_own(name, value, kernel):
+    shown = spelled(value)
+    kinds = {"D": {"attention": "gated_deltanet"}, "G": {}}
+    message = refusal(**{**HYBRID, name: value, "kernel": kernel, "layer_kinds": kinds})
+    assert message.startswith(f"model.{name}={shown} reaches layer kind D (layers 0, 2), attention=gated_deltanet, "
+                              f"which cannot apply it: ")  # fmt: skip
+    assert f"set it on the softmax kinds only (model.{name}=" in message
+    assert f" +model.layer_kinds.G.{name}={shown}), or turn it off for kind D" in message
+    off = yaml.safe_load(re.search(rf"\+model\.layer_kinds\.D\.{name}=(\S+)\)$", message).group(1))
+    fixed = {"D": {"attention": "gated_deltanet", name: off}, "G": {}}  # the fix, read as Hydra reads it
+    GPTConfig(**{**HYBRID, name: value, "kernel": "manual", "layer_kinds": fixed})
+
+    message = refusal(**{**HYBRID, "kernel": kernel, "layer_kinds": {"D": {**kinds["D"], name: value}, "G": {}}})
+    assert message.startswith(f"model.layer_kinds.D.{name}={shown}: layer kind D (layers 0, 2) is "
+                              f"attention=gated_deltanet, which cannot apply it: ")  # fmt: skip
+    assert f"; set model.layer_kinds.D.{name}=" in message and f"+model.layer_kinds.G.{name}={shown}" in message
+
+
+def test_the_issues_hybrid_softcap_with_kernel_manual_names_the_linear_layers_not_the_kernel():
+    message = refusal(**{**vars(hybrid_config(kernel="manual")), "softcap": 30.0})
+    assert message == ("model.softcap=30.0 reaches layer kind D (layers 0, 2), attention=gated_deltanet, which cannot "
+                       "apply it: it is linear attention, with no attention scores or softmax for it to change; set it "
+                       "on the softmax kinds only (model.softcap=null +model.layer_kinds.G.softcap=30.0), or turn it "
+                       "off for kind D (+model.layer_kinds.D.softcap=null)")  # fmt: skip
+    softmax_only = {"D": {"attention": "gated_deltanet", "position": "none"}, "G": {"softcap": 30.0}}
+    capped = GPTConfig(**{**vars(hybrid_config(kernel="manual")), "layer_kinds": softmax_only})
+    assert [spec.softcap for spec in capped.layer_specs] == [None, 30.0, None, 30.0]

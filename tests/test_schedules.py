@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import GPT2_LAYOUTS, TINY, compose_train, read_metrics, run_script
+from helpers import GPT2_LAYOUTS, TINY, compose_train, read_metrics, run_script, tiny_run
 from helpers import tiny_gpt_config as config
 from omegaconf import OmegaConf
 
@@ -18,7 +18,7 @@ import sample
 from analysis.report import build_rows, markdown_table
 from analysis.runs import find_runs
 from model import GPT, KVCache, convert_attention_layout
-from model.config import attention_label
+from model.config import attention_label, context_notes
 from model.decoding import StaticStep
 from model.gpt2_export import what_gpt2_cannot_hold
 from training.loop import train
@@ -38,8 +38,8 @@ LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"windw": 5}, "G": {}}),
      "model.layer_kinds.L (layers 0, 1, 2): windw=5 is not a field a layer sets; choose from attention, window, "
      "position,"),
-    (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {}, "G": {"window": 0}}),
-     "model.layer_kinds.G (layer 3): model.window=0 must be a positive number of positions"),
+    (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {}, "G": {"window": -1}}),
+     "model.layer_kinds.G (layer 3): model.window=-1 must be a positive number of positions"),  # 0: a share's
     (dict(n_layer=4, kernel="sdpa", layer_pattern="LLLG", layer_kinds={"L": {"softcap": 30.0}, "G": {}}),
      "model.layer_kinds.L (layers 0, 1, 2): model.softcap=30.0 changes the scores before the softmax, which "
      "kernel=sdpa cannot do; use kernel=manual or flex"),
@@ -164,9 +164,11 @@ def test_a_schedule_is_named_in_its_label_and_each_kind_refused_for_gpt2_as_a_un
                layer_kinds={"L": {"window": 5, "sinks": False}, "G": {"position": "none", "rope_theta": 500.0}})
     assert attention_label(vars(c)) == "fused_qkv-manual-rope-sinks-LLLG_L.window5.nosinks_G.nopos"
     problems = what_gpt2_cannot_hold(c)
-    assert "model.window=5 (GPT-2 has no sliding-window attention: it attends over its whole context)" in problems
-    assert "model.position=none (GPT-2 holds learned positions only: a table of block_size vectors)" in problems
-    assert len(problems) == len(set(problems))
+    assert problems == [  # each named where it is set: the kind's fields, the model's
+        "model.layer_kinds.L.window=5 (GPT-2 has no sliding-window attention: it attends over its whole context)",
+        "model.position=rope (GPT-2 holds learned positions only: a table of block_size vectors)",
+        "model.layer_kinds.G.position=none (GPT-2 holds learned positions only: a table of block_size vectors)",
+        "model.sinks=true (GPT-2's softmax has no sink)"]
 
 
 def test_a_schedule_spelled_in_hydra_trains_samples_converted_and_reports(tmp_path, data_cache):
@@ -209,3 +211,48 @@ def test_a_long_schedule_is_tagged_in_wandb_by_its_pattern_and_kinds_each_under_
                                             "model.layer_pattern=ABC", f"+model.layer_kinds={{{kinds}}}"))  # fmt: skip
     tags = run_tags(cfg)
     assert "ABC" in tags and "A.window16.rope20000" in tags and all(len(tag) <= 64 for tag in tags)
+
+
+@pytest.mark.parametrize(("options", "notes"), [
+    (dict(block_size=8, window=8),
+     ["model.window=8 covers the whole context (block_size=8): the same function as model.window=null"]),
+    (dict(block_size=8, n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": 12}, "G": {}}),
+     ["model.layer_kinds.L.window=12 covers the whole context (block_size=8) in its layers (layers 0, 2): the "
+      "same function as no window there (model.layer_kinds.L.window=null)"]),
+    (dict(block_size=8, n_layer=4, window=8, layer_pattern="LG", layer_kinds={"L": {"window": 4}, "G": {}}),
+     ["model.window=8 covers the whole context (block_size=8): the same function as model.window=null"]),
+    (dict(block_size=8, n_layer=4, window=9, layer_pattern="LG", layer_kinds={"L": {"window": 4}, "G": {"window": 2}}),
+     []),  # every kind sets its own window: the model's reaches no layer
+    (dict(block_size=8, n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": 1}, "G": {}}),
+     ["model.layer_kinds.L.window=1 lets each position of its layers (layers 0, 2) see only itself: they mix no "
+      "tokens (a schedule's share of the context rounds down to 1 at model.block_size=8: too short for the "
+      "schedule's local attention)"]),
+    (dict(block_size=8, window=1), ["model.window=1 lets each position see only itself: attention mixes no tokens"]),
+    (dict(block_size=8, window=7, n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": 2}, "G": {}}), []),
+    (dict(block_size=8), []),
+])  # fmt: skip
+def test_context_notes_say_a_window_that_covers_the_context_or_sees_only_itself_for_the_model_and_each_kind(
+        options, notes):  # fmt: skip
+    assert context_notes(config(**options)) == notes
+
+
+def test_a_schedules_share_of_a_small_context_is_said_at_one_key_and_refused_at_none():
+    tiny = [*TINY, "model.n_layer=2", "schedule=gpt_oss"]
+    eighth = OmegaConf.to_object(compose_train(*tiny, "model.block_size=8")).model
+    assert eighth.layer_kinds["L"] == {"window": 1}
+    assert [note.split(" lets ")[0] for note in context_notes(eighth)] == ["model.layer_kinds.L.window=1"]
+    assert context_notes(OmegaConf.to_object(compose_train(*tiny, "model.block_size=16")).model) == []
+    with pytest.raises(ValueError) as err:
+        OmegaConf.to_object(compose_train(*tiny, "model.block_size=7"))
+    assert str(err.value) == (
+        "model.layer_kinds.L.window=0 (layer 0) leaves each position no key to see (a schedule's share of the "
+        "context rounds down to 0 at model.block_size=7: configs/schedule's windows are shares such as "
+        "block_size/8); use a longer model.block_size, or set model.layer_kinds.L.window to at least 1 (null: the "
+        "whole context)")
+
+
+def test_a_kinds_window_past_the_context_is_said_when_training_starts(tmp_path, data_cache, log_lines):
+    tiny_run(tmp_path / "run", data_cache, "model.n_layer=2", "model.position=rope", "model.layer_pattern=LG",
+             "+model.layer_kinds.L.window=64", "+model.layer_kinds.G={}", "trainer.max_steps=2")  # fmt: skip
+    assert ("model.layer_kinds.L.window=64 covers the whole context (block_size=32) in its layers (layer 0): the "
+            "same function as no window there (model.layer_kinds.L.window=null)") in log_lines()

@@ -9,7 +9,6 @@ rank 0 writes.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shlex
@@ -26,7 +25,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common.machine_load import cores
-from common.run_files import BEST, FAILURE, LAST, PROFILE, RUN_INFO
+from common.run_files import BEST, FAILURE, LAST, PROFILE, RUN_INFO, write_json
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
 from data.prepare import PreparationInterrupted, prepare
@@ -34,6 +33,7 @@ from data.tokenizers import get_tokenizer
 from model import GPT
 from model.checkpoint import Checkpoint
 from model.compiling import compile_for_training, eager
+from model.config import context_notes
 from model.device import autocast, device_id, device_name, peak_flops
 from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from training import continuation, slurm
@@ -251,10 +251,8 @@ class Trainer:
         if self.dist.is_main:
             log.info("run directory: %s (%s, %s parameters, %s, %s)", self.run_dir, run_name(self.cfg),
                      f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
-            window, context = self.cfg.model.window, self.cfg.model.block_size
-            if window and window >= context:  # allowed (a sweep shortened to a small context), but said
-                log.warning("model.window=%d covers the whole context (block_size=%d): the same function as "
-                            "model.window=null", window, context)  # fmt: skip
+            for note in context_notes(self.model.config):  # a window that covers the context, or sees only itself
+                log.warning(note)
         bar = tqdm(total=stop_at, initial=step, desc="train", unit="step", disable=not self.dist.is_main,
                    dynamic_ncols=True)  # fmt: skip
         status = "failed"  # until the loop ends: an exception leaves it so in run.json
@@ -445,7 +443,7 @@ class Trainer:
                                        span=t.eval_windows * max(asked))  # the stretch of every run of a sweep
                 result = {"lengths": rows, "source": str(self.run_dir), "step": step, "block_size": config.block_size,
                           "data": self.cfg.data.name, "rope_scaling": config.rope_scaling}  # fmt: skip
-                (self.run_dir / f"eval-final-{protocol}-{past_context}.json").write_text(json.dumps(result, indent=2))
+                write_json(self.run_dir / f"eval-final-{protocol}-{past_context}.json", result)
                 losses = ", ".join(f"{row['length']}: {row['loss']:.4f}" for row in rows)
                 log.info("past the trained length (%s, past_context=%s): loss at %s", protocol, past_context, losses)
 
