@@ -25,6 +25,14 @@ KEY_LETTERS = 3  # mqar: a key is three lowercase letters (17,576 keys)
 Encode = Callable[[str], list[int]]
 
 
+class TooShort(ValueError):
+    """A length too short for a task: what the task needs (``needed`` tokens, for ``what``), and the length."""
+
+    def __init__(self, task: str, needed: int, what: str, length: int) -> None:
+        super().__init__(f"{task} needs at least {needed} tokens ({what}), got length {length}; use longer lengths")
+        self.task, self.needed, self.what = task, needed, what
+
+
 @dataclass(frozen=True)
 class Example:
     """``tokens``, the model's whole input; ``answers``, the [start, end) spans of ids it must predict, each
@@ -61,8 +69,7 @@ def passkey(encode: Encode, length: int, depth: float, rng: random.Random) -> Ex
     needle = lead + answer + stop
     room = length - len(needle) - len(lead) - len(answer)
     if room < 0:
-        raise ValueError(f"passkey needs at least {length - room} tokens (the key's sentence and the question), "
-                         f"got length {length}; use longer lengths")  # fmt: skip
+        raise TooShort("passkey", length - room, "the key's sentence and the question", length)
     text, places = filler(encode, room)
     before = min(places, key=lambda place: abs(place - depth * room))
     tokens = text[:before] + needle + text[before:] + lead + answer
@@ -94,8 +101,7 @@ def mqar(encode: Encode, length: int, depth: float, rng: random.Random) -> Examp
         used, longest = used + size, max(longest, size)
     if len(pairs) < QUERIES:
         needed = 2 * QUERIES * (longest or len(encode(" abc=12")))
-        raise ValueError(f"mqar needs at least {needed} tokens ({QUERIES} pairs and their {QUERIES} questions), got "
-                         f"length {length}; use longer lengths")  # fmt: skip
+        raise TooShort("mqar", needed, f"{QUERIES} pairs and their {QUERIES} questions", length)
     first = round(depth * (len(pairs) - QUERIES))
     asked = list(range(first, first + QUERIES))
     rng.shuffle(asked)
@@ -125,14 +131,31 @@ def check_depth(depth) -> None:
                          f"question)")  # fmt: skip
 
 
-def check_retrieval(tasks: list[str], encode: Encode, length: int, option: str) -> None:
-    """Refuse, before any work, a length too short for a task (``option``: the option as typed)."""
+def usable_lengths(tasks: list[str], encode: Encode, lengths: list[int],
+                   option: str) -> tuple[dict[str, list[int]], str | None]:  # fmt: skip
+    """Each task's lengths long enough for it, and one line saying which were skipped and why (None: none
+    were). Refused (``option``: the option as typed) only where no task fits any length: nothing to score."""
+    usable: dict[str, list[int]] = {}
+    skipped: list[str] = []
+    first_refusal = None
     for task in tasks:
         check_task(task)
-        try:
-            TASKS[task](encode, length, 0.0, random.Random(0))
-        except ValueError as err:
-            raise ValueError(f"{option}: {err}") from None
+        short = []
+        for length in lengths:
+            try:
+                TASKS[task](encode, length, 0.0, random.Random(0))
+                usable.setdefault(task, []).append(length)
+            except TooShort as err:
+                short.append((length, err))
+        if short:
+            first_refusal = first_refusal or short[-1][1]
+            named = ", ".join(str(length) for length, _ in short)
+            skipped.append(f"{task} skips length{'s' * (len(short) > 1)} {named} (it needs at least "
+                           f"{short[0][1].needed} tokens: {short[0][1].what})")  # fmt: skip
+    if not usable:
+        raise ValueError(f"{option}: {first_refusal}")
+    line = f"retrieval: {'; '.join(skipped)}; every other length is scored" if skipped else None
+    return usable, line
 
 
 def examples(task: str, encode: Encode, length: int, depth: float, count: int, seed: int) -> list[Example]:

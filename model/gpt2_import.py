@@ -35,7 +35,11 @@ def import_hf_gpt2(
         )
     vocab_size, n_embd = sd["transformer.wte.weight"].shape
     block_size = sd["transformer.wpe.weight"].shape[0]
-    n_layer = 1 + max(int(m[1]) for k in sd if (m := re.match(r"transformer\.h\.(\d+)\.", k)))
+    layers = [int(m[1]) for k in sd if (m := re.match(r"transformer\.h\.(\d+)\.", k))]
+    if not layers:
+        raise ValueError("not a whole GPT2LMHeadModel state dict: embeddings but no layers ('transformer.h.0. ...'); "
+                         "pass model.state_dict() of transformers' GPT2LMHeadModel")  # fmt: skip
+    n_layer = 1 + max(layers)
     config = GPTConfig(
         vocab_size=vocab_size,
         block_size=block_size,

@@ -63,7 +63,13 @@ def exported_tokenizer(source: str) -> str | None:
     """The tokenizer a folder written by export.py names in its headlab.json (a hub name or a plain
     transformers folder has none: GPT-2's)."""
     info = Path(source).expanduser() / "headlab.json"
-    return json.loads(info.read_text())["tokenizer"] if info.is_file() else None
+    if not info.is_file():
+        return None
+    try:
+        return json.loads(info.read_text())["tokenizer"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{info} names no tokenizer ({type(err).__name__}: {err}); export the folder again with "
+                         f"export.py, or remove {info.name} to read it with GPT-2's tokenizer") from None  # fmt: skip
 
 
 def model_from_checkpoint(

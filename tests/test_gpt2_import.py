@@ -53,3 +53,10 @@ def test_import_rejects_a_state_dict_that_is_not_gpt2():
 def test_import_rejects_a_head_count_that_does_not_divide_the_width(hf_model):
     with pytest.raises(ValueError, match="n_embd=32 is not divisible by n_head=5"):
         import_hf_gpt2(hf_model.state_dict(), n_head=5)
+
+
+def test_import_rejects_embeddings_without_layers_in_one_line(hf_model):
+    embeddings = {k: v for k, v in hf_model.state_dict().items() if ".h." not in k}
+    with pytest.raises(ValueError) as err:
+        import_hf_gpt2(embeddings, n_head=2)
+    assert str(err.value).startswith("not a whole GPT2LMHeadModel state dict: embeddings but no layers")

@@ -189,14 +189,31 @@ def test_evaluate_scores_retrieval_at_each_length_and_depth_in_its_json_table_an
     assert "| depth | 64 (2x) | 96 (3x) |" in printed
 
 
-def test_a_length_too_short_for_a_retrieval_task_is_refused_before_any_work(rope_run, data_cache, capsys):
-    cfg = evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=[64, 40], retrieval="mqar",
+def test_retrieval_with_no_length_long_enough_is_refused_before_any_work(rope_run, data_cache, capsys):
+    cfg = evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=[48, 40], retrieval="mqar",
                                   data=DataConfig(cache_dir=str(data_cache)),
                                   out=str(rope_run / "never.json"))  # fmt: skip
     with pytest.raises(ValueError) as err:
         evaluate.run(cfg)
-    assert str(err.value).startswith("lengths=[64, 40]: mqar needs at least 56 tokens") and "\n" not in str(err.value)
+    assert str(err.value).startswith("lengths=[48, 40]: mqar needs at least 56 tokens") and "\n" not in str(err.value)
     assert not (rope_run / "never.json").exists() and capsys.readouterr().out == ""
+
+
+def test_a_length_too_short_for_a_retrieval_task_is_skipped_for_it_and_said_in_one_line(rope_run, data_cache,
+                                                                                       capsys):  # fmt: skip
+    # passkey needs 44 tokens, mqar 56: at 48 only passkey is scored, at 32 neither; every length's loss is read.
+    cfg = evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["1x", 48, 64], depths=[0.5],
+                                  retrieval=["passkey", "mqar"], examples=2, data=DataConfig(cache_dir=str(data_cache)),
+                                  out=str(rope_run / "skips.json"))  # fmt: skip
+    result = evaluate.run(cfg)
+    assert [r["length"] for r in result["lengths"]] == [32, 48, 64]
+    assert [(r["task"], r["length"]) for r in result["retrieval"]] == [("passkey", 48), ("passkey", 64), ("mqar", 64)]
+    line = ("retrieval: passkey skips length 32 (it needs at least 44 tokens: the key's sentence and the question); "
+            "mqar skips lengths 32, 48 (it needs at least 56 tokens: 4 pairs and their 4 questions); every other "
+            "length is scored")  # fmt: skip
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == line and printed.count(line) == 2, "said before the work and again under its table"
+    assert json.loads((rope_run / "skips.json").read_text())["retrieval_skipped"] == line
 
 
 def test_a_learned_table_is_refused_past_it_with_full_context_before_any_token(trained_run, capsys):
@@ -308,7 +325,7 @@ def test_a_finished_run_reads_its_final_model_past_its_length_as_evaluate_does(p
         again = evaluate.run(evaluate.EvaluateConfig(source=str(run), device="cpu", data=data, protocol=protocol,
                                                      lengths=["1x", "3x"] if position == "rope" else ["1x"],
                                                      past_context="full",
-                                                     out=str(tmp_path / "again.json")))  # fmt: skip
+                                                     out=str(tmp_path / f"again-{protocol}.json")))  # fmt: skip
         assert [r["length"] for r in written["lengths"]] == ([32, 96] if position == "rope" else [32])
         if position == "rope":  # the same stretch of text: the run's 8 windows x 96 tokens
             for mine, theirs in zip(written["lengths"], again["lengths"]):

@@ -24,10 +24,10 @@ from data.retrieval import (
     FILLER,
     QUERIES,
     TASKS,
-    check_retrieval,
     corpus,
     examples,
     filler,
+    usable_lengths,
 )
 from data.tokenizers import get_tokenizer
 from training.retrieval import accuracy
@@ -107,10 +107,13 @@ def test_both_tasks_hold_in_gpt2_bpe(gpt2_tokenizer_offline):
 
 
 @pytest.mark.parametrize("task, shortest", [("passkey", 44), ("mqar", 56)])
-def test_a_length_too_short_for_a_task_is_refused_naming_its_minimum(task, shortest):
-    check_retrieval([task], BYTES.encode, shortest, option="lengths=[...]")
-    with pytest.raises(ValueError) as err:
-        check_retrieval([task], BYTES.encode, shortest - 1, option=f"lengths=[{shortest - 1}]")
+def test_a_length_too_short_for_a_task_is_skipped_or_refused_naming_its_minimum(task, shortest):
+    assert usable_lengths([task], BYTES.encode, [shortest], option="lengths=[...]") == ({task: [shortest]}, None)
+    usable, skipped = usable_lengths([task], BYTES.encode, [shortest - 1, shortest], option="lengths=[...]")
+    assert usable == {task: [shortest]}
+    assert skipped.startswith(f"retrieval: {task} skips length {shortest - 1} (it needs at least {shortest} tokens")
+    with pytest.raises(ValueError) as err:  # no length to score: refused
+        usable_lengths([task], BYTES.encode, [shortest - 1], option=f"lengths=[{shortest - 1}]")
     message = str(err.value)
     assert message.startswith(f"lengths=[{shortest - 1}]: {task} needs at least {shortest} tokens"), message
     assert "\n" not in message

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -10,8 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from data.loader import validation_starts, windows
+from model import registry
 from model.device import autocast
 from training.distributed import Distributed
+
+GIB = 2**30
 
 
 class Evaluator:
@@ -33,7 +38,7 @@ class Evaluator:
         total, count = 0.0, 0
         for i in range(0, len(self.starts), self.batch_size):
             x, y = windows(self.tokens, self.starts[i : i + self.batch_size], self.block_size, self.device)
-            with autocast(self.device, self.dtype):
+            with autocast(self.device, self.dtype), out_of_memory_named(model, x.shape, "batch_size"):
                 loss = model(x, y)[1]
             total += loss.item() * len(x)
             count += len(x)
@@ -135,7 +140,7 @@ class LengthEvaluator:
         for first in tqdm(batches, desc=f"evaluate {self.length} tokens ({self.protocol})", unit="batch",
                           disable=not progress, leave=False):  # fmt: skip
             x, y = windows(self.tokens, self.starts[first : first + self.batch], self.length, self.device)
-            with autocast(self.device, self.dtype):
+            with autocast(self.device, self.dtype), out_of_memory_named(model, x.shape, "lengths"):
                 logits = model(x, y)[0]
             losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu()
             for row, i in enumerate(range(first, first + len(x))):
@@ -171,3 +176,143 @@ def length_rows(model: torch.nn.Module, val_tokens: np.ndarray, lengths: list[in
                      "stride": evaluator.stride if protocol == "sliding" else None,
                      **evaluator(with_context(model, length, past_context), progress)})  # fmt: skip
     return rows
+
+
+# ------------------------------------------------------------------ memory: planned before, named when it runs out
+
+
+def reading_bytes(config, length: int, batch_tokens: int, past_context: str = "ring") -> tuple[int, int]:
+    """(sequences per forward, estimated bytes) reading ``length`` tokens, at most ``batch_tokens`` per forward:
+    the plan's forward peak (``training/plan.py``'s ``eval_bytes``: the manual kernel's length x length weights
+    dominate), plus the copy of the weights that ``past_context=full`` reads with past block_size
+    (``model/context.py``'s ``with_context``)."""
+    from training.plan import eval_bytes, param_count  # the plan imports this module
+
+    sequences, nbytes = eval_bytes(config, length, batch_tokens)
+    if past_context == "full" and length > config.block_size:
+        nbytes += 4 * param_count(config)
+    return sequences, nbytes
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:,.1f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:,.1f} MiB"
+
+
+def memory_text(device: torch.device, available: int) -> str:
+    """What the device has, in words."""
+    if device.type == "cuda":
+        return f"the GPU has {gib(available)} free"
+    return f"this machine has {gib(available)} of RAM available"
+
+
+def what_fits(config, length: int, batch_tokens: int, most: int, past_context: str, budget: int,
+              device: torch.device, dtype: torch.dtype, shorter: bool) -> list[str]:  # fmt: skip
+    """The options that would read within ``budget`` bytes: fewer sequences per forward (``batch_size``),
+    another kernel (one that keeps no length x length weights), a shorter length in its place (where
+    ``shorter``: as many sequences, ``most`` at most)."""
+    block, fits = config.block_size, []
+    if reading_bytes(config, length, batch_tokens, past_context)[0] > 1:
+        batch = longest_within(lambda b: reading_bytes(config, length, b * block, past_context)[1] <= budget,
+                               batch_tokens // block)  # fmt: skip
+        if batch:
+            sequences, nbytes = reading_bytes(config, length, batch * block, past_context)
+            batch = -(-sequences * length // block)  # the smallest batch_size that reads as many at once
+            fits.append(f"batch_size={batch} ({per_forward(sequences)}, {gib(nbytes)})")
+    for name in registry.KERNELS:
+        if name == config.kernel:
+            continue
+        try:
+            other = replace(config, kernel=name)
+            registry.kernel(name).check_runs(other, device, dtype, training=False)
+        except ValueError:  # a kernel that cannot read this model (a score modification it lacks)
+            continue
+        nbytes = reading_bytes(other, length, batch_tokens, past_context)[1]
+        if nbytes <= budget:
+            fits.append(f"kernel={name} ({gib(nbytes)})")
+    if shorter:
+        longest = longest_within(lambda n: reading_bytes(config, n, min(batch_tokens, most * n), past_context)[1]
+                                 <= budget, length)  # fmt: skip
+        if longest:
+            fits.append(f"lengths up to {longest:,} tokens")
+    return fits
+
+
+def longest_within(fits, above: int) -> int:
+    """The largest n below ``above`` for which ``fits(n)`` (which holds up to some n, not past it), or 0."""
+    low, high = 0, above  # fits(low) or low is 0; not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def per_forward(sequences: int) -> str:
+    return f"{sequences} sequence{'s' * (sequences != 1)} per forward"
+
+
+def check_memory(config, readings: list[tuple[str, int, int]], batch_tokens: int, past_context: str,
+                 available: int | None, device: torch.device, dtype: torch.dtype) -> None:  # fmt: skip
+    """Refuse, before any forward, a reading whose estimated peak is more than ``available`` bytes (None:
+    unknown, nothing refused), in one line: the option as typed, the length, the bytes it needs, what the
+    device has, and what would fit. ``readings``: (option, length, the most sequences it has to read: a
+    forward holds no more), the option ``lengths=...`` where a shorter length is a way out."""
+    if available is None:
+        return
+    for option, length, most in readings:
+        tokens = min(batch_tokens, max(1, most) * length)
+        sequences, nbytes = reading_bytes(config, length, tokens, past_context)
+        if nbytes <= available:
+            continue
+        fits = what_fits(config, length, tokens, most, past_context, available, device, dtype,
+                         shorter=option.startswith("lengths"))  # fmt: skip
+        way_out = f"what fits: {', or '.join(fits)}" if fits else "nothing fits: use a device with more memory"
+        raise ValueError(f"{option}: reading {length:,} tokens ({per_forward(sequences)}, kernel="
+                         f"{config.kernel}) needs an estimated {gib(nbytes)}, and {memory_text(device, available)}; "
+                         f"{way_out}")  # fmt: skip
+
+
+def most_sequences(length: int, protocol: str, span: int, stride: int | None) -> int:
+    """The sequences ``LengthEvaluator`` reads at ``length`` over ``span`` tokens: what one forward can hold at
+    most, whatever the batch."""
+    step = length if protocol == "chunks" else min(stride or max(1, length // 2), length)
+    return max(1, (max(span, length) - length) // step + 1)
+
+
+class ReadingOutOfMemory(torch.OutOfMemoryError):
+    """A forward of an evaluation ran out of memory, in one line naming the reading and what to try (the trainer
+    still catches it as torch's own)."""
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch's CUDA error, the CPU allocator's (a RuntimeError: "can't allocate memory"), or Python's own."""
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(err)
+
+
+@contextlib.contextmanager
+def out_of_memory_named(model: torch.nn.Module, shape: tuple[int, ...], option: str):
+    """Around one forward: running out of memory ends in one line naming the reading (``shape``: sequences x
+    tokens), the kernel and what to try (``option``: the option that asked for the reading), not the
+    allocator's message."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as err:
+        if isinstance(err, ReadingOutOfMemory) or not is_out_of_memory(err):
+            raise
+        detail = " ".join(str(err).split())
+        detail = detail if len(detail) <= 200 else detail[:197] + "..."
+        message = out_of_memory_text(getattr(model, "config", None), *shape, option)
+        raise ReadingOutOfMemory(f"{message} ({type(err).__name__}: {detail})") from None
+
+
+def out_of_memory_text(config, sequences: int, length: int, option: str) -> str:
+    """What ran out of memory and what to try: fewer sequences per forward, a shorter length, a kernel that
+    keeps no length x length weights."""
+    tries = ["a smaller batch_size"] if sequences > 1 else []
+    if option == "lengths":
+        tries.append("shorter lengths")
+    what = f"{length:,} tokens ({per_forward(sequences)}"
+    if config is not None:
+        what += f", kernel={config.kernel}, planned {gib(reading_bytes(config, length, sequences * length)[1])}"
+        if registry.kernel(config.kernel).keeps_scores(config.sdpa_backend):
+            tries += [f"kernel={name}" for name in registry.KERNELS if not registry.kernel(name).keeps_scores()]
+    return f"out of memory reading {what}); try {', or '.join(tries) or 'a device with more memory'}"

@@ -7,6 +7,7 @@ import torch
 
 from data.retrieval import Example, examples
 from model.device import autocast
+from training.evaluate import out_of_memory_named
 
 
 @torch.no_grad()
@@ -24,7 +25,7 @@ def accuracy(model: torch.nn.Module, cases: list[Example], batch_tokens: int, de
         ids = torch.tensor([case.tokens for case in batch], dtype=torch.long)
         x = ids.to(device)
         targets = torch.full_like(x, -1)  # every logit, and no loss to speak of
-        with autocast(device, dtype):
+        with autocast(device, dtype), out_of_memory_named(model, x.shape, "lengths"):
             logits = model(x, targets)[0]
         guesses = logits.argmax(-1).cpu()  # position t's guess is the id at t + 1
         for row, case in enumerate(batch):
@@ -37,19 +38,22 @@ def accuracy(model: torch.nn.Module, cases: list[Example], batch_tokens: int, de
 
 def retrieval_rows(model: torch.nn.Module, encode, tasks: list[str], lengths: list[int], depths: list[float],
                    past_context: str, count: int, seed: int, batch_tokens: int, device: torch.device,
-                   dtype: torch.dtype, progress: bool = False) -> list[dict]:  # fmt: skip
+                   dtype: torch.dtype, progress: bool = False,
+                   usable: dict[str, list[int]] | None = None) -> list[dict]:  # fmt: skip
     """One row per task x length x depth: ``count`` examples' accuracy, the model read by ``past_context``'s
-    rule past its block size (evaluate.py's JSON, its heatmap)."""
+    rule past its block size (evaluate.py's JSON, its heatmap). ``usable``: each task's lengths, where some are
+    too short for it (``data/retrieval.py``'s ``usable_lengths``); by default every length."""
     from tqdm import tqdm
 
     from model.context import with_context
 
+    usable = usable or {task: lengths for task in tasks}
     rows = []
-    cells = [(length, task, depth) for length in lengths for task in tasks for depth in depths]
-    bar = tqdm(total=len(cells), desc="retrieval", unit="cell", disable=not progress, leave=False)
-    for length in lengths:
+    cells = [(length, task) for length in lengths for task in tasks if length in usable.get(task, ())]
+    bar = tqdm(total=len(cells) * len(depths), desc="retrieval", unit="cell", disable=not progress, leave=False)
+    for length in dict.fromkeys(length for length, _ in cells):
         reader = with_context(model, length, past_context)
-        for task in tasks:
+        for task in (task for at, task in cells if at == length):
             for depth in depths:
                 cases = examples(task, encode, length, depth, count, seed)
                 right, asked = accuracy(reader, cases, batch_tokens, device, dtype)
