@@ -47,6 +47,48 @@ def test_a_signal_during_the_last_save_leaves_a_finished_run_that_resume_auto_sk
     assert again["skipped"] and again["stopped_by"] is None, "a sweep's continue command goes on past it"
 
 
+def test_a_finished_run_whose_record_says_a_signal_stopped_it_is_skipped_as_finished(tmp_path, data_cache):
+    """A finished run's run.json may say a signal stopped it (the signal came during its last step, recorded so
+    before that was told apart): trainer.resume=auto skips it as finished, and nothing stops a sweep there."""
+    run = tmp_path / "run"
+    options = [*TINY, "trainer.max_steps=3", "logger=none", f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"]
+    train(compose_train(*options))
+    info = json.loads((run / "run.json").read_text())
+    info["summary"].update(stopped_by="SIGTERM", signal="SIGTERM")
+    (run / "run.json").write_text(json.dumps(info))
+    again = train(compose_train(*options, "trainer.resume=auto"))
+    assert again["skipped"] and again["stopped_by"] is None and "signal" not in again
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_job_was_signalled_in_its_last_step_continues_to_its_end_and_then_skips_every_job(
+        tmp_path, data_cache):  # fmt: skip
+    """A real multirun, a real SIGTERM as its first job saves its last step: the job is finished, the sweep stops
+    (exit 143); its printed command runs the rest, and again skips every job and exits 0."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "attention=wrapper,fused_qkv", *TINY, "trainer.max_steps=4", "logger=none",
+            f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    code = ("import os, runpy, signal, sys\n"
+            "from training import loop\n"
+            "save, sent = loop.Trainer.save, []\n"
+            "def signalled(trainer, name, step):\n"
+            "    if name == 'last.pt' and step == trainer.cfg.trainer.max_steps and not sent:\n"
+            "        sent.append(step); os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    save(trainer, name, step)\n"
+            "loop.Trainer.save = signalled\n"
+            f"sys.argv[0] = {str(ROOT / 'train.py')!r}; runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    first = start_python(["-c", code, *args], cwd=tmp_path).wait(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr[-3000:]
+    assert "came as the run finished its last step (step 4)" in first.stderr
+    command = first.stderr.strip().splitlines()[-1].split()
+    assert command[:3] == ["python", "train.py", "-m"] and command[-1] == "trainer.resume=auto"
+    for _ in range(2):  # the rest of the sweep; then every job skipped
+        result = run_cli(*command[2:], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"the sweep has ended: 2 runs in {sweep} (2 finished)" in result.stdout
+    assert "already finished" in result.stdout + result.stderr
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="a pipe whose reader exits")
 @pytest.mark.slow
 def test_ctrl_c_on_a_run_piped_into_a_reader_that_exits_still_saves_and_continues(tmp_path, data_cache):

@@ -123,7 +123,11 @@ def skipped(continuing: Continuation, t: TrainerConfig, dist: Distributed) -> di
         log.info("already finished: %s (step %s of trainer.max_steps=%d); skipped. A larger "
                  "trainer.max_steps extends it", continuing.run_dir, continuing.summary.get("step"),
                  t.max_steps)  # fmt: skip
-    return {**continuing.summary, "run_dir": str(continuing.run_dir), "skipped": True}
+    # How the finished run's last process ended (a signal that came as it finished, as it recorded) is no word on
+    # this command: a skipped job never stops a sweep's continuation.
+    ended = ("stopped_by", "signal", "requeued")
+    kept = {k: v for k, v in continuing.summary.items() if k not in ended}
+    return {**kept, "stopped_by": None, "run_dir": str(continuing.run_dir), "skipped": True}
 
 
 def claimed_device(t: TrainerConfig, dist: Distributed) -> torch.device:
