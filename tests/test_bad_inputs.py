@@ -36,6 +36,21 @@ def test_two_runs_claiming_one_directory_at_the_same_moment_the_second_is_refuse
         claim_run_dir(str(tmp_path / "run"))
 
 
+def test_the_second_of_two_resume_auto_commands_on_one_fresh_directory_is_told_to_wait_not_to_add_resume_auto(
+        tmp_path, data_cache):  # fmt: skip
+    held = claim_run_dir(str(tmp_path / "run"))  # the other command: it found the directory empty a moment before
+    try:
+        with pytest.raises(ValueError) as refused:
+            train(compose_train(*TINY, "logger=none", "trainer.max_steps=2", "trainer.resume=auto",
+                                f"trainer.run_dir={tmp_path / 'run'}", f"data.cache_dir={data_cache}"))  # fmt: skip
+    finally:
+        held.release()
+    message = str(refused.value)
+    assert "was empty when this command's trainer.resume=auto looked, and another process has started" in message
+    assert "Run it again once the other has ended" in message and "add trainer.resume=auto" not in message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "this one wrote nothing"
+
+
 def test_stray_temporary_checkpoints_of_a_killed_run_are_removed_when_it_is_resumed(tmp_path, data_cache):
     run = tmp_path / "run"
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=6", "trainer.stop_at_step=3",

@@ -144,7 +144,7 @@ def claim_run_directory(setup: RunSetup, config: TrainConfig) -> RunDirClaim:
     """Rank 0 claims the run directory and says where the run continues from. Continuing in place, what the
     stopped run logged after its checkpoint is dropped: it is computed again."""
     t, resume = config.trainer, setup.resume
-    claim = claim_run_dir(t.run_dir, continuing=setup.in_place)
+    claim = claim_run_dir(t.run_dir, continuing=setup.in_place, resume_auto=t.resume == "auto")
     if setup.in_place:
         continuation.prepare_in_place(claim.path, resume.step if resume is not None else -1)
     if resume is not None:

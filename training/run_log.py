@@ -69,16 +69,24 @@ class RunDirClaim:
             self._fd = None
 
 
-def claim_run_dir(run_dir: str | None, continuing: bool = False) -> RunDirClaim:
-    """Create the run directory and claim it. A new run refuses a directory that holds another run;
-    a continuation (``trainer.resume=auto``) takes its own; neither writes where another process does."""
+def claim_run_dir(run_dir: str | None, continuing: bool = False, resume_auto: bool = False) -> RunDirClaim:
+    """Create the run directory and claim it. A new run refuses a directory that holds another run (``resume_auto``:
+    one that ``trainer.resume=auto`` found empty, which another process has claimed since); a continuation
+    (``trainer.resume=auto``) takes its own; neither writes where another process does."""
     if not run_dir:
         raise ValueError("trainer.run_dir is not set; set trainer.run_dir=<folder> (train.py sets Hydra's)")
     path = Path(run_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     if not continuing:
-        taken = (path / METRICS).exists() or (path / LAST).exists()
-        if taken or not create_owner(path):
+        taken = (path / METRICS).exists() or (path / LAST).exists() or not create_owner(path)
+        if taken and resume_auto:
+            raise ValueError(
+                f"trainer.run_dir={path} was empty when this command's trainer.resume=auto looked, and another "
+                f"process has started a run there since (two commands on one directory at once): this one stops, "
+                f"writing nothing. Run it again once the other has ended: it continues that run, or skips it "
+                f"finished"
+            )
+        if taken:
             raise ValueError(
                 f"trainer.run_dir={path} already holds another run (started in the same second, or finished); "
                 f"writing there would mix two runs. To continue that run in place add trainer.resume=auto (with "
