@@ -29,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
+from cli.console import to_the_terminal
 from common.run_files import RUN_INFO, remove_husk
 from model.config import LABEL_AXES, attention_label
 from training import slurm
@@ -37,6 +38,7 @@ from training.continuation import STOP_AT_STEP, continue_command
 from training.distributed import from_environment, relaunch_prefix
 from training.loop import RunFailed, train
 from training.plan import plan_variants
+from training.run_log import data_part
 
 RENAMED = {
     "attention.layout": "attention",
@@ -93,7 +95,7 @@ def _sweep_command_line(multirun_yaml: str, mtime_ns: int) -> tuple[str, ...]:
 IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant", "schedule", "mixing",
                 "model.attention", "model.kernel", "model.sdpa_backend",
                 *(f"model.{axis}" for axis in LABEL_AXES))  # fmt: skip
-NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name")  # a run name also says the model
+NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name", "data", "data.name", "data.path")  # a run name says these
 
 
 def swept_suffix(hydra_cfg, named: tuple[str, ...]) -> str:
@@ -111,11 +113,13 @@ def swept_label(model, hydra_cfg) -> str:
 
 
 def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
-    """``<label>-<model>`` and this job's values of the other swept keys: ``wrapper-sdpa-kv4-nano``,
-    ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default name already says it all."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    name = f"{swept_label(model, hydra_cfg)}-{cfg.model.name}{swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)}"
-    return None if name == f"{attention_label(model)}-{cfg.model.name}" else name
+    """``<label>-<model>`` (and the data, where it is not the default corpus) and this job's values of the other
+    swept keys: ``wrapper-sdpa-kv4-nano``, ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default
+    name already says it all."""
+    model, data = OmegaConf.to_container(cfg.model, resolve=True), data_part(cfg.data)
+    named = f"{cfg.model.name}-{data}" if data else cfg.model.name
+    name = f"{swept_label(model, hydra_cfg)}-{named}{swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)}"
+    return None if name == f"{attention_label(model)}-{named}" else name
 
 
 def run_dir_name(model: DictConfig) -> str:
@@ -229,11 +233,16 @@ def stop_here(summary: dict, hydra_cfg, multirun: bool) -> None:
 
 def said(text: str) -> None:
     """A line for the user on stderr, and in the run's train.log: output piped into a program that has ended
-    (``| tee log`` after Ctrl-C) still leaves it where the run is."""
+    (``| tee log`` after Ctrl-C) still leaves it where the run is, and on the terminal the command was typed in."""
     print(text, file=sys.stderr, flush=True)
+    logs = []
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.emit(logging.LogRecord("headlab.train", logging.WARNING, __file__, 0, text, None, None))
+            logs.append(handler.baseFilename)
+    if logs:
+        text += f"\n  (the program reading this command's output has exited: this is also in {logs[0]})"
+    to_the_terminal(text)
 
 
 @contextlib.contextmanager

@@ -9,13 +9,14 @@ import os
 import re
 
 import pytest
-from helpers import TINY, run_cli
+from helpers import TINY, compose_train, run_cli
 
 import compare
 from analysis.plots import throughput_figure, val_loss_figure
 from analysis.report import build_rows
 from analysis.runs import find_runs
 from model.config import attention_label
+from training.loop import train
 
 
 def multirun(tmp_path_factory, data_cache, name: str, *overrides: str):
@@ -123,3 +124,21 @@ def test_a_job_of_a_parallel_launcher_names_itself_by_the_command_lines_sweep(tm
     assert [p.name for p in dirs] == ["0_fused_qkv-sdpa-trainer.seed=1", "1_fused_qkv-sdpa-trainer.seed=2"]
     assert [json.loads((p / "run.json").read_text())["name"] for p in dirs] == [
         "fused_qkv-sdpa-nano-trainer.seed=1", "fused_qkv-sdpa-nano-trainer.seed=2"]
+
+
+def test_a_run_on_other_data_says_its_data_in_its_name(tmp_path, data_cache):
+    """The default corpus goes unsaid; your own file is named by its stem, a named corpus by its name."""
+    from data.config import DataConfig
+    from training.run_log import data_part
+
+    assert data_part(DataConfig()) == ""
+    assert data_part(DataConfig(name="files", source="files", path="/home/me/my notes.txt")) == "my_notes"
+    assert data_part(DataConfig(name="files", source="files", path="texts/*.txt")) == "files"
+    assert data_part(DataConfig(name="tinyshakespeare", source="url", url="https://x/input.txt")) == "tinyshakespeare"
+    assert data_part(DataConfig(name="hub", source="hub", path="HuggingFaceFW/fineweb-edu")) == "fineweb-edu"
+    notes = tmp_path / "notes.txt"
+    notes.write_text("def f(x):\n    return x + 1\n" * 400)
+    run = tmp_path / "run"
+    train(compose_train(*TINY, "logger=none", "trainer.max_steps=2", "data=files", f"data.path={notes}",
+                        f"trainer.run_dir={run}", f"data.cache_dir={tmp_path / 'cache'}"))  # fmt: skip
+    assert json.loads((run / "run.json").read_text())["name"] == "fused_qkv-sdpa-nano-notes"

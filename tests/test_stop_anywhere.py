@@ -101,7 +101,10 @@ def test_ctrl_c_on_a_run_piped_into_a_reader_that_exits_still_saves_and_continue
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
     reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # open before the writer: its open does not block
-    code = (f"import os, runpy, sys; pipe = os.open({str(pipe)!r}, os.O_WRONLY); os.dup2(pipe, 1); os.dup2(pipe, 2); "
+    # The terminal the command is typed in: a pseudo-terminal, the run's controlling terminal (its session's).
+    terminal, screen = os.openpty()
+    code = (f"import os, runpy, sys; os.setsid(); os.open({os.ttyname(screen)!r}, os.O_RDWR); "
+            f"pipe = os.open({str(pipe)!r}, os.O_WRONLY); os.dup2(pipe, 1); os.dup2(pipe, 2); "
             f"sys.argv[0] = {str(ROOT / 'train.py')!r}; runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
     proc = start_python(["-c", code, *options], cwd=tmp_path)
     deadline = time.time() + 120
@@ -115,6 +118,11 @@ def test_ctrl_c_on_a_run_piped_into_a_reader_that_exits_still_saves_and_continue
     assert info["status"] == "interrupted" and (run / LAST).exists()
     log = (run / "train.log").read_text()
     assert "stopped by SIGINT" in log and f"hydra.run.dir={run} trainer.resume=auto" in log
+    os.set_blocking(terminal, False)
+    shown = os.read(terminal, 1 << 16).decode(errors="replace")
+    os.close(terminal), os.close(screen)
+    assert "stopped by SIGINT" in shown and f"hydra.run.dir={run} trainer.resume=auto" in shown, shown
+    assert f"this is also in {run / 'train.log'}" in shown, "the screen says where the continue command is kept"
     more = f"trainer.max_steps={info['summary']['step'] + 2}"  # two more steps: what it says, not how long it trains
     continued = run_cli(*[o for o in options if not o.startswith("trainer.max_steps")], more, "trainer.resume=auto",
                         cwd=tmp_path)  # fmt: skip

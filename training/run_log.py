@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from common.run_files import (
     write_json,
 )
 from common.wandb_mode import wandb_mode as common_wandb_mode
+from data.config import DataConfig
 from model.config import attention_label
 from training import slurm
 from training.config import LoggerConfig, TrainConfig
@@ -34,12 +36,29 @@ def wandb_mode(cfg: LoggerConfig) -> str:
 
 def run_name(cfg: TrainConfig) -> str:
     """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
-    from the defaults), or the name train.py made (with a sweep's other overrides)."""
+    from the defaults), then the data where it is not the default corpus (``-tinyshakespeare``, ``-my_notes``
+    for data.path=my_notes.txt), or the name train.py made (with a sweep's other overrides)."""
     if cfg.logger.name:
         return cfg.logger.name
     how = attention_label(vars(cfg.model), sep="-").replace(", ", "-").replace(" kv heads", "kv").replace(
         " kv head", "kv").replace("window ", "window")  # fmt: skip
-    return f"{how}-{cfg.model.name}"
+    data = data_part(cfg.data)
+    return f"{how}-{cfg.model.name}" + (f"-{data}" if data else "")
+
+
+GENERIC_DATA = ("files", "hub")  # configs/data's names that say only where the text comes from
+
+
+def data_part(data) -> str:
+    """The data as a run's name spells it: "" for the default corpus; for data=files and data=hub, what
+    data.path names (its file, folder or dataset, without a suffix: ``my_notes``); the data's name otherwise."""
+    if data.name == DataConfig.name:
+        return ""
+    where = data.path if data.name in GENERIC_DATA else None
+    if not where:
+        return data.name
+    stem = Path(str(where).rstrip("/").split("?")[0]).stem
+    return re.sub(r"[^\w.+=-]+", "_", stem).strip("._") or data.name
 
 
 def run_tags(cfg: TrainConfig) -> list[str]:
