@@ -154,7 +154,7 @@ def summarize(run: Run, target: float | None) -> dict:
         # the standard error of that mean: how much batch-to-batch noise it carries
         "final_train_loss_se": statistics.stdev(losses) / math.sqrt(len(losses)) if len(losses) > 1 else 0.0,
         "best_val_loss": best["val/loss"] if best else math.nan,
-        "best_val_bpb": best["val/bpb"] if best else math.nan,
+        "best_val_bpb": best.get("val/bpb", math.nan) if best else math.nan,
         "tokens_per_sec": statistics.median(s["perf/tokens_per_sec"] for s in steady) if steady else math.nan,
         "step_ms": statistics.median(s["perf/step_ms"] for s in steady) if steady else math.nan,
         "peak_mem_mb": max((m for m in memory if m is not None), default=math.nan),

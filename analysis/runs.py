@@ -73,9 +73,11 @@ class Run:
         return self.info["trainer"]["seed"]
 
     def steady_steps(self) -> list[dict]:
-        """The steps that speed figures use: after the warm-up, and not slowed by the profiler."""
-        steady = [s for s in self.steps[warmup_steps(len(self.steps)) :] if not s.get("perf/profiled")]
-        return steady or [s for s in self.steps if not s.get("perf/profiled")] or self.steps
+        """The steps that speed figures use: after the warm-up, not slowed by the profiler, and timed (a record
+        without its times, hand-edited or cut, counts for the losses only)."""
+        timed = [s for s in self.steps if is_number(s.get("perf/step_ms")) and is_number(s.get("perf/tokens_per_sec"))]
+        steady = [s for s in timed[warmup_steps(len(timed)) :] if not s.get("perf/profiled")]
+        return steady or [s for s in timed if not s.get("perf/profiled")] or timed
 
     def steady_step_ms(self) -> float:
         """The median step time of the steady steps."""
@@ -92,7 +94,8 @@ class Run:
         n_warmup, typical = warmup_steps(len(self.steps)), self.steady_step_ms()
         elapsed, at = 0.0, {}
         for i, s in enumerate(self.steps):
-            elapsed += (typical if i < n_warmup or s.get("perf/profiled") else s["perf/step_ms"]) / 1e3
+            timed = is_number(s.get("perf/step_ms")) and not s.get("perf/profiled")
+            elapsed += (s["perf/step_ms"] if timed and i >= n_warmup else typical) / 1e3
             at[s["step"]] = elapsed
         return at
 
@@ -128,6 +131,8 @@ class Run:
         """(host, device, start, end) of each process that ran this run; an open span ends at its last record."""
         spans = []
         for seg in self.info.get("segments", []):
+            if not isinstance(seg, dict) or not all(key in seg for key in ("host", "device", "start")):
+                continue  # a segment that does not say where and when it ran overlaps nothing it can be held to
             end = seg.get("end") or self.last_written()
             spans.append((seg["host"], seg["device"], seg["start"], end))
         return spans
@@ -178,6 +183,11 @@ class Run:
         """Tokens the run was set to train on; None for a run that failed before it recorded its tokens per step."""
         per_step, steps = self.info.get("tokens_per_step"), self.info["trainer"].get("max_steps")
         return per_step * steps if per_step is not None and steps is not None else None
+
+
+def is_number(value) -> bool:
+    """A figure a report can compute with (an int or float, not a bool, a string or null)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def warmup_steps(n_steps: int) -> int:
@@ -256,8 +266,8 @@ def load_run(path: Path) -> Run:
     info["model"]["attention"], info["model"]["kernel"], info["trainer"]["seed"]  # noqa: B018  (KeyError: damaged)
     records = read_jsonl(path / METRICS)
     # A resumed run may log a step twice (before and after the interruption): keep the latest.
-    steps = {r["step"]: r for r in records if "train/loss" in r}
-    evals = {r["step"]: r for r in records if "val/loss" in r}
+    steps = {r["step"]: r for r in records if "train/loss" in r and is_number(r["train/loss"])}
+    evals = {r["step"]: r for r in records if "val/loss" in r and is_number(r["val/loss"])}
     compiled = [r for r in records if "perf/compile_s" in r]
     if compiled:  # the last compile: its time, and how many of its graphs the compile cache gave
         last = compiled[-1]

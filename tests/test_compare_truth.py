@@ -278,3 +278,21 @@ def test_every_curve_that_lies_on_another_is_named_beside_the_legend(trained_run
     (note,) = [t.get_text() for t in ax.texts]
     for name in hidden:
         assert name in note, f"{name} lies on another curve and the note does not say so: {note!r}"
+
+
+def test_records_and_segments_missing_what_a_report_reads_are_reported_without_them(trained_run, tmp_path):
+    """A metrics row without its speed, an evaluation without its bpb, a run.json segment without its device (edited by
+    hand, or cut): the report goes on without them, no KeyError."""
+    def cut(records):
+        for record in records:
+            if record.get("step") in (10, 11) and "train/loss" in record:
+                del record["perf/tokens_per_sec"]
+            record.pop("val/bpb", None)
+        return records
+
+    make_run(tmp_path, "0_cut", trained_run, 0, lambda info: info["segments"][0].pop("device"), cut)
+    make_run(tmp_path, "1_whole", trained_run, 1, setting("model", attention="wrapper"))
+    report, rows = report_of(tmp_path)
+    cut_row = next(row for row in rows if row["layout"] == "fused_qkv")
+    assert float(cut_row["tokens_per_sec"]) > 0 and cut_row["best_val_bpb"] == "nan"
+    assert float(cut_row["best_val_loss"]) == float(next(r for r in rows if r["layout"] == "wrapper")["best_val_loss"])
