@@ -5,6 +5,7 @@
     python bench_reference.py sample-process        # sample.py num_samples=8 vs 1, whole process
     python bench_reference.py prepare               # data preparation with gpt2 vs tiktoken's batch encode
     python bench_reference.py decode-positions      # a decode step with rope, alibi, sinks vs learned positions
+    python bench_reference.py decode-rounding --dtype bfloat16 --n-layer 12 --batch 8  # where greedy tokens part
 
 Each comparison alternates the two sides for ``--rounds`` rounds and reports the
 median of the per-round ratios (headlab / reference time; < 1 is faster), so a
@@ -28,10 +29,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from cli import OneLineErrorParser
 from model import GPT, Checkpoint, GPTConfig, KVCache
-from model.decoding import choose_decoding
+from model.decoding import (
+    GraphedStep,
+    StaticStep,
+    bandwidth_limit,
+    bandwidth_share,
+    choose_decoding,
+    step_class,
+    weight_bytes,
+)
 from model.device import (
     autocast,
     device_name,
@@ -39,7 +49,7 @@ from model.device import (
     resolve_device,
     resolve_dtype,
 )
-from model.generation import generate_batch
+from model.generation import context_lengths, generate_batch
 from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
 from training.optim import fused_adamw
 
@@ -220,16 +230,21 @@ class TokenTimes:
         pass
 
 
-def split_times(start: float, times: list[float], tokens: int) -> tuple[float, float]:
-    """(seconds to the first new token, decode tokens/s after it) from the moments each step's tokens came out."""
-    return times[0] - start, (len(times) - 1) * tokens / max(times[-1] - times[0], 1e-9)
+def split_times(start: float, times: list[float], tokens: int) -> tuple[float, float, float]:
+    """(seconds to the first new token, seconds of the first decode step, decode tokens/s after that step) from the
+    moments each step's tokens came out. The first decode step sets the step up in each generation (a CUDA graph
+    captured, a compiled step's graph looked up or compiled): said apart from the rate, as sample.py says it."""
+    setup = times[1] - times[0] if len(times) > 2 else 0.0
+    after = times[1:] if len(times) > 2 else times
+    return times[0] - start, setup, (len(after) - 1) * tokens / max(after[-1] - after[0], 1e-9)
 
 
 def generation(args) -> None:
     """Greedy batch-1 and sampled batch-N generation of GPT-2 small's shape, ours against transformers' generate
-    (same weights and prompt), each as time to the first token and the decode rate after it. On CUDA ours
-    replays each step as a CUDA graph (--compile: compiled with inductor); transformers uses its static
-    cache, compiled, with --compile."""
+    (same weights and prompt), each as time to the first token, the first decode step (its set-up) and the decode
+    rate after it, with the rate's share of the memory-bandwidth limit. On CUDA ours replays each step as a CUDA
+    graph (--compile: the step compiled with inductor, then captured); transformers uses its static cache,
+    compiled, with --compile."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)  # GPT-2 small
     ours = GPT(config).eval()
@@ -237,6 +252,7 @@ def generation(args) -> None:
     device = resolve_device(args.device, option="--device")
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     ours, hf = ours.to(device, dtype), hf.to(device, dtype)  # weights cast once, as sample.py dtype=... does
+    weights = weight_bytes(ours)
     prompt = torch.randint(0, 50257, (1, 16)).to(device)
     n = args.new_tokens
     decoding = choose_decoding("compiled" if args.compile else "auto", device)
@@ -270,16 +286,21 @@ def generation(args) -> None:
             mine.append(ours_run(batch, sampled))
             theirs.append(hf_run(batch, sampled))
         equal = sum(p == q for p, q in zip(mine[-1]["tokens"], theirs[-1]["tokens"]))
-        ratios = [t["split"][1] / m["split"][1] for m, t in zip(mine, theirs)]  # decode time, ours / theirs
-        rate = statistics.median(m["split"][1] for m in mine)
+        ratios = [t["split"][2] / m["split"][2] for m, t in zip(mine, theirs)]  # decode time, ours / theirs
+        rate, their_rate = (statistics.median(r["split"][2] for r in runs) for runs in (mine, theirs))
+        first, setup = (statistics.median(m["split"][i] for m in mine) for i in (0, 1))
+        their_first, their_setup = (statistics.median(t["split"][i] for t in theirs) for i in (0, 1))
+        keys = context_lengths(config, prompt.size(1), n)[2:] or [prompt.size(1)]  # the steps after the set-up step
+        limit, _ = bandwidth_limit(config, weights, batch, keys, dtype, device)
+        their_share = "" if limit is None else f" ({their_rate / limit:.1%} of the limit)"
         how = f"headlab: {decoding} decoding" + ("; transformers: static cache" if args.compile else "")
         agreement = "" if sampled else f"; {equal}/{n} greedy tokens equal"
-        weights = str(dtype).removeprefix("torch.")
-        print(f"{what} generation, batch {batch}, {n} new tokens (GPT-2 small shape, {weights} weights on {device}, "
-              f"{how}{agreement}): headlab decodes "
-              f"{rate:,.1f} tokens/s after a first token in {statistics.median(m['split'][0] for m in mine):.3f} s; "
-              f"transformers {statistics.median(t['split'][1] for t in theirs):,.1f} tokens/s after "
-              f"{statistics.median(t['split'][0] for t in theirs):.3f} s; decode time ratio headlab/reference: "
+        weights_dtype = str(dtype).removeprefix("torch.")
+        print(f"{what} generation, batch {batch}, {n} new tokens (GPT-2 small shape, {weights_dtype} weights on "
+              f"{device}, {how}{agreement}): headlab decodes {rate:,.1f} tokens/s, "
+              f"{bandwidth_share(rate, config, weights, batch, keys, dtype, device)}, after a first token in "
+              f"{first:.3f} s and a first decode step in {setup:.3f} s; transformers {their_rate:,.1f} tokens/s"
+              f"{their_share} after {their_first:.3f} s and {their_setup:.3f} s; decode time ratio headlab/reference: "
               f"median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over "
               f"{args.rounds} rounds")  # fmt: skip
 
@@ -367,9 +388,57 @@ def decode_positions(args) -> None:
               f"{statistics.median(ratios):.3f} (quartiles {ratios[quarter]:.3f}-{ratios[-1 - quarter]:.3f})")
 
 
+def decode_rounding(args) -> None:
+    """Greedy decoding of GPT-2 small's shape (random weights, as ``generate``; ``--n-layer`` layers), ``--batch``
+    rows of their own 16-token prompts, by the compiled static step and by the plain one (graph decoding's on
+    CUDA), side by side: how far their logits differ while a row's tokens agree, and where each row's tokens part,
+    with the top-2 gap there. In bf16 inductor's fused kernels keep intermediates in float32 where the plain step
+    rounds each op's output to bf16: the logits differ by bf16 round-off, and a row parts where its top two logits
+    are that close."""
+    device = resolve_device(args.device, option="--device")
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=args.n_layer, n_head=12, n_embd=768)
+    model = GPT(config).eval().to(device, dtype)
+    prompts = torch.randint(0, 50257, (args.batch, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    inductor_cache_per_cpu_capability()
+    kinds = {"plain": GraphedStep if device.type == "cuda" else StaticStep, "compiled": step_class("compiled", device)}
+    parted: list[int | None] = [None] * args.batch
+    diffs, gaps, largest, partings = [], [], [], []
+    with torch.inference_mode():
+        caches = {name: KVCache(config.n_layer) for name in kinds}
+        logits = {name: model(prompts, cache=caches[name])[0][:, -1] for name in kinds}
+        steps = {name: kind(model, caches[name], args.batch, device) for name, kind in kinds.items()}
+        for t in tqdm(range(args.new_tokens), desc="greedy tokens", leave=False):
+            plain, compiled = logits["plain"].float().cpu(), logits["compiled"].float().cpu()
+            tokens = {"plain": plain.argmax(-1), "compiled": compiled.argmax(-1)}
+            top2 = plain.topk(2, dim=-1).values
+            for row in (r for r in range(args.batch) if parted[r] is None):  # the same tokens so far
+                diffs.append((plain[row] - compiled[row]).abs().max().item())
+                gaps.append((top2[row, 0] - top2[row, 1]).item())
+                largest.append(plain[row].abs().max().item())
+                if tokens["plain"][row] != tokens["compiled"][row]:
+                    parted[row] = t
+                    partings.append(f"row {row} at token {t} (top-2 gap {gaps[-1]:.3g}, logits differ by "
+                                    f"{diffs[-1]:.3g})")  # fmt: skip
+            if t + 1 < args.new_tokens:
+                for name in kinds:
+                    logits[name] = steps[name](tokens[name].view(-1, 1).to(device), 16 + t)
+    scale = statistics.median(largest)
+    spacing = torch.finfo(dtype).eps * 2 ** math.floor(math.log2(scale))
+    print(f"decode rounding ({config.n_layer} layers of GPT-2 small's shape, random weights, "
+          f"{str(dtype).removeprefix('torch.')} weights on {device}, {args.batch} greedy rows x {args.new_tokens} "
+          f"tokens, compiled vs plain static step): while a row's tokens agree its logits differ by at most "
+          f"{max(diffs):.3g} (median {statistics.median(diffs):.3g}; the dtype's spacing at the largest logits, "
+          f"{scale:.3g}, is {spacing:.3g}); {sum(p is not None for p in parted)} of {args.batch} rows part: "
+          f"{'; '.join(partings) or 'none'}; top-2 gaps of the compared steps: median {statistics.median(gaps):.3g}, "
+          f"{sum(g <= max(diffs) for g in gaps)} of {len(gaps)} within the largest difference")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare", "decode-positions"])
+    p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare", "decode-positions",
+                                    "decode-rounding"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")
     p.add_argument("--batch", type=int, default=12, help="train-step: batch; generate/sample-process: samples")
@@ -380,7 +449,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab", type=int, default=257)
     p.add_argument("--attention", default="fused_qkv")
     p.add_argument("--kernel", default="sdpa")
-    p.add_argument("--new-tokens", type=int, default=128, help="generate, decode-positions: tokens per generation")
+    p.add_argument("--new-tokens", type=int, default=128,
+                   help="generate, decode-positions, decode-rounding: tokens per generation")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="train-step: autocast dtype; generate: the weights' dtype (auto: bf16 on GPUs, fp32 on CPUs)")
@@ -395,7 +465,8 @@ def main(argv: list[str] | None = None) -> None:
     device = resolve_device(args.device, option="--device")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     {"train-step": train_step, "generate": generation, "sample-process": sample_process,
-     "prepare": prepare_speed, "decode-positions": decode_positions}[args.what](args)  # fmt: skip
+     "prepare": prepare_speed, "decode-positions": decode_positions,
+     "decode-rounding": decode_rounding}[args.what](args)  # fmt: skip
 
 
 if __name__ == "__main__":

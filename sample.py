@@ -37,9 +37,9 @@ from data.tokenizers import EOT
 from model import GPTConfig, load_model, registry
 from model.config import attention_label
 from model.context import check_past_context, with_context
-from model.decoding import choose_decoding
+from model.decoding import bandwidth_share, choose_decoding, weight_bytes
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
-from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate_batch
+from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, context_lengths, generate_batch
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SampleConfig:
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"  # the weights' dtype: auto (bf16/fp16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16
-    compile: bool = False  # compile the decoding step (inductor; CUDA graphs on a GPU): costs tens of seconds
+    compile: bool = False  # compile the decoding step (inductor; on a GPU then captured as a graph): tens of seconds
     attention: str | None = None  # run the weights in another QKV layout: wrapper | separate_qkv | fused_qkv
     kernel: str | None = None  # manual | sdpa | flex
     use_cache: bool = True  # the KV cache; false recomputes the whole context for every token
@@ -182,31 +182,46 @@ def run(cfg: SampleConfig) -> list[str]:
     for i, text in enumerate(texts[1:], 2):
         print(f"--- sample {i}/{cfg.num_samples} ---\n{text}", flush=True)
     if marks[1][1]:  # a first token came
-        report_speed(cfg, model.config, len(ids), marks, device, dtype, decoding)
+        report_speed(cfg, model.config, len(ids), marks, device, dtype, decoding, weight_bytes(model))
     return texts
 
 
 def report_speed(cfg: SampleConfig, model: GPTConfig, prompt_tokens: int, marks: list[tuple[float, int]],
-                 device: torch.device, dtype: torch.dtype, decoding: str) -> None:  # fmt: skip
+                 device: torch.device, dtype: torch.dtype, decoding: str,
+                 weights: int | None = None) -> None:  # fmt: skip
     """Time to the first token (the prompt's pass) apart from the rate of the tokens after it: the decode rate
     a benchmark of the same call measures. ``marks``: (time, tokens) at the start, after the first step,
     after the second and at the end. A first decode step that compiles or captures a graph (or, without the
-    cache, compiles flex for a new length) is said on its own, not averaged into the rate."""
+    cache, compiles flex for a new length) is said on its own, not averaged into the rate. With the cache and
+    the ``weights``' bytes, the rate's share of the memory-bandwidth limit follows (``bandwidth_share``)."""
     (start, _), (first, _), (second, second_tokens), (end, rest_tokens) = marks
     steps_after = max(1, math.ceil(rest_tokens / cfg.num_samples))
     setup = second - first
     parts = [f"first token after {first - start:.2f} s ({prompt_tokens}-token prompt)"]
     if rest_tokens and setup > max(0.25, 10 * (end - second) / steps_after):
         parts.append(f"the next after {setup:.2f} s (setting up the decode step: compilation or graph capture)")
-        decoded, seconds = rest_tokens, end - second
+        decoded, seconds, skipped = rest_tokens, end - second, 2  # the prompt's step and the set-up step
     else:
-        decoded, seconds = second_tokens + rest_tokens, end - first
+        decoded, seconds, skipped = second_tokens + rest_tokens, end - first, 1
+    rate = decoded / max(seconds, 1e-9)
     if decoded:
-        parts.append(f"then {decoded} tokens in {seconds:.2f} s: {decoded / max(seconds, 1e-9):.1f} tokens/s")
-    how = (f"{attention_label(vars(model))}, {'with' if cfg.use_cache else 'without'} KV cache, {device}, "
-           f"{str(dtype).removeprefix('torch.')}, {cfg.num_samples} sample{'s' if cfg.num_samples > 1 else ''} "
-           f"at once" + (f", {decoding} decoding" if cfg.use_cache else ""))  # fmt: skip
-    notice(f"{'; '.join(parts)} ({how})")
+        parts.append(f"then {decoded} tokens in {seconds:.2f} s: {rate:.1f} tokens/s")
+    how = (f"{attention_label(vars(model))}, {'with' if cfg.use_cache else 'without'} {kept_between_tokens(model)}, "
+           f"{device}, {str(dtype).removeprefix('torch.')}, {cfg.num_samples} "
+           f"sample{'s' if cfg.num_samples > 1 else ''} at once" + (f", {decoding} decoding" if cfg.use_cache else ""))
+    share = ""
+    if decoded and cfg.use_cache and weights is not None:
+        steps = math.ceil(decoded / cfg.num_samples)
+        keys = context_lengths(model, prompt_tokens, skipped + steps)[skipped:]
+        share = f"; {bandwidth_share(rate, model, weights, cfg.num_samples, keys, dtype, device)}"
+    notice(f"{'; '.join(parts)} ({how}){share}")
+
+
+def kept_between_tokens(model: GPTConfig) -> str:
+    """What decoding keeps from one token to the next: a KV cache (softmax attention's layers), a recurrent state
+    (linear layers: attention=gated_deltanet), or both (a schedule of both kinds)."""
+    kinds = {"KV cache": any(model.cache_widths), "recurrent state": model.state_bytes(4) > 0}
+    return " and ".join(kind for kind, kept in kinds.items() if kept)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")

@@ -4,22 +4,69 @@
 - ``graph`` (CUDA): a *static* step, captured once per generation as a CUDA graph and replayed for every
   token: decoding a small model is bound by launching a few hundred small kernels per token, and a replay
   launches them all at once.
-- ``compiled``: the static step compiled by inductor (on CUDA in ``reduce-overhead`` mode: fused kernels,
-  replayed as CUDA graphs); compiling costs tens of seconds, so it pays for long generations.
+- ``compiled``: the static step compiled by inductor (fused kernels: fewer launches and fewer round trips
+  through memory). On CUDA the compiled step is captured and replayed exactly as graph decoding's plain step is
+  (``CompiledGraphedStep``: its warm-up compiles it, then one graph per token), so it replays one graph of fewer
+  kernels per token: by construction no slower than graph decoding (a GPU's benchmark measures by how much).
+  Compiling costs tens of seconds, once per process for
+  a model and a batch size (a later generation's step passes the same guards: tested); it pays for long
+  generations.
 
 A static step takes the token and its position as tensors, writes its keys and values in place into the
 preallocated KV cache and attends over every slot of it with a mask of the slots that hold keys (the
 cache's own bookkeeping: ``model.kv_cache.KVCache.open_step``): the same shapes at every position, which
 is what a graph needs. It computes the same function as the eager step (tested on a CPU, where the static
 step runs compiled or eager).
+
+Why not inductor's own CUDA graphs (``mode="reduce-overhead"``, CUDA graph trees), which compiled decoding used
+before: measured on an H200 (torch 2.11, ``bench_reference.py generate --batch 8 --dtype bfloat16 --compile``), it
+decoded 101 tokens/s at batch 1 where graph decoding did 1,109. What made it slow:
+
+- a recompilation at every generation. ``generation.generate_batch`` gave the LM head a new sampling forward
+  object per generation (``model.packed.sampling_head``); the compiled step traces it and Dynamo guards on its
+  identity ("Cache line invalidated because ...lm_head.forward got deallocated"), so every generation compiled
+  the step again, and with ``fullgraph`` the ninth generation of a process raised ``FailOnRecompileLimitHit``
+  (torch 2.13, on a CPU; the H200's torch 2.11 ran its 12). The benchmark's decode rate began at the first token,
+  so it counted that set-up:
+  127 tokens at 101 tokens/s is 1.26 s per generation at batch 1, and 127 x 8 at 608 tokens/s 1.67 s at batch 8,
+  a cost per generation, not per token. The head now keeps one forward object (``model.packed.transposed_head``),
+  and the benchmark says the first decode step apart from the rate.
+- CUDA graph trees then record a new graph per generation: the new cache's tensors are static inputs at new
+  addresses (``cudagraph_trees.py``, ``check_invariants``: ``StaticInputIdxMismatch``), after a warm-up run,
+  and every replay passes through the trees' bookkeeping in Python (invariant checks over every input, the
+  generation and liveness tracking that decides whether the previous replay's outputs may be overwritten). The
+  in-place cache writes did not turn graphs off: mutated static inputs are allowed
+  (``cudagraph_utils.check_for_mutation``), and inductor writes the one new slot in place.
+
+On a CPU the step had no graph break and no recompilation within a generation (``TORCH_LOGS=recompiles,
+graph_breaks``: one graph for 40 tokens past the context and the window's ring, the cache refilled in place).
+Capturing the compiled step in headlab's own graph is right by construction: the capture that graph decoding
+proves (a warm-up on a side stream, where inductor also compiles and tunes its kernels, then one capture), the
+cache written in place at fixed addresses, the logits a buffer read before the next replay, nothing per token but
+graph decoding's two input copies and ``replay()``. SGLang captures its ``torch.compile``'d models the same way
+(``mode="max-autotune-no-cudagraphs"``, then its own CUDA graphs). The default mode is used here: max-autotune
+tunes every matmul shape for minutes, for products that are reads of the weights at a batch of a few rows.
+
+Compiled and plain steps agree to round-off, not bit for bit. In bfloat16 inductor fuses pointwise ops and keeps
+the intermediates of a fused kernel in float32 where the plain step rounds every op's output to bf16: the logits
+differ by bf16 round-off, and a greedy choice whose top two logits are closer than that flips; the continuation
+differs from there. ``bench_reference.py decode-rounding`` (GPT-2 small's shape, random weights, 8 greedy rows of
+128 tokens, on a CPU): in bf16 the logits differed by at most 0.039 (median 0.027) at logits of about 2.9, where
+bf16's spacing is 0.0156, and 2 rows parted, at tokens 14 and 24, where the plain step's top two logits were 0 and
+0.0156 apart (bf16 logits tie); in float32 by at most 2.3e-6, and no row parted. The H200 benchmark's 99 of 128
+equal greedy tokens compared headlab's compiled step with transformers' compiled static cache: two fusions of one
+function, in bf16, from random weights, whose top-2 gaps are often that small.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 
 import torch
 
+from model.config import GPTConfig
+from model.device import device_name, memory_bandwidth
 from model.gpt import GPT
 from model.kv_cache import KVCache
 
@@ -53,7 +100,8 @@ class StaticStep(EagerStep):
         super().__init__(model, cache)
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros((), dtype=torch.long, device=device)
-        self.cache_tensors = cache.prepare_static_steps(device)
+        cache.prepare_static_steps(device)
+        self.compute = self.run  # what computes a step: ``run`` itself, or ``run`` compiled (``compiled``)
 
     def run(self) -> torch.Tensor:
         self.cache.open_step(self.position)
@@ -70,7 +118,7 @@ class StaticStep(EagerStep):
         return logits
 
     def step(self) -> torch.Tensor:
-        return self.run()
+        return self.compute()
 
 
 class GraphedStep(StaticStep):
@@ -86,16 +134,17 @@ class GraphedStep(StaticStep):
             self.graph.replay()
             return self.output
         # Warm up on a side stream (CUDA graphs require it). The warm-up steps are this very step: they write
-        # the same keys and values into the same slot, and give its logits.
+        # the same keys and values into the same slot, and give its logits. A compiled step compiles (and tunes
+        # its kernels) here, so that the capture records only kernel launches.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), uncached_autocast():
             for _ in range(2):
-                logits = self.run()
+                logits = self.compute()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), uncached_autocast():
-            self.output = self.run()
+            self.output = self.compute()
         return logits
 
 
@@ -108,25 +157,94 @@ def uncached_autocast():
     return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
 
 
+# How the static step is compiled: one graph for every position (fullgraph, static shapes), and never with
+# inductor's own CUDA graphs (its "reduce-overhead" mode), on any device: on CUDA the compiled step is captured
+# by ``CompiledGraphedStep`` instead (the module's docstring says why).
+COMPILE_SETTINGS = {"fullgraph": True, "dynamic": False, "options": {"triton.cudagraphs": False}}
+
+
+def compiled(step: StaticStep):
+    """``step.run`` compiled by inductor (``COMPILE_SETTINGS``). Compiled once per process for a model and a batch
+    size: a later generation's step (a new cache, new buffers) passes the same guards and reuses the graph."""
+    return torch.compile(step.run, **COMPILE_SETTINGS)
+
+
 class CompiledStep(StaticStep):
-    """The static step compiled once for every position (on CUDA: reduce-overhead, i.e. CUDA graphs)."""
+    """A CPU's compiled decoding: the compiled static step, called for every token."""
 
     def __init__(self, model: GPT, cache: KVCache, batch: int, device: torch.device) -> None:
         super().__init__(model, cache, batch, device)
-        # The cache and the step's inputs live at fixed addresses: graphs may keep them.
-        for tensor in (*self.cache_tensors, self.token, self.position):
-            torch._dynamo.mark_static_address(tensor)
-        mode = "reduce-overhead" if device.type == "cuda" else None
-        self.compiled = torch.compile(self.run, mode=mode, fullgraph=True, dynamic=False)
+        self.compute = compiled(self)
 
-    def step(self) -> torch.Tensor:
-        return self.compiled().clone()  # the graph's output buffer is overwritten by the next replay
+
+class CompiledGraphedStep(GraphedStep):
+    """CUDA's compiled decoding: the compiled static step, captured and replayed as graph decoding's plain one is
+    (its warm-up compiles it): one graph per token, of inductor's fewer, fused kernels."""
+
+    def __init__(self, model: GPT, cache: KVCache, batch: int, device: torch.device) -> None:
+        super().__init__(model, cache, batch, device)
+        self.compute = compiled(self)
+
+
+def step_class(decoding: str, device: torch.device) -> type[EagerStep]:
+    """The step that runs ``decoding`` (a choice of ``choose_decoding``) on ``device``."""
+    if decoding == "graph":
+        return GraphedStep
+    if decoding == "compiled":
+        return CompiledGraphedStep if device.type == "cuda" else CompiledStep
+    return EagerStep
 
 
 def make_step(decoding: str, model: GPT, cache: KVCache, batch: int, device: torch.device) -> EagerStep:
     """The decode step for ``decoding`` (see ``choose_decoding``), over ``cache`` (filled by a prompt first)."""
-    if decoding == "graph":
-        return GraphedStep(model, cache, batch, device)
-    if decoding == "compiled":
-        return CompiledStep(model, cache, batch, device)
-    return EagerStep(model, cache)
+    kind = step_class(decoding, device)
+    return EagerStep(model, cache) if kind is EagerStep else kind(model, cache, batch, device)
+
+
+def weight_bytes(model: GPT) -> int:
+    """Bytes of the weights one decode step reads: every parameter once (the tied embedding and head once), in the
+    dtype it is stored in, but for a learned position table, of which a step reads one row per sample."""
+    table = {id(p) for p in model.transformer.wpe.parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in table)
+
+
+def step_bytes(config: GPTConfig, weights: int, batch: int, keys: int, dtype: torch.dtype) -> int:
+    """The bytes one decode step of ``batch`` samples must read at least, its new token seeing ``keys`` positions
+    (its own included): the ``weights`` once, whatever the batch, and for each sample every layer's KV cache at that
+    length (its ``cache_widths`` numbers per position, at most its capacity: a window's ring) and a linear layer's
+    state, in ``dtype`` (the activations'). The static step reads every slot of its cache, filled or not; this is
+    what a step needs, the bound's bytes."""
+    size = torch.finfo(dtype).bits // 8
+    cached = sum(width * min(keys, capacity) for width, capacity in zip(config.cache_widths, config.cache_capacities))
+    return weights + batch * (cached * size + config.state_bytes(size))
+
+
+def bandwidth_limit(config: GPTConfig, weights: int, batch: int, keys: list[int], dtype: torch.dtype,
+                    device: torch.device) -> tuple[float | None, float]:  # fmt: skip
+    """(the memory-bandwidth limit in tokens/s, or None where the bandwidth is not known; the bytes per step). At
+    ``batch`` samples a step makes ``batch`` tokens and reads ``step_bytes`` (the mean over the steps' ``keys``): the
+    limit is ``batch`` x bandwidth / bytes per step."""
+    per_step = statistics.mean(step_bytes(config, weights, batch, n, dtype) for n in keys)
+    bandwidth = memory_bandwidth(device)
+    return (None if bandwidth is None else batch * bandwidth / per_step), per_step
+
+
+def bandwidth_share(rate: float, config: GPTConfig, weights: int, batch: int, keys: list[int], dtype: torch.dtype,
+                    device: torch.device) -> str:  # fmt: skip
+    """``rate`` (tokens/s) as a share of the memory-bandwidth limit (``bandwidth_limit``), in words; where the
+    bandwidth is not known (a CPU, an unlisted GPU) there is no share, and it says so."""
+    limit, per_step = bandwidth_limit(config, weights, batch, keys, dtype, device)
+    read = f"{in_units(per_step)} read per step"
+    if limit is None:
+        where = device_name(device) if device.type == "cuda" else device.type
+        return f"memory bandwidth unknown for {where}: no share of its limit ({read})"
+    return (f"{rate / limit:.1%} of the memory-bandwidth limit ({limit:,.0f} tokens/s on {device_name(device)} at "
+            f"{memory_bandwidth(device) / 1e12:g} TB/s, {read})")
+
+
+def in_units(size: float) -> str:
+    """Bytes in decimal units, as bandwidths are quoted: 252.1 MB, 19.6 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size:,.0f} B"

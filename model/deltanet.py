@@ -253,8 +253,9 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         held = cache.slots.get(0) if cache is not None else None  # (the convolution's last inputs, the state)
-        # a cache emptied for reuse (its length 0 outside a decode step) keeps its tensors, not their values
-        past = held if held is not None and (cache.owner.length or cache.owner.in_static_step) else (None, None)
+        # a cache emptied for reuse (its length 0 outside a decode step) keeps its tensors, not their values; a static
+        # step is asked first: its length, a Python number, would be a guard of the compiled step (one graph a token)
+        past = held if held is not None and (cache.owner.in_static_step or cache.owner.length) else (None, None)
         q, k, v, log_decay, beta, gate, mixed = self.inputs(x, past[0])
         o, state = chunked_delta_rule(q, k, v, log_decay, beta, min(self.chunk, T), past[1])
         if cache is not None:

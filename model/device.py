@@ -1,7 +1,7 @@
 """Device and precision: shared by training, sampling, evaluation, analysis and benchmarks.
 
-Also the GPU peak FLOP/s that MFU is measured against, matched on whole words
-of the device's name, most specific entry first.
+Also the GPU peak FLOP/s that MFU is measured against, and the peak memory bandwidth that decoding's share
+of its limit is measured against, matched on whole words of the device's name, most specific entry first.
 """
 
 from __future__ import annotations
@@ -38,22 +38,71 @@ PEAK_TFLOPS: dict[str, tuple[float | None, float]] = {
 }
 
 
+# Peak memory bandwidth in TB/s (10^12 bytes/s) from NVIDIA's data sheets, for the GPUs above; a GPU matched by no
+# key has no known bandwidth (None), never a guessed one. Keys as above. An A100's name says its memory (40GB,
+# 80GB) and form (SXM4, PCIe), which set its bandwidth: a bare "A100" is not guessed.
+MEMORY_BANDWIDTH_TBS: dict[str, float] = {
+    "H200 NVL": 4.8,
+    "H200": 4.8,  # SXM
+    "H100 NVL": 3.9,
+    "H100 PCIe": 2.0,
+    "H100": 3.35,  # SXM ("NVIDIA H100 80GB HBM3")
+    "A100 SXM4 80GB": 2.039,
+    "A100 80GB PCIe": 1.935,
+    "A100 SXM4 40GB": 1.555,
+    "A100 PCIE 40GB": 1.555,
+    "L40S": 0.864,
+    "L40": 0.864,
+    "L4": 0.3,
+    "A40": 0.696,
+    "A30": 0.933,
+    "A10": 0.6,
+    "A10G": 0.6,
+    "RTX 4090": 1.008,
+    "RTX 3090 Ti": 1.008,
+    "RTX 3090": 0.936,
+    "V100": 0.9,  # SXM2 and PCIe (V100S: 1.134, another word)
+    "T4": 0.32,
+}
+
+
 def _words(name: str) -> list[str]:
     return re.split(r"[\s\-_]+", name.upper().strip())
+
+
+def _lookup(table: dict, device_name: str):
+    """The entry of ``table`` whose key's words appear together in ``device_name``, the longest key first; or None."""
+    words = _words(device_name)
+    for key in sorted(table, key=lambda k: (-len(_words(k)), -len(k))):
+        key_words = _words(key)
+        n = len(key_words)
+        if any(words[i : i + n] == key_words for i in range(len(words) - n + 1)):
+            return table[key]
+    return None
 
 
 def peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
     """The dense peak of a GPU (by its name) for bf16 or fp16, or None when unknown or not applicable."""
     if dtype not in (torch.bfloat16, torch.float16):
         return None
-    words = _words(device_name)
-    for key in sorted(PEAK_TFLOPS, key=lambda k: (-len(_words(k)), -len(k))):
-        key_words = _words(key)
-        n = len(key_words)
-        if any(words[i : i + n] == key_words for i in range(len(words) - n + 1)):
-            bf16, fp16 = PEAK_TFLOPS[key]
-            return bf16 if dtype == torch.bfloat16 else fp16
-    return None
+    peaks = _lookup(PEAK_TFLOPS, device_name)
+    if peaks is None:
+        return None
+    bf16, fp16 = peaks
+    return bf16 if dtype == torch.bfloat16 else fp16
+
+
+def memory_bandwidth_tbs(device_name: str) -> float | None:
+    """The peak memory bandwidth of a GPU (by its name) in TB/s, or None when unknown."""
+    return _lookup(MEMORY_BANDWIDTH_TBS, device_name)
+
+
+def memory_bandwidth(device: torch.device) -> float | None:
+    """The device's peak memory bandwidth in bytes/s, or None where it is not known (a CPU, an unlisted GPU)."""
+    if device.type != "cuda":
+        return None
+    tbs = memory_bandwidth_tbs(torch.cuda.get_device_name(device))
+    return None if tbs is None else tbs * 1e12
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:

@@ -24,6 +24,7 @@ from contextlib import ExitStack, nullcontext
 import torch
 import torch.nn.functional as F
 
+from model.config import GPTConfig
 from model.decoding import choose_decoding, make_step
 from model.gpt import GPT
 from model.kv_cache import KVCache
@@ -89,6 +90,22 @@ def sample_next(
 ) -> int:
     """One token id from a (vocab,) row of logits; temperature 0 is greedy."""
     return int(draw(logits.unsqueeze(0), temperature, top_k, top_p, [generator])[0])
+
+
+def context_lengths(config: GPTConfig, prompt_len: int, new_tokens: int) -> list[int]:
+    """The tokens each step of ``generate_batch`` reads as its context, one number per new token: the prompt
+    (at most ``block_size`` of it) for the first, then one more each step; a model with a position table slides
+    its window back to its last ``block_size // 2`` tokens once it passes ``block_size``. What a decode step's
+    bytes scale with (``model.decoding.step_bytes``)."""
+    block, keep = config.block_size, max(1, config.block_size // 2)
+    slides = not config.runs_past_context
+    start = max(0, prompt_len - block) if slides else 0
+    lengths = []
+    for length in range(prompt_len, prompt_len + new_tokens):
+        if slides and length - start > block:
+            start = length - keep
+        lengths.append(length - start)
+    return lengths
 
 
 @torch.inference_mode()

@@ -14,6 +14,8 @@ Rows other than the packed count (a prompt, a refill of the cache) use the plain
 Without packing (one sample, bfloat16, too little memory, a compiled step), ``sampling_head`` still gives the
 LM head a faster product for a few rows on a CPU: ``W @ h^T`` streams the large embedding matrix faster than
 ``h @ W^T`` (measured here: 56 vs 62 ms per step of a batch of 8 with GPT-2 small's shape; the same for one row).
+The head keeps one such forward for every generation (``transposed_head``): a compiled decode step traces it and
+guards on its identity.
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ class TransposedHead:
         return torch.mm(weight, h.t()).t()
 
 
+def transposed_head(head: nn.Linear) -> TransposedHead:
+    """The head's one ``TransposedHead``, made at its first generation and kept on it. A compiled decode step
+    guards on the identity of the head's forward: a new object per generation recompiled the step at every
+    generation (seconds each; "lm_head.forward got deallocated"), and with fullgraph the ninth generation of a
+    process failed torch's recompile limit (8)."""
+    kept = vars(head).get("_transposed_head")
+    if kept is None:
+        kept = head._transposed_head = TransposedHead(head)
+    return kept
+
+
 @contextmanager
 def sampling_head(head: nn.Linear) -> Iterator[None]:
     """Within the block, the LM head takes the transposed product (``TransposedHead``), unless a forward of its
@@ -101,7 +114,7 @@ def sampling_head(head: nn.Linear) -> Iterator[None]:
     if "forward" in vars(head):
         yield
         return
-    head.forward = TransposedHead(head)
+    head.forward = transposed_head(head)
     try:
         yield
     finally:

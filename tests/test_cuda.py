@@ -147,3 +147,35 @@ def test_cuda_graph_decoding_under_autocast_as_the_trainer_samples(monkeypatch):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             list(generate_batch(model, [1, 2, 3], 80, [torch.Generator().manual_seed(7)], 1.0, decoding=decoding))
     assert_same_choices(recorder.traces[1], recorder.traces[0], atol=5e-2)  # bf16 round-off
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+def test_compiled_decoding_is_captured_and_makes_graph_decodings_choices(dtype, atol, monkeypatch):
+    """Compiled decoding on CUDA: the static step compiled without inductor's CUDA graphs, then captured and replayed
+    as graph decoding's (model/decoding.py says why). float32: graph decoding's tokens up to round-off near-ties.
+    bf16: the fused kernels keep intermediates in float32 where graph decoding rounds each op to bf16, so the logits
+    differ by bf16 round-off (under 5e-2 here) and a row may part at a near-tie within it, then its tokens differ."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from same_choices import assert_same_choices, record_choices
+
+    import model.generation as generation
+    from model import GPT
+    from model.decoding import CompiledGraphedStep
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # a training test before may have set it
+    steps = []
+    make_step = generation.make_step
+    monkeypatch.setattr(generation, "make_step", lambda *args: steps.append(make_step(*args)) or steps[-1])
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=300, block_size=64, n_layer=2, n_head=4, n_embd=64, n_kv_head=2))
+    model = model.cuda().eval().to(dtype)
+    recorder = record_choices(monkeypatch)
+    for decoding in ("graph", "compiled"):  # 100 tokens: the context slides, the cache refills in place
+        recorder.start()
+        generators = [torch.Generator(device="cuda").manual_seed(i) for i in range(4)]
+        list(generation.generate_batch(model, [1, 2, 3], 100, generators, 1.0, decoding=decoding))
+    assert_same_choices(recorder.traces[1], recorder.traces[0], atol=atol)
+    [compiled] = [step for step in steps if isinstance(step, CompiledGraphedStep)]
+    assert compiled.graph is not None and compiled.output.is_cuda, "the compiled step was captured, then replayed"

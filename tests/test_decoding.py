@@ -7,8 +7,17 @@ import torch
 from helpers import FLEX_ON_CPU_UNAVAILABLE, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
+import model.decoding as decoding_module
 from model import GPT, KVCache
-from model.decoding import StaticStep, choose_decoding
+from model.decoding import (
+    CompiledGraphedStep,
+    CompiledStep,
+    EagerStep,
+    GraphedStep,
+    StaticStep,
+    choose_decoding,
+    step_class,
+)
 from model.generation import generate, generate_batch
 
 
@@ -72,3 +81,51 @@ def test_the_slots_a_static_step_reads_before_they_are_written_hold_zeros():
     for layer in cache.layers:
         for buffer in layer.slots[0]:
             assert buffer.size(2) == 16 and (buffer[:, :, 4:] == 0).all()
+
+
+def test_compiled_decoding_on_cuda_is_captured_as_graph_decoding_is():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert step_class("compiled", cuda) is CompiledGraphedStep and issubclass(CompiledGraphedStep, GraphedStep)
+    assert step_class("compiled", cpu) is CompiledStep and not issubclass(CompiledStep, GraphedStep)
+    assert step_class("graph", cuda) is GraphedStep and step_class("eager", cpu) is EagerStep
+
+
+@pytest.mark.parametrize("kind", [CompiledStep, CompiledGraphedStep])
+def test_the_static_step_is_compiled_without_inductors_cuda_graphs(kind, monkeypatch):
+    """Inductor's reduce-overhead mode (CUDA graph trees) recorded a graph per generation (its new cache); the step
+    is compiled plain, in one graph of static shapes, and captured by headlab where a GPU captures it."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **settings: compiled.append((fn, settings)) or fn)
+    model = sharp_model()
+    cache = KVCache(model.config.n_layer)
+    with torch.inference_mode():
+        model(torch.randint(0, 50, (2, 4)), cache=cache)
+    step = kind(model, cache, 2, torch.device("cpu"))  # built on a CPU; only a CUDA step's first call needs a GPU
+    [(fn, settings)] = compiled
+    assert fn == step.run and step.compute is fn
+    assert settings.get("mode") is None and settings["options"]["triton.cudagraphs"] is False
+    assert settings["fullgraph"] and settings["dynamic"] is False
+
+
+ONE_GRAPH_CELLS = [
+    ("fused_qkv", {"n_kv_head": 2, "window": 6}),
+    ("gated_deltanet", {"position": "none"}),  # its state's step once recompiled per token (a guard on the length)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("attention,fields", ONE_GRAPH_CELLS)
+def test_one_compiled_graph_serves_every_token_and_later_generations(attention, fields, monkeypatch):
+    """Each generation builds its step over a new cache; the graph compiled for its first token serves every token
+    and the next generations. Dynamo alone (its eager backend) decides that: a new object per generation that the
+    step traces (the LM head's sampling forward was one), or a Python number that changes per token, recompiles,
+    and with fullgraph the ninth compilation fails torch's recompile limit."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(decoding_module, "COMPILE_SETTINGS", {"backend": "eager", "fullgraph": True, "dynamic": False})
+    model = sharp_gpt(block_size=16, n_layer=1, n_head=4, n_embd=64, attention=attention, **fields)
+    graphs = [counters["stats"]["unique_graphs"]]
+    for seed in range(3):
+        list(generate_batch(model, [3, 1, 4], 5, [torch.Generator().manual_seed(seed + i) for i in range(2)], 1.0,
+                            decoding="compiled"))  # fmt: skip
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] - graphs[0] <= 1 and graphs[3] == graphs[1], f"graphs compiled, before and after each: {graphs}"

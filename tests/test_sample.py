@@ -31,6 +31,8 @@ def test_cli_samples_a_checkpoint_from_a_tiny_training_run(trained_run):
     assert len(re.findall(r"tokens/s \(\w+-\w+, with KV cache, cpu, float32, 2 samples at once, eager decoding\)",
                           result.stderr)) == 1, "the rate, and what ran: layout-kernel, cache, device, dtype, batch"
     assert "first token after " in result.stderr, "the time to the first token apart from the decode rate"
+    assert re.search(r"eager decoding\); memory bandwidth unknown for cpu: no share of its limit \([\d.]+ [kMG]?B "
+                     r"read per step\)", result.stderr), "a CPU's bandwidth is not known: no share of it is invented"
 
 
 @pytest.mark.parametrize("second,said_apart", [(0.02, False), (12.0, True)])
@@ -43,6 +45,36 @@ def test_a_first_decode_step_that_sets_up_is_said_apart_from_the_rate(second, sa
     line = capsys.readouterr().err
     assert ("the next after 12.00 s (setting up the decode step" in line) == said_apart
     assert ("then 18 tokens in 0.20 s: 90.0 tokens/s" if said_apart else "then 19 tokens in 0.22 s") in line
+
+
+HYBRID = {"position": "none", "layer_pattern": "LG", "layer_kinds": {"L": {"attention": "gated_deltanet"}, "G": {}}}
+
+
+@pytest.mark.parametrize("fields,kept", [({}, "with KV cache"),
+                                         ({"attention": "gated_deltanet", "position": "none"}, "with recurrent state"),
+                                         (HYBRID, "with KV cache and recurrent state")])  # fmt: skip
+def test_the_speed_line_says_what_decoding_keeps_between_tokens(fields, kept, capsys):
+    cfg = sample.SampleConfig(source="x", num_samples=1)
+    marks = [(0.0, 0), (0.1, 1), (0.12, 1), (0.32, 18)]
+    sample.report_speed(cfg, GPTConfig(n_layer=2, n_head=2, n_embd=8, **fields), 4, marks, torch.device("cpu"),
+                        torch.float32, "eager")  # fmt: skip
+    assert f", {kept}, cpu, float32, 1 sample at once, eager decoding)" in capsys.readouterr().err
+
+
+def test_the_decode_rate_is_said_against_the_memory_bandwidth_limit(monkeypatch, capsys):
+    """19 tokens after the first in 0.22 s at batch 1: the decode steps' contexts are 5 to 23 tokens (their mean 14),
+    each position 64 bytes of cache (a key and a value of 8 float32 numbers, one layer)."""
+    import model.decoding
+
+    monkeypatch.setattr(model.decoding, "memory_bandwidth", lambda device: 4.8e12)
+    monkeypatch.setattr(model.decoding, "device_name", lambda device: "NVIDIA H200")
+    cfg = sample.SampleConfig(source="x", num_samples=1)
+    marks = [(0.0, 0), (0.1, 1), (0.12, 1), (0.32, 18)]
+    sample.report_speed(cfg, GPTConfig(n_layer=1, n_head=2, n_embd=8), 4, marks, torch.device("cuda"),
+                        torch.float32, "graph", weights=10**11)  # fmt: skip
+    rate, limit = 19 / 0.22, 4.8e12 / (10**11 + 14 * 64)
+    assert f"graph decoding); {rate / limit:.1%} of the memory-bandwidth limit ({limit:,.0f} tokens/s on NVIDIA " \
+           f"H200 at 4.8 TB/s, 100.0 GB read per step)" in capsys.readouterr().err  # fmt: skip
 
 
 def test_cli_reads_the_prompt_from_stdin(trained_run):

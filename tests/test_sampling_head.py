@@ -30,6 +30,19 @@ def test_a_generation_samples_through_the_transposed_head_and_leaves_the_model_p
     assert head_forward(model) is None
 
 
+def test_every_generation_samples_through_the_same_transposed_head():
+    """A compiled decode step traces the head's forward and guards on its identity: one object, or a recompile."""
+    model = tiny_model()
+    seen = []
+    for seed in range(2):
+        steps = generate_batch(model, [3, 1, 4], 3, [torch.Generator().manual_seed(seed)])
+        next(steps)
+        seen.append(head_forward(model))
+        steps.close()
+    assert isinstance(seen[0], TransposedHead) and seen[1] is seen[0]
+    assert head_forward(model) is None and "_transposed_head" not in model.state_dict()
+
+
 def test_the_transposed_head_gives_the_heads_logits():
     head = tiny_model().lm_head
     h = torch.randn(3, head.in_features)
