@@ -46,11 +46,16 @@ def visible(q_len: int, k_len: int, window: int | None, device: torch.device) ->
     position, and within the window.
 
     Cached in eager mode: a training run asks for the same mask in every layer of every step. Under
-    torch.compile the graph builds it (the compiler ignores an lru_cache, and warns that it does).
+    torch.compile the graph builds it (the compiler ignores an lru_cache, and warns that it does). A mask past
+    ``CACHED_MASK_ELEMENTS`` (a reading at 16x the context: 256 MB a mask at 16k tokens) is built each time, not
+    kept: 32 of them would hold gigabytes after the reading.
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or q_len * k_len > CACHED_MASK_ELEMENTS:
         return _build_visible(q_len, k_len, window, device)
     return _cached_visible(q_len, k_len, window, device)
+
+
+CACHED_MASK_ELEMENTS = 1 << 22  # 4 MiB of booleans: a training context of 2,048 tokens is kept
 
 
 def _build_visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -69,7 +74,7 @@ def _cached_visible(q_len: int, k_len: int, window: int | None, device: torch.de
 
 def hidden(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """``~visible``: True where a query may not look at a key (where its score is masked), cached as it is."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or q_len * k_len > CACHED_MASK_ELEMENTS:
         return ~_build_visible(q_len, k_len, window, device)
     return _cached_hidden(q_len, k_len, window, device)
 

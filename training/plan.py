@@ -196,12 +196,13 @@ def eval_bytes(config: GPTConfig, length: int, batch_tokens: int) -> tuple[int, 
     """Reading ``length`` tokens past the trained context (trainer.eval_lengths, without gradients): the
     sequences per forward (``LengthEvaluator``: at most ``batch_tokens`` tokens, one sequence at least) and the
     bytes a forward holds at its peak, float32: the residual stream, a layer's norm, q/k/v and MLP hidden
-    (about 9 widths), a layer's attention matrices where the kernel makes them (the manual kernel: scores and
-    softmax), and the logits with their log-softmax (the loss of every position)."""
+    (about 9 widths), a layer's attention matrices where the kernel makes them (the manual kernel: the scores,
+    their masked copy and the softmax, with the boolean mask: 3.25 length x length matrices a head, as measured
+    at 2,048 and 4,096 tokens), and the logits with their log-softmax (the loss of every position)."""
     b = max(1, batch_tokens // length)
     n = b * length * config.n_embd
     keeps = registry.kernel(config.kernel).keeps_scores(config.sdpa_backend)
-    scores = 2 * b * config.n_head * length * length if keeps else b * config.n_head * length
+    scores = 3 * b * config.n_head * length * length + length * length // 4 if keeps else b * config.n_head * length
     logits = 2 * b * length * (config.vocab_size or config.padded_vocab_size)
     return b, 4 * (9 * n + scores + logits)
 
