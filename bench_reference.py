@@ -16,6 +16,7 @@ shared machine's slow moments hit both sides. Needs transformers (the dev extra)
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -32,8 +33,10 @@ from torch import nn
 from tqdm import tqdm
 
 from cli import OneLineErrorParser
+from common.run_files import write_text
 from model import GPT, Checkpoint, GPTConfig, KVCache
 from model.decoding import (
+    DECODINGS,
     GraphedStep,
     StaticStep,
     bandwidth_limit,
@@ -164,11 +167,17 @@ def interleave(ours, theirs, rounds: int) -> tuple[list[float], list[float]]:
     return a, b
 
 
-def report(what: str, a: list[float], b: list[float], unit_work: float, unit: str) -> None:
+RESULTS: list[dict] = []  # what each comparison measured, for --json (gpu_story.py reads it)
+
+
+def report(what: str, a: list[float], b: list[float], unit_work: float, unit: str, **facts) -> None:
     ratios = [x / y for x, y in zip(a, b)]
     print(f"{what}: headlab {unit_work / statistics.median(a):,.1f} {unit}, reference "
           f"{unit_work / statistics.median(b):,.1f} {unit}; time ratio headlab/reference: median "
           f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(a)} rounds")
+    RESULTS.append({"what": what, "unit": unit, "headlab": unit_work / statistics.median(a),
+                    "reference": unit_work / statistics.median(b), "ratio": statistics.median(ratios),
+                    "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": len(a), **facts})  # fmt: skip
 
 
 def train_step(args) -> None:
@@ -213,7 +222,7 @@ def train_step(args) -> None:
     tokens = args.steps * args.batch * args.seq
     report(f"training step ({args.attention}/{args.kernel}, batch {args.batch} x {args.seq}, {args.n_layer} layers x "
            f"{args.n_embd}, vocab {args.vocab}, {device_name(device)}, {str(dtype).removeprefix('torch.')}"
-           f"{', compiled' if args.compile else ''})", a, b, tokens, "tokens/s")  # fmt: skip
+           f"{', compiled' if args.compile else ''})", a, b, tokens, "tokens/s", comparison="train-step")  # fmt: skip
 
 
 class TokenTimes:
@@ -246,19 +255,39 @@ def generation(args) -> None:
     graph (--compile: the step compiled with inductor, then captured); transformers uses its static cache,
     compiled, with --compile."""
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)  # GPT-2 small
+    config = (GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)  # GPT-2 small
+              if args.model == "gpt2_small" else
+              GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
+                        n_embd=args.n_embd))  # fmt: skip
+    shape = "GPT-2 small shape" if args.model == "gpt2_small" else f"{args.n_layer} layers x {args.n_embd}"
     ours = GPT(config).eval()
     hf = hf_twin(ours).eval()
     device = resolve_device(args.device, option="--device")
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     ours, hf = ours.to(device, dtype), hf.to(device, dtype)  # weights cast once, as sample.py dtype=... does
     weights = weight_bytes(ours)
-    prompt = torch.randint(0, 50257, (1, 16)).to(device)
+    prompt = torch.randint(0, config.vocab_size, (1, 16)).to(device)
     n = args.new_tokens
-    decoding = choose_decoding("compiled" if args.compile else "auto", device)
-    hf_extra = {"cache_implementation": "static"} if args.compile else {}
-    if args.compile:
+    modes = decoding_modes(args, device)
+    if "compiled" in modes:
         inductor_cache_per_cpu_capability()
+    for decoding in modes:
+        compare_generation(args, ours, hf, config, shape, prompt, n, weights, device, dtype, decoding)
+
+
+def decoding_modes(args, device: torch.device) -> list[str]:
+    """--decoding's modes on this device: ``all`` is every one it runs (eager; graph and compiled on CUDA,
+    compiled on a CPU); --compile alone asks for compiled, as before."""
+    if args.decoding == "all":
+        return [mode for mode in DECODINGS if mode != "auto" and (mode != "graph" or device.type == "cuda")]
+    return [choose_decoding("compiled" if args.compile and args.decoding == "auto" else args.decoding, device)]
+
+
+def compare_generation(args, ours, hf, config, shape: str, prompt, n: int, weights: int, device, dtype,
+                       decoding: str) -> None:  # fmt: skip
+    """One decoding mode of ours against transformers' generate (its static cache, compiled, where ours is
+    compiled), greedy at batch 1 and sampled at --batch, interleaved."""
+    hf_extra = {"cache_implementation": "static"} if decoding == "compiled" else {}
 
     def ours_run(batch: int, sampled: bool) -> dict:
         generators = [torch.Generator(device=device).manual_seed(i) for i in range(batch)]
@@ -293,16 +322,22 @@ def generation(args) -> None:
         keys = context_lengths(config, prompt.size(1), n)[2:] or [prompt.size(1)]  # the steps after the set-up step
         limit, _ = bandwidth_limit(config, weights, batch, keys, dtype, device)
         their_share = "" if limit is None else f" ({their_rate / limit:.1%} of the limit)"
-        how = f"headlab: {decoding} decoding" + ("; transformers: static cache" if args.compile else "")
+        how = f"headlab: {decoding} decoding" + ("; transformers: static cache" if hf_extra else "")
         agreement = "" if sampled else f"; {equal}/{n} greedy tokens equal"
         weights_dtype = str(dtype).removeprefix("torch.")
-        print(f"{what} generation, batch {batch}, {n} new tokens (GPT-2 small shape, {weights_dtype} weights on "
+        print(f"{what} generation, batch {batch}, {n} new tokens ({shape}, {weights_dtype} weights on "
               f"{device}, {how}{agreement}): headlab decodes {rate:,.1f} tokens/s, "
               f"{bandwidth_share(rate, config, weights, batch, keys, dtype, device)}, after a first token in "
               f"{first:.3f} s and a first decode step in {setup:.3f} s; transformers {their_rate:,.1f} tokens/s"
               f"{their_share} after {their_first:.3f} s and {their_setup:.3f} s; decode time ratio headlab/reference: "
               f"median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over "
               f"{args.rounds} rounds")  # fmt: skip
+        RESULTS.append({"comparison": "generate", "decoding": decoding, "batch": batch, "sampled": sampled,
+                        "new_tokens": n, "dtype": weights_dtype, "headlab": rate, "reference": their_rate,
+                        "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                        "limit": limit, "share": None if limit is None else rate / limit,
+                        "greedy_equal": None if sampled else equal, "tokens": mine[-1]["tokens"],
+                        "first_token_s": first, "first_step_s": setup})  # fmt: skip
 
 
 def sample_process(args) -> None:
@@ -458,6 +493,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="train-step: torch.compile both sides; generate: our compiled decode step against "
                         "transformers' static cache, compiled")  # fmt: skip
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="prepare: tokenizer threads/processes")
+    p.add_argument("--decoding", choices=[*DECODINGS, "all"], default="auto",
+                   help="generate: how our cached step runs (all: every mode this device runs, each against "
+                        "transformers)")  # fmt: skip
+    p.add_argument("--model", choices=["gpt2_small", "given"], default="gpt2_small",
+                   help="generate: GPT-2 small's shape, or the one --n-layer, --n-head, --n-embd, --vocab and --seq "
+                        "(the context) give")  # fmt: skip
+    p.add_argument("--json", default=None, help="also write what each comparison measured to this JSON file")
     args = p.parse_args(argv)
     for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads"):
         if getattr(args, option) < 1:
@@ -467,6 +509,9 @@ def main(argv: list[str] | None = None) -> None:
     {"train-step": train_step, "generate": generation, "sample-process": sample_process,
      "prepare": prepare_speed, "decode-positions": decode_positions,
      "decode-rounding": decode_rounding}[args.what](args)  # fmt: skip
+    if args.json:
+        write_text(Path(args.json), json.dumps({"machine": device_name(device), "torch": torch.__version__,
+                                                "results": RESULTS}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ NOT_HERE = {
     "python bench_reference.py generate": "a benchmark of GPT-2 small (124M) generation: minutes on a CPU; "
                                           "test_speed_paths.py and test_sample.py cover the code it times",
     "python bench_reference.py sample-process": "whole sample.py processes of GPT-2 small: minutes on a CPU",
+    "python gpu_story.py --quick": "the story's stages at a toy shape, about 40 s: test_gpu_story.py runs this line",
+    "python gpu_story.py": f"{GPU} (GPT-2 small's shape; its --quick line runs here in test_gpu_story.py)",
     "python evaluate.py source=runs/2026-11-21/10-00-00_fused_qkv-sdpa-rope lengths=":
         "a model without a position table: the placeholder run has a learned one (refused past it); "
         "test_long_context.py runs evaluate.py with lengths on a rope run",

@@ -1,0 +1,314 @@
+"""The GPU story in one command, on the GPU at hand, in at most 10 minutes (offline, once its data is prepared):
+
+    python gpu_story.py                           # GPT-2 small's shape on one GPU: the table, and the folder it names
+    python gpu_story.py --quick --device cpu      # the same stages at a toy shape: the machinery, on a CPU
+
+Each stage is a process of its own (a clean device for each), with its share of the time:
+
+- ``tests``: ``pytest tests/test_cuda.py``: the CUDA tests pass;
+- ``sweep``: ``train.py -m experiment=compare_attention_gpu`` (every layout x kernel, seed 1, a few steps), then
+  ``compare.py``: each variant's tokens/s, MFU, micro-batch and compile time, and whether the layouts of one
+  function agree in loss;
+- ``step``: ``bench_reference.py train-step``: headlab's training step against transformers' GPT-2, interleaved;
+- ``decode``: ``bench_reference.py generate``: eager, graph and compiled decoding against transformers' generate,
+  tokens/s and their share of the memory-bandwidth limit, and how many greedy tokens agree;
+- ``plain``: ``bench.py --mode plain``: each attention block against its plainest code.
+
+It prints one table (check, measured, goal, verdict: ``ok``, ``SHORT`` of the goal, ``FAILED``, or ``NOT RUN``
+where time ran out) and writes it, with every stage's own output, to ``--out`` (default
+``gpu-story/<date>_<device>/``: ``gpu_story.md``, ``gpu_story.json``): what docs/results.md quotes, with its date,
+GPU and torch. The goals are the open issues' (46% MFU, decoding at 4,000 tokens/s and a fifth of the bandwidth
+limit at batch 1, ...): a SHORT is a finding, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from analysis.tables import markdown_table, write_text
+from cli import OneLineErrorParser
+
+ROOT = Path(__file__).resolve().parent
+BUDGET_S = 600  # the whole story, data preparation apart
+MFU_GOAL = 0.46  # the GPU preset's fused_qkv/sdpa step (issue 53)
+DECODE_GOALS = {1: 4_000, 8: 20_000}  # greedy tokens/s of GPT-2 small in bf16 by batch (issue 53)
+BANDWIDTH_SHARE_GOAL = 0.20  # of the memory-bandwidth limit, at batch 1 (issue 53)
+
+
+@dataclass
+class Check:
+    """One line of the table."""
+
+    stage: str
+    check: str
+    measured: str
+    goal: str = ""
+    verdict: str = "ok"  # ok | SHORT | FAILED | NOT RUN | said (a figure with no goal)
+
+
+@dataclass
+class Stage:
+    """A process of its own, its share of the budget, and what its output says."""
+
+    name: str
+    share: float  # of the budget
+    command: Callable[[argparse.Namespace, Path], list[str]]
+    read: Callable[[argparse.Namespace, Path], list[Check]]
+    gpu_only: bool = False
+    env: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ the stages
+
+
+def data_options(args: argparse.Namespace) -> list[str]:
+    return [f"data={args.data}", f"data.tokenizer={args.tokenizer}"]
+
+
+def tests_command(args: argparse.Namespace, out: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_cuda.py"),
+            f"--junitxml={out / 'junit.xml'}"]  # fmt: skip
+
+
+def read_tests(args: argparse.Namespace, out: Path) -> list[Check]:
+    text = (out / "junit.xml").read_text()
+    counts = {key: int(re.search(rf'{key}="(\d+)"', text).group(1)) for key in ("tests", "failures", "errors",
+                                                                                   "skipped")}  # fmt: skip
+    failed = counts["failures"] + counts["errors"]
+    passed = counts["tests"] - failed - counts["skipped"]
+    names = re.findall(r'<testcase [^>]*name="([^"]+)"[^>]*>\s*<(?:failure|error)', text)
+    verdict = "FAILED" if failed else ("said" if not passed else "ok")
+    return [Check("tests", "pytest tests/test_cuda.py", f"{passed} passed, {failed} failed, {counts['skipped']} "
+                  f"skipped" + (f" ({', '.join(names)})" if names else ""), "all pass", verdict)]  # fmt: skip
+
+
+def sweep_command(args: argparse.Namespace, out: Path) -> list[str]:
+    experiment = ["experiment=compare_attention", "trainer.max_steps=6", "trainer.eval_interval=6",
+                  "trainer.eval_windows=4"] if args.quick else \
+        ["experiment=compare_attention_gpu", "hydra.sweeper.params.trainer.seed=1", f"trainer.max_steps={args.steps}",
+         f"trainer.eval_interval={args.steps}", "trainer.eval_windows=16", "trainer.checkpoint_interval=100000",
+         *data_options(args)]  # fmt: skip
+    return [sys.executable, str(ROOT / "train.py"), "-m", *experiment, f"trainer.device={args.device}", "logger=none",
+            f"hydra.sweep.dir={out / 'sweep'}"]  # fmt: skip
+
+
+def read_sweep(args: argparse.Namespace, out: Path) -> list[Check]:
+    """The sweep's report (compare.py, run here): a line per variant, then what the report flags."""
+    report = subprocess.run([sys.executable, str(ROOT / "compare.py"), str(out / "sweep"), "--out",
+                             str(out / "report")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    (out / "compare.log").write_text(report.stdout + report.stderr)
+    for checkpoint in (out / "sweep").glob("*/*.pt"):  # GPT-2 small's training state: 1.5 GB each, not the story
+        checkpoint.unlink()
+    if report.returncode != 0:
+        return [Check("sweep", "compare.py", report.stderr.strip().splitlines()[-1][:200], "a report", "FAILED")]
+    with open(out / "report" / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    checks = []
+    for row in rows:
+        mfu = float(row["mfu"]) if row.get("mfu") else None
+        cached = "" if not row.get("compile_s") else f", compile {float(row['compile_s']):.1f} s"
+        measured = (f"{float(row['tokens_per_sec']):,.0f} tokens/s" + (f", MFU {mfu:.1%}" if mfu else "")
+                    + f", micro-batch {row['micro_batch']}{cached}")  # fmt: skip
+        fused_sdpa = row["layout"] == "fused_qkv" and row["kernel"] == "sdpa"
+        goal, verdict = ("said", "said") if not fused_sdpa or mfu is None else \
+            (f"MFU >= {MFU_GOAL:.0%}", "ok" if mfu >= MFU_GOAL else "SHORT")  # fmt: skip
+        if row["state"] != "finished":
+            measured, verdict = f"{row['state']}: {row['flag']}"[:200], "FAILED"
+        checks.append(Check("sweep", row["label"], measured, "" if goal == "said" else goal, verdict))
+    loss_flags = [f"{row['label']}: {row['flag']}" for row in rows if "vs median" in row["flag"]]
+    checks.append(Check("sweep", "losses of one function agree", "; ".join(loss_flags) or "no loss flagged",
+                        "no variant flagged", "FAILED" if loss_flags else "ok"))  # fmt: skip
+    speed_flags = sorted({re.sub(r"^.*?(a busy machine|micro-batch|ran alongside|tokens seen|compile s read).*$", r"\1",
+                                 part) for row in rows for part in row["flag"].split("; ")
+                          if "not comparable" in part or "compile cache" in part})  # fmt: skip
+    checks.append(Check("sweep", "speed figures comparable", ", ".join(speed_flags) or "nothing flagged", "",
+                        "said"))  # fmt: skip
+    return checks
+
+
+def plain_command(args: argparse.Namespace, out: Path) -> list[str]:
+    shape = (["--seq-len", "64", "--batch", "2", "--n-embd", "32", "--n-head", "4", "--min-run-time", "0.05",
+              "--repeats", "2"] if args.quick else
+             ["--seq-len", "1024", "--batch", "8", "--n-embd", "768", "--n-head", "12", "--min-run-time", "0.2",
+              "--repeats", "3"])  # fmt: skip
+    return [sys.executable, str(ROOT / "bench.py"), "--mode", "plain", *shape, "--device", args.device, "--dtype",
+            args.dtype, "--out", str(out)]  # fmt: skip
+
+
+def read_plain(args: argparse.Namespace, out: Path) -> list[Check]:
+    with open(out / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    return [Check("plain", f"{r['layout']}-{r['kernel']} forward+backward vs its plainest code",
+                  f"{float(r['step_ratio']):.3f}x ({float(r['step_ratio_min']):.3f}-{float(r['step_ratio_max']):.3f})",
+                  "<= 1.05x", "ok" if float(r["step_ratio"]) <= 1.05 else "SHORT") for r in rows]  # fmt: skip
+
+
+def step_command(args: argparse.Namespace, out: Path) -> list[str]:
+    shape = (["--batch", "4", "--seq", "32", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--vocab", "300",
+              "--steps", "2", "--rounds", "2"] if args.quick else
+             ["--batch", "12", "--seq", "1024", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--vocab",
+              "50257", "--steps", "5", "--rounds", "3"])  # fmt: skip
+    return [sys.executable, str(ROOT / "bench_reference.py"), "train-step", *shape, "--device", args.device,
+            "--dtype", args.dtype, "--json", str(out / "step.json")]  # fmt: skip
+
+
+def read_step(args: argparse.Namespace, out: Path) -> list[Check]:
+    (result,) = json.loads((out / "step.json").read_text())["results"]
+    return [Check("step", "training step vs transformers' GPT-2 (same weights, batch, dtype; eager)",
+                  f"{result['ratio']:.3f}x its time ({result['ratio_min']:.3f}-{result['ratio_max']:.3f}); "
+                  f"{result['headlab']:,.0f} tokens/s", "<= 1.00x", "ok" if result["ratio"] <= 1.0 else "SHORT")]
+
+
+def decode_command(args: argparse.Namespace, out: Path) -> list[str]:
+    shape = (["--model", "given", "--n-layer", "2", "--n-head", "2", "--n-embd", "64", "--vocab", "300", "--seq",
+              "64", "--new-tokens", "24", "--rounds", "2"] if args.quick else ["--new-tokens", "128", "--rounds", "2"])
+    return [sys.executable, str(ROOT / "bench_reference.py"), "generate", "--decoding", "all", "--batch", "8",
+            *shape, "--device", args.device, "--dtype", args.dtype, "--json", str(out / "decode.json")]  # fmt: skip
+
+
+def read_decode(args: argparse.Namespace, out: Path) -> list[Check]:
+    """Each mode's rate (and share of the bandwidth limit) against transformers; the goals are graph decoding's (the
+    default on CUDA), and compiled decoding's to be no slower than it; the tokens the modes agree on."""
+    results = json.loads((out / "decode.json").read_text())["results"]
+    rate = {(r["decoding"], r["batch"]): r["headlab"] for r in results}
+    checks = []
+    for r in results:
+        share = "" if r["share"] is None else f", {r['share']:.1%} of the bandwidth limit"
+        measured = (f"{r['headlab']:,.0f} tokens/s{share} ({r['ratio']:.3f}x transformers' time"
+                    + (f"; {r['greedy_equal']}/{r['new_tokens']} greedy tokens equal" if not r["sampled"] else "")
+                    + ")")  # fmt: skip
+        goal, verdict = "", "said"
+        if r["decoding"] == "graph" and r["batch"] in DECODE_GOALS:
+            goal = f">= {DECODE_GOALS[r['batch']]:,} tokens/s" + (
+                f", >= {BANDWIDTH_SHARE_GOAL:.0%} of the limit" if r["batch"] == 1 else "")
+            verdict = "ok" if r["headlab"] >= DECODE_GOALS[r["batch"]] and (
+                r["batch"] != 1 or (r["share"] or 0) >= BANDWIDTH_SHARE_GOAL) else "SHORT"
+        if r["decoding"] == "compiled" and ("graph", r["batch"]) in rate:
+            goal = f">= graph decoding's {rate['graph', r['batch']]:,.0f} tokens/s"
+            verdict = "ok" if r["headlab"] >= rate["graph", r["batch"]] else "SHORT"
+        checks.append(Check("decode", f"{r['decoding']} decoding, batch {r['batch']}, "
+                            f"{'sampled' if r['sampled'] else 'greedy'}", measured, goal, verdict))  # fmt: skip
+    greedy = {r["decoding"]: r["tokens"] for r in results if not r["sampled"]}
+    if "eager" in greedy and len(greedy) > 1:
+        agree = ", ".join(f"{mode} {sum(a == b for a, b in zip(tokens, greedy['eager']))}/{len(tokens)}"
+                          for mode, tokens in greedy.items() if mode != "eager")  # fmt: skip
+        checks.append(Check("decode", "greedy tokens equal to eager decoding's", agree,
+                            "all (float32); bf16 parts at near-ties", "said"))  # fmt: skip
+    return checks
+
+
+STAGES = [
+    Stage("tests", 0.20, tests_command, read_tests, gpu_only=True),
+    Stage("sweep", 0.40, sweep_command, read_sweep),
+    Stage("decode", 0.20, decode_command, read_decode),
+    Stage("step", 0.10, step_command, read_step),
+    Stage("plain", 0.10, plain_command, read_plain),
+]
+
+
+# ------------------------------------------------------------------ running them
+
+
+def run_stage(stage: Stage, args: argparse.Namespace, folder: Path, seconds: float) -> list[Check]:
+    """The stage's process, killed past ``seconds``; its output kept in its folder."""
+    out = folder / stage.name
+    out.mkdir(parents=True, exist_ok=True)
+    command = stage.command(args, out)
+    (out / "command.txt").write_text(" ".join(command) + "\n")
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(1.0, seconds), cwd=folder,
+                              env={**os.environ, **stage.env})  # fmt: skip
+    except subprocess.TimeoutExpired as ran:
+        (out / "output.log").write_text(f"{ran.stdout or ''}{ran.stderr or ''}")
+        return [Check(stage.name, "the stage", f"still running after {seconds:.0f} s: killed", f"{seconds:.0f} s",
+                      "NOT RUN")]  # fmt: skip
+    took = time.perf_counter() - start
+    (out / "output.log").write_text(done.stdout + done.stderr)
+    try:
+        checks = stage.read(args, out)
+    except (OSError, ValueError, KeyError, AttributeError) as err:  # it wrote nothing readable
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:200]
+        return [Check(stage.name, "the stage", f"exit {done.returncode}: {last} ({type(err).__name__})", "",
+                      "FAILED")]  # fmt: skip
+    if done.returncode != 0 and not any(c.verdict == "FAILED" for c in checks):
+        checks.append(Check(stage.name, "the stage's exit", f"exit {done.returncode}", "0", "FAILED"))
+    return [*checks, Check(stage.name, "time", f"{took:.0f} s", f"{seconds:.0f} s", "said")]
+
+
+def story(args: argparse.Namespace) -> tuple[Path, list[Check]]:
+    import torch
+
+    from model.device import device_name, resolve_device
+
+    device = resolve_device(args.device, option="--device")
+    name = device_name(device)
+    machine = re.sub(r"[^\w.-]+", "_", name)
+    folder = Path(args.out or ROOT / "gpu-story" / f"{datetime.date.today()}_{machine}")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not args.quick:
+        prepare(args, folder)
+    checks, deadline = [], time.perf_counter() + args.budget
+    for i, stage in enumerate(s for s in STAGES if s.name in args.stages):
+        if stage.gpu_only and device.type != "cuda":
+            checks.append(Check(stage.name, "the stage", f"needs CUDA ({name})", "", "NOT RUN"))
+            continue
+        left = deadline - time.perf_counter()
+        later = sum(s.share for s in STAGES[i + 1 :] if s.name in args.stages)
+        seconds = left * stage.share / (stage.share + later) if later else left
+        print(f"[gpu_story] {stage.name}: up to {seconds:.0f} s", flush=True)
+        checks += run_stage(stage, args, folder, seconds)
+    header = (f"{name}, torch {torch.__version__}, {datetime.datetime.now():%Y-%m-%d %H:%M}, "
+              f"{'--quick: a toy shape, the machinery only' if args.quick else 'GPT-2 small shape'}")  # fmt: skip
+    table = markdown_table(["stage", "check", "measured", "goal", "verdict"],
+                           [[c.stage, c.check, c.measured, c.goal, c.verdict] for c in checks],
+                           [False] * 5)  # fmt: skip
+    short = [c for c in checks if c.verdict in ("SHORT", "FAILED", "NOT RUN")]
+    summary = (f"{len(short)} of {sum(c.verdict != 'said' for c in checks)} checks fall short: "
+               + "; ".join(f"{c.stage} {c.check} ({c.verdict})" for c in short)) if short else "every check holds"
+    write_text(folder / "gpu_story.md", f"# The GPU story\n\n{header}\n\n{table}\n\n{summary}\n")
+    write_text(folder / "gpu_story.json", json.dumps({"header": header, "checks": [asdict(c) for c in checks]},
+                                                     indent=2))  # fmt: skip
+    print(f"\n{header}\n\n{table}\n\n{summary}\nwritten to {folder}/ (gpu_story.md, gpu_story.json, each stage's "
+          f"output)")  # fmt: skip
+    return folder, checks
+
+
+def prepare(args: argparse.Namespace, folder: Path) -> None:
+    """The sweep's data, before the clock starts: prepared once (offline with a local tokenizer's ranks)."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "data", *data_options(args)], capture_output=True, text=True)
+    (folder / "data.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"error: preparing {' '.join(data_options(args))} failed: "
+                         f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    print(f"[gpu_story] data ready in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = OneLineErrorParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    p.add_argument("--quick", action="store_true", help="a toy shape: checks the machinery (a CPU can run it)")
+    p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for every stage together")
+    p.add_argument("--steps", type=int, default=30, help="steps of each sweep job")
+    p.add_argument("--stages", nargs="+", default=[s.name for s in STAGES], choices=[s.name for s in STAGES])
+    p.add_argument("--data", default="pystdlib", help="the sweep's data= (prepared first)")
+    p.add_argument("--tokenizer", default="gpt2", help="the sweep's data.tokenizer=")
+    p.add_argument("--out", default=None, help="default: gpu-story/<date>_<device>/")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    story(parse_args())
