@@ -33,6 +33,7 @@ from cli import (
     user_errors,
     with_layout_options,
 )
+from common.machine_load import OthersLoad, busy_text, is_busy
 from data.tokenizers import EOT
 from model import GPTConfig, load_model, registry
 from model.config import attention_label
@@ -159,6 +160,7 @@ def run(cfg: SampleConfig) -> list[str]:
     decoding = choose_decoding("compiled" if cfg.compile else "auto", device)
     # When each step's tokens are on the host (every step syncs with the device), and how many came.
     marks: list[tuple[float, int]] = [(time.perf_counter(), 0)]
+    load = OthersLoad()  # the cores other processes use meanwhile: a busy machine's rate is not the model's
     for step in generate_batch(model, ids, cfg.max_new_tokens, generators, cfg.temperature, top_k, cfg.top_p,
                                use_cache=cfg.use_cache, stop_id=tokenizer.eot_id, decoding=decoding):  # fmt: skip
         if len(marks) < 3:  # the first token (the prompt's pass), then the first decode step (its set-up)
@@ -182,18 +184,20 @@ def run(cfg: SampleConfig) -> list[str]:
     for i, text in enumerate(texts[1:], 2):
         print(f"--- sample {i}/{cfg.num_samples} ---\n{text}", flush=True)
     if marks[1][1]:  # a first token came
-        report_speed(cfg, model.config, len(ids), marks, device, dtype, decoding, weight_bytes(model))
+        report_speed(cfg, model.config, len(ids), marks, device, dtype, decoding, weight_bytes(model),
+                     load.since_start())  # fmt: skip
     return texts
 
 
 def report_speed(cfg: SampleConfig, model: GPTConfig, prompt_tokens: int, marks: list[tuple[float, int]],
                  device: torch.device, dtype: torch.dtype, decoding: str,
-                 weights: int | None = None) -> None:  # fmt: skip
+                 weights: int | None = None, others: float | None = None) -> None:  # fmt: skip
     """Time to the first token (the prompt's pass) apart from the rate of the tokens after it: the decode rate
     a benchmark of the same call measures. ``marks``: (time, tokens) at the start, after the first step,
     after the second and at the end. A first decode step that compiles or captures a graph (or, without the
     cache, compiles flex for a new length) is said on its own, not averaged into the rate. With the cache and
-    the ``weights``' bytes, the rate's share of the memory-bandwidth limit follows (``bandwidth_share``)."""
+    the ``weights``' bytes, the rate's share of the memory-bandwidth limit follows (``bandwidth_share``); on a busy
+    machine (``others``: the cores other processes used meanwhile), a caution with what to do."""
     (start, _), (first, _), (second, second_tokens), (end, rest_tokens) = marks
     steps_after = max(1, math.ceil(rest_tokens / cfg.num_samples))
     setup = second - first
@@ -214,7 +218,17 @@ def report_speed(cfg: SampleConfig, model: GPTConfig, prompt_tokens: int, marks:
         steps = math.ceil(decoded / cfg.num_samples)
         keys = context_lengths(model, prompt_tokens, skipped + steps)[skipped:]
         share = f"; {bandwidth_share(rate, model, weights, cfg.num_samples, keys, dtype, device)}"
-    notice(f"{'; '.join(parts)} ({how}){share}")
+    notice(f"{'; '.join(parts)} ({how}){share}{busy_caution(others, device)}")
+
+
+def busy_caution(others: float | None, device: torch.device) -> str:
+    """What a rate measured on a busy machine needs said: the others' use, and that torch's threads, each waiting
+    for the slowest at every product, make a shared CPU many times slower (15 against 281 tokens/s on 2 cores)."""
+    if not is_busy(others):
+        return ""
+    threads = f"; torch's {torch.get_num_threads()} threads slow down most on shared cores: OMP_NUM_THREADS=1, or " \
+              f"fewer processes at once" if device.type == "cpu" and torch.get_num_threads() > 1 else ""
+    return f" (the machine was busy: {busy_text(others)}, so this rate is not the model's{threads})"
 
 
 def kept_between_tokens(model: GPTConfig) -> str:

@@ -207,3 +207,20 @@ def test_flex_sampling_says_once_that_it_compiles_before_its_first_token(trained
     first_token = next(i for i, line in enumerate(lines["flex"]) if "first token after" in line)
     assert len(said) == 1 and said[0] < first_token, lines["flex"]
     assert not any("compiling the kernel" in line for line in lines["sdpa"])
+
+
+def test_a_rate_taken_on_a_busy_machine_says_so_and_what_to_do(capsys):
+    """Issue 51, item 11: on a busy 2-core machine torch's two threads ran sampling 2-18x slower than one."""
+    from common.machine_load import busy_cores, cores
+
+    cfg = sample.SampleConfig(source="x", num_samples=1)
+    marks = [(0.0, 0), (0.1, 1), (0.12, 1), (0.32, 18)]
+    for others in (busy_cores() + 0.2, busy_cores() / 2, None):
+        sample.report_speed(cfg, GPTConfig(n_layer=1, n_head=2, n_embd=8), 4, marks, torch.device("cpu"),
+                            torch.float32, "eager", others=others)  # fmt: skip
+        line = capsys.readouterr().err
+        busy = others is not None and others >= busy_cores()
+        said = f"(the machine was busy: other processes used {others or 0:.1f} of {cores()} cores, so this rate is " \
+               f"not the model's"  # fmt: skip
+        assert (said in line) == busy, line
+        assert ("OMP_NUM_THREADS=1" in line) == (busy and torch.get_num_threads() > 1), line
