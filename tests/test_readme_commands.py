@@ -136,7 +136,8 @@ def prepared(command: str, places: dict) -> tuple[list[str], str | None]:
     elif script in ("sample.py",):
         args += ["max_new_tokens=5", "device=cpu"]
     elif script in ("heads.py", "evaluate.py"):
-        args += [cache, f"out={out / 'out' / str(next(places['count']))}"]
+        # evaluate.py's out= names its JSON (its plots go beside it); heads.py's names a folder
+        args += [cache, f"out={out / 'out' / str(next(places['count']))}{'.json' if script == 'evaluate.py' else ''}"]
         if script == "heads.py":
             # statistics and ablation (prune=true: 32 evaluations) over 2 windows, not 16; without a prompt, maps of
             # 8 tokens, not 24 (their tick labels are most of the time: matplotlib lays out each one)
