@@ -69,16 +69,8 @@ from model.checkpoint import BEST, LAST
 from model.context import check_past_context, check_reaches, with_rope_scaling
 from model.device import available_memory, resolve_device, resolve_dtype
 from training.config import TrainerConfig
-from training.evaluate import (
-    Evaluator,
-    check_memory,
-    check_protocol,
-    length_rows,
-    length_spellings,
-    most_sequences,
-    resolve_lengths,
-    scaling_part,
-)
+from training.evaluate import Evaluator, check_memory, length_rows, most_sequences, scaling_part
+from training.lengths import check_protocol, length_spellings, resolve_lengths
 from training.retrieval import retrieval_rows
 
 

@@ -23,7 +23,7 @@ from model.compiling import COMPILE_SCOPES
 from model.config import GPTConfig
 from model.context import check_past_context
 from model.device import DTYPES
-from training.evaluate import check_protocol, length_spellings
+from training.lengths import check_protocol, length_spellings
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +14,8 @@ from data.loader import validation_starts, windows
 from model import registry
 from model.device import autocast
 from training.distributed import Distributed
+from training.lengths import check_protocol
+from training.plan import eval_bytes, param_count
 
 GIB = 2**30
 
@@ -47,47 +48,6 @@ class Evaluator:
         val_loss = total / count
         # nats per token -> bits per byte of text
         return {"val/loss": val_loss, "val/bpb": val_loss / math.log(2) / self.bytes_per_token}
-
-
-LENGTH_HINT = "each length is a number of tokens, at least 1 (512), or a multiple of block_size (4x)"
-
-
-def length_spellings(lengths: Any) -> list:
-    """``lengths`` as given (one value or a list), each checked for its spelling: an int, or ``<number>x``."""
-    values = list(lengths) if isinstance(lengths, (list, tuple)) else [lengths]
-    if not values:
-        raise ValueError(f"lengths=[] names no length; {LENGTH_HINT}, e.g. lengths=[1x,4x,16x]")
-    for value in values:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        if isinstance(value, str) and value.endswith("x"):
-            try:
-                ok = float(value[:-1]) > 0
-            except ValueError:
-                ok = False
-        if not ok:
-            raise ValueError(f"lengths={values}: {value!r} is not a length; {LENGTH_HINT}")
-    return values
-
-
-def resolve_lengths(lengths: Any, block_size: int) -> list[int]:
-    """Token counts of ``lengths``: a multiple ``4x`` is 4 x block_size (rounded; at least 1)."""
-    resolved = []
-    for value in length_spellings(lengths):
-        tokens = value if isinstance(value, int) else max(1, round(float(value[:-1]) * block_size))
-        if tokens not in resolved:
-            resolved.append(tokens)
-    return resolved
-
-
-PROTOCOLS = ("chunks", "sliding")
-
-
-def check_protocol(protocol: str, stride: int | None) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol={protocol!r}; choose one of: {', '.join(PROTOCOLS)} (chunks: independent "
-                         f"chunks of the length, ALiBi's; sliding: a window moved by `stride`, YaRN's)")  # fmt: skip
-    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
-        raise ValueError(f"stride={stride!r} must be a whole number of tokens, at least 1 (e.g. stride=64)")
 
 
 class LengthEvaluator:
@@ -186,8 +146,6 @@ def reading_bytes(config, length: int, batch_tokens: int, past_context: str = "r
     the plan's forward peak (``training/plan.py``'s ``eval_bytes``: the manual kernel's length x length weights
     dominate), plus the copy of the weights that ``past_context=full`` reads with past block_size
     (``model/context.py``'s ``with_context``)."""
-    from training.plan import eval_bytes, param_count  # the plan imports this module
-
     sequences, nbytes = eval_bytes(config, length, batch_tokens)
     if past_context == "full" and length > config.block_size:
         nbytes += 4 * param_count(config)

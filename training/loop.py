@@ -39,7 +39,8 @@ from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps
 from training.distributed import Distributed, init_distributed
-from training.evaluate import Evaluator, length_rows, resolve_lengths
+from training.evaluate import Evaluator, length_rows
+from training.lengths import resolve_lengths
 from training.memory import MemoryMeter, release_memory
 from training.optim import lr_at, make_optimizer
 from training.plan import read_lengths

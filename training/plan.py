@@ -28,7 +28,7 @@ from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
-from training.evaluate import resolve_lengths
+from training.lengths import resolve_lengths
 
 GIB = 2**30
 ASSUMED_MFU = 0.4  # for time estimates only: a typical compiled bf16 GPT-2-small run on an H100 (an assumption)
