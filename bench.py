@@ -87,8 +87,8 @@ def default_layouts() -> list[str]:
 
 
 def takes_latent(layout: str) -> bool:
-    """Whether the layout keeps keys and values as a latent (its options include model.kv_latent)."""
-    return "kv_latent" in getattr(ATTENTION_LAYOUTS[layout], "options", ())
+    """Whether the layout keeps keys and values as a latent (it applies model.kv_latent)."""
+    return "kv_latent" in ATTENTION_LAYOUTS[layout].applies
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

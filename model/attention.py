@@ -18,7 +18,7 @@ layout is one class in this file (plus its configs file).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -27,6 +27,7 @@ from torch import nn
 
 from model import registry
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
+from model.options import check_applied
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
 from model.score_mods import ScoreMods, finite_number
@@ -41,6 +42,15 @@ QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 PROJECTIONS = ("query", "key", "value")
 
 
+def option(default, example, same_function: bool = False, per_layer: bool = True, **needs):
+    """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``),
+    whether every value computes the same function (a chunk size of an algorithm), and whether a schedule's layer
+    kind may set it for its layers (``model.config.LAYER_FIELDS``; not a model-wide setting: the rotary scaling a
+    reading applies, dropout, a layout's own widths)."""
+    return field(default=default, metadata={"example": example, "with": needs, "same_function": same_function,
+                                            "per_layer": per_layer})  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """One attention block's shape and how it attends: what every layout is built from, and the one place
@@ -49,25 +59,34 @@ class AttentionSpec:
     n_embd: int
     n_head: int
     kernel: str = "sdpa"
-    dropout: float = 0.0
+    # The options (model.options: every field but the shape and the kernel's choice) say a value that sets them
+    # (``example``, with the options it needs, ``with``): tests/test_options.py holds every option, in every layer,
+    # kernel and the export, to be applied (it changes the function) or refused.
+    dropout: float = option(0.0, 0.25, per_layer=False)
     bias: bool = True
-    n_kv_head: int | None = None  # None: n_head (multi-head)
-    window: int | None = None  # None: every earlier position
+    n_kv_head: int | None = option(None, 2)  # None: n_head (multi-head)
+    window: int | None = option(None, 3)  # None: every earlier position
     sdpa_backend: str = "auto"
-    position: str = "learned"  # model.positions: learned | rope | alibi | none
-    rope_theta: float = 10000.0
-    rope_fraction: float = 1.0  # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
-    rope_scaling: str | None = None  # rotary read past its trained length: pi | ntk | yarn (model.positions.scaled)
-    rope_factor: float = 1.0  # the scaling's factor s (the read length over the trained one, typically)
-    rope_original_length: int | None = None  # the trained length YaRN's ramp counts turns over (None: block_size)
-    qk_norm: bool = False
-    softcap: float | None = None
-    sinks: bool = False
-    gate: str = "none"  # an output gate from the block's input: none | headwise | elementwise
+    position: str = option("learned", "alibi")  # model.positions: learned | rope | alibi | none
+    rope_theta: float = option(10000.0, 50.0, position="rope")
+    # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
+    rope_fraction: float = option(1.0, 0.5, position="rope")
+    # rotary read past its trained length: pi | ntk | yarn (model.positions.scaled)
+    rope_scaling: str | None = option(None, "pi", per_layer=False, position="rope", rope_factor=4.0)
+    # the scaling's factor s (the read length over the trained one, typically)
+    rope_factor: float = option(1.0, 4.0, per_layer=False, position="rope", rope_scaling="pi")
+    # the trained length YaRN's ramp counts turns over (None: block_size)
+    rope_original_length: int | None = option(None, 2, per_layer=False, position="rope", rope_scaling="yarn",
+                                              rope_factor=4.0)
+    qk_norm: bool = option(False, True)
+    softcap: float | None = option(None, 0.5)
+    sinks: bool = option(False, True)
+    gate: str = option("none", "headwise")  # an output gate from the block's input: none | headwise | elementwise
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
-    kv_latent: int | None = None  # attention=mla's latent width
-    rope_head_dim: int | None = None  # attention=mla's decoupled rotary key width
-    linear_chunk: int | None = None  # attention=gated_deltanet's chunk of positions (None: its default, 64)
+    kv_latent: int | None = option(None, 8, per_layer=False)  # attention=mla's latent width
+    rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
+    # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
+    linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -85,10 +104,6 @@ class AttentionSpec:
             takers = " or ".join(name for name, k in KERNELS.items() if self.sdpa_backend in k.backends)
             raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel={takers}'s implementation, but "
                              f"kernel={self.kernel}; use kernel={takers}, or model.sdpa_backend=auto")  # fmt: skip
-        if not kernel.has_dropout and self.dropout > 0:
-            others = " or ".join(name for name, k in KERNELS.items() if k.has_dropout)
-            raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
-                             f"model.dropout=0, or use kernel={others}")  # fmt: skip
         registry.position(self.position)
         if not finite_number(self.rope_theta) or not self.rope_theta > 1:  # NaN compares false: it is refused too
             raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a finite number above 1 (10000: "
@@ -97,12 +112,21 @@ class AttentionSpec:
         self.check_rope_fraction()
         for mod in SCORE_MODS.values():
             mod.check(getattr(self, mod.field))
-        for name in self.score_mods:
-            if name not in kernel.score_mods:
-                takers = " or ".join(kernel_name for kernel_name, k in KERNELS.items() if name in k.score_mods)
-                raise ValueError(f"{SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field))} changes the "
-                                 f"scores before the softmax, which kernel={self.kernel} cannot do; use "
-                                 f"kernel={takers}")  # fmt: skip
+
+    def check_kernel_applies(self) -> None:
+        """Refuse what this attention needs its kernel to apply (``kernel_effects``) and the kernel does not, naming
+        the kernels that do: asked by a layer that runs a kernel (``options.check_applied``), never of one that runs
+        its own form (Gated DeltaNet: the kernel is not the fix)."""
+        kernel = registry.kernel(self.kernel)
+        if "dropout" not in kernel.applies and self.dropout > 0:
+            others = " or ".join(name for name, k in KERNELS.items() if "dropout" in k.applies)
+            raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
+                             f"model.dropout=0, or use kernel={others}")  # fmt: skip
+        for effect, option, what in self.kernel_effects:
+            if effect not in kernel.applies:
+                takers = " or ".join(kernel_name for kernel_name, k in KERNELS.items() if effect in k.applies)
+                raise ValueError(f"{option} {what}, which kernel={self.kernel} cannot do; use "
+                                 f"kernel={takers or 'none: no kernel applies it yet'}")  # fmt: skip
 
     def check_rope_scaling(self) -> None:
         scaling, factor = self.rope_scaling, self.rope_factor
@@ -163,6 +187,14 @@ class AttentionSpec:
     def score_mods(self) -> tuple[str, ...]:
         """The modifications of the scores this attention uses (``model.score_mods``), by name."""
         return tuple(name for name, mod in SCORE_MODS.items() if mod.on_scores and mod.used(getattr(self, mod.field)))
+
+    @property
+    def kernel_effects(self) -> list[tuple[str, str, str]]:
+        """What this attention needs its kernel to apply, each (effect, the option that asks for it, what it does):
+        its masks and its modifications of the scores (``AttentionKernel.applies`` names the ones a kernel does)."""
+        effects = [("window", f"model.window={self.window}", "masks keys past the window")] if self.window else []
+        return effects + [(name, SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field)),
+                           "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
     @property
     def context(self) -> int | None:
@@ -243,7 +275,10 @@ class MultiHeadAttention(nn.Module):
     # The function it computes: layouts of one function convert exactly (model.convert); what that function is
     function: ClassVar[str] = "mha"
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
-    options: ClassVar[tuple[str, ...]] = ()  # AttentionSpec fields only this layout takes (attention=mla's kv_latent)
+    # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer of this layout
+    # applies; its position encoding's own come with "position". Any other set away from its off value is refused.
+    applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "position", "qk_norm", "softcap", "sinks",
+                                                   "gate", "dropout"})  # fmt: skip
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
     takes_kernel: ClassVar[bool] = True  # runs model.kernel (a linear layer runs its own form)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
@@ -287,23 +322,13 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
-        """Refuse what this layout cannot build (beyond the spec's own checks), naming the fix."""
-        cls.check_layout_options(spec)
+        """Refuse what this layout cannot build (beyond the spec's own checks), naming the fix; last, any option set
+        that it does not apply (``applies``: model.kv_latent is attention=mla's)."""
         if registry.position(spec.position).turns_queries_keys and spec.head_dim % 2:
             raise ValueError(f"model.position={spec.position} turns pairs of a head's dimensions, but the head dim "
                              f"n_embd/n_head = {spec.n_embd}/{spec.n_head} = {spec.head_dim} is odd; choose n_embd "
                              f"and n_head with an even quotient")  # fmt: skip
-
-    @classmethod
-    def check_layout_options(cls, spec: AttentionSpec) -> None:
-        """Refuse another layout's own options (``options``: model.kv_latent is attention=mla's), naming it."""
-        for other in ATTENTION_LAYOUTS.values():
-            for option in set(other.options) - set(cls.options):
-                value = getattr(spec, option)
-                if value is not None:
-                    raise ValueError(f"model.{option}={value!r} is an option of attention={other.name}, but "
-                                     f"attention={cls.name}; use attention={other.name}, or "
-                                     f"model.{option}=null")  # fmt: skip
+        check_applied(cls, spec)
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()

@@ -172,7 +172,7 @@ class GPTConfig:
         # Before the kernel's checks, which do not concern a layer that runs none: the kernel is not their fix.
         check_linear_layers(self)
         self.check_kernel_is_used()
-        layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
+        layout.check_spec(self.model_spec)  # every attention option, checked where attention is declared
         check_schedule(self)
 
     def check_kernel_is_used(self) -> None:
@@ -184,6 +184,17 @@ class GPTConfig:
                              f"attention={self.attention}, which runs its own chunked form; leave "
                              f"model.kernel={default}, or give some layers softmax attention "
                              f"(model.layer_pattern)")  # fmt: skip
+
+    @property
+    def model_spec(self) -> AttentionSpec:
+        """The model's own fields as a spec, for its checks: in a schedule, its rotary base may serve some layers
+        only (a kind with another encoding), which ``check_schedule`` holds to reach one."""
+        spec = self.attention_spec
+        if self.layer_pattern is None:
+            return spec
+        mine = registry.position(self.position).fields
+        defaults = {name: f.default for name, f in type(spec).__dataclass_fields__.items()}
+        return replace(spec, **{name: defaults[name] for name in position_fields() if name not in mine})
 
     @property
     def attention_spec(self) -> AttentionSpec:
@@ -205,11 +216,20 @@ class GPTConfig:
             return self
         fields_of_kind = self.layer_kinds[kind]
         layout = registry.layout(fields_of_kind.get("attention", self.attention))
+        defaults = {name: f.default for name, f in type(self).__dataclass_fields__.items()}
         # A layer that runs no kernel (a hybrid's Gated DeltaNet layers) takes none of the model's, which its
         # softmax layers run: the defaults, as a uniform model of that layer has.
-        unused = {} if layout.takes_kernel else {name: type(self).__dataclass_fields__[name].default
-                                                 for name in ("kernel", "sdpa_backend")}  # fmt: skip
+        unused = {} if layout.takes_kernel else {name: defaults[name] for name in ("kernel", "sdpa_backend")}
+        # The model's rotary base (its position encoding's options) reaches the layers whose encoding has them: a
+        # layer without positions (Llama 4's every fourth) has no rotary base to take.
+        position = registry.position(fields_of_kind.get("position", self.position))
+        unused |= {name: defaults[name] for name in position_fields()
+                   if name not in position.fields and name not in fields_of_kind}  # fmt: skip
         return replace(self, layer_pattern=None, layer_kinds={}, **fields_of_kind, **unused)
+
+    def consumes(self, name: str) -> bool:
+        """Whether some layer's position encoding has option ``name`` (a rotary base: some layer is rotary)."""
+        return any(name in registry.position(self.layer_config(i).position).fields for i in range(self.n_layer))
 
     def in_any_layer(self, name: str) -> bool:
         """Whether any layer sets the attention field ``name`` (``sinks``: some layer has sinks)."""
@@ -276,9 +296,14 @@ class GPTConfig:
         return -(-self.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+def position_fields() -> tuple[str, ...]:
+    """The options of every registered position encoding (rotary's base, fraction and scaling)."""
+    return tuple(dict.fromkeys(name for encoding in registry.POSITIONS.values() for name in encoding.fields))
+
+
 # The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>); attention only to a layout of
 # another function than the model's (a hybrid's gated_deltanet layers).
-LAYER_FIELDS = ("attention", "window", "position", "rope_theta", "rope_fraction", "n_kv_head", *score_mod_fields())
+LAYER_FIELDS = ("attention", *(f.name for f in fields(AttentionSpec) if f.metadata.get("per_layer")))
 
 
 def context_notes(config: GPTConfig) -> list[str]:
@@ -319,7 +344,8 @@ def window_notes(window: int | None, block_size: int, kind: str | None = None, l
 def check_schedule(config: GPTConfig) -> None:
     """Refuse a bad schedule of layers before any work, in one line naming the layer kind (its layers) and the
     value: a pattern that does not tile the layers, a letter with no kind, a field a kind cannot set, a value
-    its layers' attention cannot take (each kind's layers are checked as a uniform model is)."""
+    its layers' attention cannot take (each kind's layers are checked as a uniform model is), a position option of
+    the model's that no layer's encoding has."""
     check_pattern(config)
     for kind in dict.fromkeys(config.layer_pattern or ""):
         where = kind_where(config, kind)
@@ -330,6 +356,23 @@ def check_schedule(config: GPTConfig) -> None:
             config.layer_config(config.layer_kind_names.index(kind))
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
+    check_position_options_reach_a_layer(config)
+
+
+def check_position_options_reach_a_layer(config: GPTConfig) -> None:
+    """A schedule's model-level position option (a rotary base) reaches only the layers whose encoding has it:
+    refused where no layer's does, as a uniform model's would be."""
+    if config.layer_pattern is None:
+        return
+    defaults = {name: f.default for name, f in type(config).__dataclass_fields__.items()}
+    for name in position_fields():
+        value = getattr(config, name)
+        if value != defaults[name] and not config.consumes(name):
+            takers = " or ".join(f"model.position={n}" for n, p in registry.POSITIONS.items() if name in p.fields)
+            positions = sorted({config.layer_config(i).position for i in range(config.n_layer)})
+            raise ValueError(f"model.{name}={value!r} is an option of {takers}, but no layer has it (the layers' "
+                             f"positions: {', '.join(positions)}); use {takers} in some layer, or "
+                             f"model.{name}={spelled(defaults[name])}")  # fmt: skip
 
 
 def check_no_window_left(config: GPTConfig, kind: str) -> None:

@@ -44,8 +44,10 @@ def with_context(model: GPT, length: int, past_context: str) -> GPT:
     check_reaches(model.config, length, "leave past_context=ring: a learned model re-encodes its last block_size "
                                         "tokens past it")  # fmt: skip
     first = next(model.parameters())
-    original = model.config.rope_original_length or model.config.block_size  # YaRN's trained length stays
-    wide = GPT(replace(model.config, block_size=length, rope_original_length=original))
+    config = model.config
+    if config.consumes("rope_original_length"):  # YaRN's trained length stays (a rotary layer's option)
+        config = replace(config, rope_original_length=config.rope_original_length or config.block_size)
+    wide = GPT(replace(config, block_size=length))
     wide = wide.to(device=first.device, dtype=first.dtype)
     wide.load_state_dict(model.state_dict())
     return wide.train(model.training)

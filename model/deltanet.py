@@ -33,6 +33,7 @@ from torch import nn
 from model import registry
 from model.attention import AttentionSpec, MultiHeadAttention
 from model.convert import ConvertsToNoOther
+from model.options import check_applied
 from model.registry import ATTENTION_LAYOUTS, SCORE_MODS, register
 from model.score_mods import spelled
 
@@ -129,13 +130,14 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     QKV_KEY = re.compile(r"(?P<proj>in_proj)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "in_proj"
     chunk = 64  # the chunked form's positions per chunk by default (fla's); model.linear_chunk sets another
-    options = ("linear_chunk",)
+    # Its own chunk and positions' fields (learned or none: refused otherwise, below); dropout on its output
+    applies = frozenset({"linear_chunk", "position", "dropout"})
     has_attention_maps, takes_kernel = False, False
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
-        """Refuse what a Gated DeltaNet layer has no place for, naming what it has instead."""
-        cls.check_layout_options(spec)
+        """Refuse what a Gated DeltaNet layer has no place for, naming what it has instead; last, any option set that
+        it does not apply (``applies``)."""
         chunk = spec.linear_chunk
         if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
             raise ValueError(f"model.linear_chunk={chunk!r} must be a positive number of positions per chunk of the "
@@ -148,6 +150,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         if spec.sdpa_backend != "auto":
             raise ValueError(f"model.sdpa_backend={spec.sdpa_backend} chooses softmax attention's implementation; "
                              f"attention=gated_deltanet runs its own chunked form: set model.sdpa_backend=auto")
+        check_applied(cls, spec)
 
     @classmethod
     def unapplied(cls, spec) -> list[tuple[str, Any, tuple, str]]:

@@ -19,11 +19,16 @@ from model import registry
 from model.convert import convert_attention_layout
 from model.gpt import GPT
 from model.gpt2_import import CONV1D
+from model.options import applied, is_set, option_fields, spelled
 
 HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # what GPT2LMHeadModel.from_pretrained reads
 
 # GPT-2's activation is the tanh approximation of GELU ("gelu_new" in transformers), as headlab's MLP.
 HF_ACTIVATION = "gelu_new"
+# The attention options (model.options) GPT-2's format holds set away from their off values: grouped key/value heads
+# (written repeated per query head, the same function) and dropout (training's, no part of the function). Every
+# other option set is refused: the specific ones with why (below), any other, a new one included, as having no place.
+GPT2_HOLDS = frozenset({"n_kv_head", "dropout"})
 
 
 def what_gpt2_cannot_hold(config) -> list[str]:
@@ -50,7 +55,20 @@ def what_gpt2_cannot_hold(config) -> list[str]:
     if getattr(layout, "function", None) != getattr(gpt2, "function", None):
         problems.append(f"attention={config.attention} (it computes {layout.computes}: another function than "
                         f"GPT-2's multi-head attention)")  # fmt: skip
-    return problems
+    return problems + unheld(config, layout, gpt2)
+
+
+def unheld(config, layout, gpt2) -> list[str]:
+    """Every other option the model sets that GPT-2's format does not hold (``GPT2_HOLDS``): those that a layer of
+    GPT-2's function applies (another function's are its layout's problem, said above), and that no specific
+    problem above names (the window, the position encoding and its options, the modifications)."""
+    spec = config.attention_spec
+    named = {"window", "position", *registry.POSITIONS[config.position].fields,
+             *(mod.field for mod in registry.SCORE_MODS.values())}  # fmt: skip
+    ours = applied(gpt2, spec) if layout.function == gpt2.function else set()
+    return [f"model.{name}={spelled(getattr(spec, name))} (GPT-2's format has no place for it)"
+            for name in option_fields(type(spec))
+            if is_set(spec, name) and name not in GPT2_HOLDS | named and name in ours]  # fmt: skip
 
 
 def as_kind_sets_it(problem: str, kind: str, overrides: dict) -> str:

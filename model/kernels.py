@@ -356,11 +356,12 @@ class AttentionKernel:
 
     name: ClassVar[str]
     attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None, mods=None, positions=None)
-    # The modifications of the scores it applies (model.registry.SCORE_MODS' names), each kernel its own: a new
-    # modification is refused by every kernel until the kernel applies it and says so.
-    score_mods: ClassVar[tuple[str, ...]] = ()
+    # The effects it applies (model.options): the masks it masks keys with, the modifications of the scores
+    # (model.registry.SCORE_MODS' names) and attention dropout, each kernel its own: a spec that needs another
+    # (AttentionSpec.kernel_effects) is refused naming the kernels that apply it, so a new mask or modification is
+    # refused by every kernel until the kernel applies it and says so.
+    applies: ClassVar[frozenset[str]] = frozenset({"window", "dropout"})
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
-    has_dropout: ClassVar[bool] = True  # applies attention dropout (else model.dropout must be 0)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
     compiles: ClassVar[bool] = False  # compiles itself on its first call (seconds of silence)
     backends: ClassVar[tuple[str, ...]] = ()  # the model.sdpa_backend values, besides auto, it can be held to
@@ -393,7 +394,7 @@ class AttentionKernel:
 class ManualKernel(AttentionKernel):
     name = "manual"
     attend = staticmethod(manual_attention)
-    score_mods = ("alibi", "softcap", "sinks")  # literally, between the scores and the softmax
+    applies = AttentionKernel.applies | {"alibi", "softcap", "sinks"}  # literally, between the scores and softmax
     scores_kept = True
     line_style, line_name, hatch = "--", "dashed", "//"
 
@@ -402,7 +403,7 @@ class ManualKernel(AttentionKernel):
 class SDPAKernel(AttentionKernel):
     name = "sdpa"
     attend = staticmethod(sdpa_attention)
-    score_mods = ("alibi", "sinks")  # through a float mask; it has no step between the scores and the softmax
+    applies = AttentionKernel.applies | {"alibi", "sinks"}  # a float mask; no step between the scores and softmax
     backends = tuple(b for b in SDPA_BACKENDS if b != "auto")
 
     @classmethod
@@ -435,8 +436,8 @@ class SDPAKernel(AttentionKernel):
 class FlexKernel(AttentionKernel):
     name = "flex"
     attend = staticmethod(flex_attention)
-    score_mods = ("alibi", "softcap", "sinks")  # in its score_mod (a sink as one more key)
-    has_dropout = trains_on_cpu = False
+    applies = frozenset({"window", "alibi", "softcap", "sinks"})  # in its block mask and score_mod (a sink: a key)
+    trains_on_cpu = False
     compiles = True
     line_style, line_name = ":", "dotted"
 

@@ -31,6 +31,7 @@ from model import registry
 from model.attention import AttentionSpec, MultiHeadAttention, remember, rms_normed
 from model.convert import ConvertsToNoOther
 from model.kernels import repeat_kv
+from model.options import check_applied
 from model.registry import ATTENTION_LAYOUTS, register
 
 if TYPE_CHECKING:
@@ -46,13 +47,12 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "mla", "tab:purple", "D"
     function = "mla"
     computes = "keys and values through a kv_latent-wide latent"
-    options = ("kv_latent", "rope_head_dim")
+    applies = MultiHeadAttention.applies - {"n_kv_head"} | {"kv_latent", "rope_head_dim"}
     QKV_KEY = re.compile(r"(?P<proj>wq|wkv_a|wkv_b)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "wkv_a"
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
-        cls.check_layout_options(spec)
         if not positive_int(spec.kv_latent):
             raise ValueError(f"attention=mla needs model.kv_latent=<the keys' and values' latent width>, a positive "
                              f"integer, not {spec.kv_latent!r}; e.g. model.kv_latent={4 * spec.head_dim} (4 head "
@@ -76,6 +76,7 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
             raise ValueError(f"model.rope_head_dim={rope!r} is attention=mla's rotary key width, but "
                              f"model.position={spec.position} turns nothing; set model.rope_head_dim=null, or "
                              f"model.position=rope")  # fmt: skip
+        check_applied(cls, spec)  # any option set that it does not apply (``applies``)
 
     @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:

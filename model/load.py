@@ -85,7 +85,7 @@ def model_from_checkpoint(
         check_converts(config.attention, attention)  # attention=mla's weights are another function's
     kernel = kernel or config.kernel
     if dropout is None:
-        dropout = config.dropout if registry.kernel(kernel).has_dropout else 0.0
+        dropout = config.dropout if "dropout" in registry.kernel(kernel).applies else 0.0
     config = replace(config, attention=attention or config.attention, kernel=kernel, dropout=dropout,
                      sdpa_backend="auto")  # fmt: skip
     model = GPT(config)

@@ -237,6 +237,8 @@ class PositionEncoding:
     in_gpt2: ClassVar[bool] = False  # GPT-2's format (export) holds it
     biases_scores: ClassVar[bool] = False  # adds to the attention scores (a kernel must take a score bias)
     turns_queries_keys: ClassVar[bool] = False  # rotates queries and keys (the head dim must be even)
+    # The attention options it consumes (model.options): a layer that applies positions applies them with it
+    fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def embedding(cls, block_size: int, n_embd: int) -> nn.Module:
@@ -265,6 +267,7 @@ class Learned(PositionEncoding):
 class RotaryPositions(PositionEncoding):
     name = "rope"
     turns_queries_keys = True
+    fields = ("rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length")
 
     @classmethod
     def rotary(cls, dim: int, theta: float, **scaling) -> Rotary:

@@ -216,7 +216,7 @@ ENCODING_LENGTHS = [1, 2, 5, 8, 17, 40, 127, 129, 200]
 def takes(kernel: str, options: dict) -> bool:
     """Whether the kernel applies every modification of the scores the options use (sdpa cannot cap scores: it
     has no step before the softmax), as the registries say."""
-    return all(name in KERNELS[kernel].score_mods for name in score_modifications(options))
+    return all(name in KERNELS[kernel].applies for name in score_modifications(options))
 
 
 def score_modifications(options: dict) -> list[str]:

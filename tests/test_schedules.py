@@ -18,7 +18,7 @@ import sample
 from analysis.report import build_rows, markdown_table
 from analysis.runs import find_runs
 from model import GPT, KVCache, convert_attention_layout
-from model.config import attention_label, context_notes
+from model.config import LAYER_FIELDS, attention_label, context_notes
 from model.decoding import StaticStep
 from model.gpt2_export import what_gpt2_cannot_hold
 from training.loop import train
@@ -36,8 +36,8 @@ LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5}}),
      "model.layer_pattern=LLLG: layer kind G is not in model.layer_kinds (has: L); add model.layer_kinds.G"),
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"windw": 5}, "G": {}}),
-     "model.layer_kinds.L (layers 0, 1, 2): windw=5 is not a field a layer sets; choose from attention, window, "
-     "position,"),
+     f"model.layer_kinds.L (layers 0, 1, 2): windw=5 is not a field a layer sets; choose from "
+     f"{', '.join(LAYER_FIELDS)}"),
     (dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {}, "G": {"window": -1}}),
      "model.layer_kinds.G (layer 3): model.window=-1 must be a positive number of positions"),  # 0: a share's
     (dict(n_layer=4, kernel="sdpa", layer_pattern="LLLG", layer_kinds={"L": {"softcap": 30.0}, "G": {}}),
@@ -161,7 +161,7 @@ def test_the_plan_counts_each_layer_as_its_kind_and_names_the_kinds():
 
 def test_a_schedule_is_named_in_its_label_and_each_kind_refused_for_gpt2_as_a_uniform_model_would_be():
     c = config(n_layer=4, n_head=4, position="rope", sinks=True, kernel="manual", layer_pattern="LLLG",
-               layer_kinds={"L": {"window": 5, "sinks": False}, "G": {"position": "none", "rope_theta": 500.0}})
+               layer_kinds={"L": {"window": 5, "sinks": False}, "G": {"position": "none"}})
     assert attention_label(vars(c)) == "fused_qkv-manual-rope-sinks-LLLG_L.window5.nosinks_G.nopos"
     problems = what_gpt2_cannot_hold(c)
     assert problems == [  # each named where it is set: the kind's fields, the model's

@@ -77,7 +77,7 @@ def test_each_modification_is_checked_named_shown_benched_and_refused_for_gpt2_a
     in every place below without another file naming it (issue 37)."""
     mod = SCORE_MODS[name]
     assert name in REFERENCED_MODS, f"{name} has no float64 reference in tests/attention_reference.py"
-    kernel = next(k for k, cls in KERNELS.items() if name in cls.score_mods or not mod.on_scores)
+    kernel = next(k for k, cls in KERNELS.items() if name in cls.applies or not mod.on_scores)
     model = config(**{mod.field: mod.example}, kernel=kernel, n_head=4)
     assert mod.used(getattr(model, mod.field)) and not mod.used(mod.off)
     assert (name in model.attention_spec.score_mods) == mod.on_scores

@@ -1,0 +1,99 @@
+"""The attention options, and who applies each: declared, so that an option nobody applies is refused by
+construction instead of silently ignored.
+
+An option is a field of ``AttentionSpec`` that says what attention computes or how: every field but the block's
+shape (``SHAPE``) and the choice of kernel (``KERNEL_CHOICE``, which a layer takes or not: ``takes_kernel``). An
+option is *set* when it is away from its off value (its default; for ``n_kv_head``, also ``n_head``: multi-head).
+Who applies what:
+
+- a layer class (every layout, mla, gated_deltanet) lists the options it applies (``MultiHeadAttention.applies``),
+  and applies the options its position encoding consumes (``PositionEncoding.fields``: rotary's base, fraction
+  and scaling) where it applies ``position``;
+- a kernel lists the effects it applies (``AttentionKernel.applies``: masks, score modifications, dropout);
+- the export lists what GPT-2's format holds (``model.gpt2_export.GPT2_HOLDS``).
+
+A set option that the layer does not apply is refused in one line, naming the option, the layer and those that
+take it (``unapplied``, ``refusal``). A new field of ``AttentionSpec`` is therefore refused everywhere until a
+layer says it applies it; ``tests/test_options.py`` walks every option x every layer, kernel and the export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+
+from model import registry
+
+SHAPE = ("n_embd", "n_head", "bias", "block_size")  # what a block is built at, not an option of how it attends
+KERNEL_CHOICE = ("kernel", "sdpa_backend")  # which kernel runs the softmax: a layer takes one or runs none
+
+
+def option_fields(spec_class=None) -> tuple[str, ...]:
+    """Every option of ``AttentionSpec`` (the class, passed to avoid an import circle), in its order."""
+    if spec_class is None:
+        from model.attention import AttentionSpec as spec_class
+    return tuple(f.name for f in fields(spec_class) if f.name not in SHAPE + KERNEL_CHOICE)
+
+
+def off_values(spec, name: str) -> tuple:
+    """The values of option ``name`` that leave it off: its default (multi-head's ``n_head`` too)."""
+    default = next(f.default for f in fields(spec) if f.name == name)
+    assert default is not MISSING, name
+    return (default, spec.n_head) if name == "n_kv_head" else (default,)
+
+
+def is_set(spec, name: str) -> bool:
+    return getattr(spec, name) not in off_values(spec, name)
+
+
+def applied(layout, spec) -> set[str]:
+    """The options a layer of ``layout`` applies for ``spec``: its own, and its position encoding's where it applies
+    positions (the encoding ``spec.position`` names; an unknown one is refused elsewhere)."""
+    found = set(layout.applies)
+    encoding = registry.POSITIONS.get(spec.position)
+    if "position" in found and encoding is not None:
+        found |= set(encoding.fields)
+    return found
+
+
+def takers(name: str) -> list[str]:
+    """Who applies option ``name``, as options choose them: ``attention=mla``, ``model.position=rope``."""
+    layouts = [f"attention={n}" for n, cls in registry.ATTENTION_LAYOUTS.items() if name in cls.applies]
+    positions = [f"model.position={n}" for n, cls in registry.POSITIONS.items() if name in cls.fields]
+    return layouts + positions
+
+
+def unapplied(layout, spec) -> list[tuple[str, object, tuple]]:
+    """The options ``spec`` sets that a layer of ``layout`` does not apply: (name, value, its off values)."""
+    mine = applied(layout, spec)
+    return [(name, getattr(spec, name), off_values(spec, name)) for name in option_fields(type(spec))
+            if name not in mine and is_set(spec, name)]  # fmt: skip
+
+
+def spelled(value) -> str:
+    """A value as an override types it: ``null``, ``true``, ``30.0``, ``headwise``."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def refusal(layout, spec, name: str, value, offs: tuple) -> str:
+    """The one line that refuses ``name=value`` for a layer of ``layout``: who takes it, or, where none does, that
+    no one has said they apply it (a new option)."""
+    off = spelled(offs[0])
+    who = takers(name)
+    if not who:
+        return (f"model.{name}={value!r} is applied by no attention layer (an option no layer declares in its "
+                f"applies: a new option is refused until one does); set model.{name}={off}")  # fmt: skip
+    layouts = [w for w in who if w.startswith("attention=")]
+    here = f"attention={layout.name}" if layouts else f"model.position={spec.position}"
+    return (f"model.{name}={value!r} is an option of {' or '.join(who)}, but {here}; use {' or '.join(who)}, or "
+            f"model.{name}={off}")  # fmt: skip
+
+
+def check_applied(layout, spec) -> None:
+    """Refuse the first option ``spec`` sets that a layer of ``layout`` does not apply (``refusal``); then, for a
+    layer that runs a kernel, what its options ask of the kernel and the kernel does not apply."""
+    for name, value, offs in unapplied(layout, spec):
+        raise ValueError(refusal(layout, spec, name, value, offs))
+    if layout.takes_kernel:
+        spec.check_kernel_applies()
