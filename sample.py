@@ -113,12 +113,12 @@ def prompt_ids(text: str, tokenizer, block_size: int) -> list[int]:
     return ids
 
 
-def compiles_before_first_tokens(kernel, window: int | None, prompt_len: int, use_cache: bool,
+def compiles_before_first_tokens(kernel, masks: tuple, prompt_len: int, use_cache: bool,
                                  max_new_tokens: int) -> bool:  # fmt: skip
     """Whether the kernel compiles itself on the prompt's pass or, without the cache, on the next pass (one
     token longer): seconds of silence, said beforehand. The kernel answers for a pass (``compiles_for``)."""
     lengths = [prompt_len] + ([prompt_len + 1] if not use_cache and max_new_tokens > 1 else [])
-    return any(kernel.compiles_for(n, n, window) for n in lengths)
+    return any(kernel.compiles_for(n, n, masks) for n in lengths)
 
 
 def run(cfg: SampleConfig) -> list[str]:
@@ -150,7 +150,8 @@ def run(cfg: SampleConfig) -> list[str]:
     texts = [prefix] * cfg.num_samples
     counts = [0] * cfg.num_samples
     kernel = registry.kernel(model.config.kernel)
-    if compiles_before_first_tokens(kernel, model.config.window, len(ids), cfg.use_cache, cfg.max_new_tokens):
+    masks = model.config.attention_spec.masks  # the model's masks (a schedule's first layer's are as telling)
+    if compiles_before_first_tokens(kernel, masks, len(ids), cfg.use_cache, cfg.max_new_tokens):
         notice(f"kernel={kernel.name}: compiling the kernel for this length (first call only: 18 s on a 2-core CPU, "
                f"5 s once torch's compile cache holds it; docs/attention.md)"
                f"{'' if cfg.use_cache else ', and once more for the next length'}")

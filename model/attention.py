@@ -27,6 +27,8 @@ from torch import nn
 
 from model import registry
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
+from model.masks import HeldKeys, Masks
+from model.masks import of_spec as masks_of
 from model.options import check_applied
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
@@ -204,15 +206,21 @@ class AttentionSpec:
             return self.window
         return min(self.window or self.block_size, self.block_size)
 
+    @property
+    def masks(self) -> Masks:
+        """The masks this attention's queries see keys through (``model.masks``): causal, and its context's window."""
+        return masks_of(self)
+
     def build_kernel(self):
-        return get_kernel(self.kernel, self.context, self.sdpa_backend)
+        return get_kernel(self.kernel, self.masks, self.sdpa_backend)
 
 
 def remember(
     cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, HeldKeys | None]:
     """Add the new positions' k, v to the cache (``model.kv_cache``); return the keys and values to attend
-    over, and the mask of those visible when a static decode step attends over the whole cache (else None)."""
+    over, and where they are not in position order from 0 (a ring that has wrapped, a static decode step's whole
+    cache) the positions they hold (else None)."""
     if cache is None:
         return k, v, None
     return cache.update(slot, k, v)
@@ -250,10 +258,10 @@ class CausalAttentionHead(nn.Module):
         """This head's queries, (B, 1, T, hd): a head axis of size 1 lets every kernel serve single heads too."""
         return self.query(x).unsqueeze(1)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None = None,
                 mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """This head's (encoded) queries over its group's keys and values -> (B, T, hd)."""
-        return self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=mods, positions=positions).squeeze(1)
+        return self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions).squeeze(1)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This head's group's keys and values, (B, 1, T, hd) each."""
@@ -333,7 +341,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.window, self.head_dim = spec.n_head, spec.kv_heads, spec.window, spec.head_dim
-        self.context = spec.context  # the window, or a model's context once it reads past block_size
+        self.masks = spec.masks  # which keys a query sees: causal, the window (or a model's context past its length)
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
         self.build_encodings(spec, spec.head_dim)
@@ -359,7 +367,6 @@ class MultiHeadAttention(nn.Module):
             self.gate = nn.Linear(spec.n_embd, spec.n_head if spec.gate == "headwise" else spec.n_embd, bias=False)
         slopes = alibi_slopes(spec.n_head) if registry.position(spec.position).biases_scores else None
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
-        self.mods_span = spec.context or spec.block_size or 0
 
     def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), then rotated (rope)."""
@@ -375,7 +382,7 @@ class MultiHeadAttention(nn.Module):
         """The score modifications of this block (``model.score_mods``), or None when it has none."""
         if self.alibi_slopes is None and self.softcap is None and self.sinks is None:
             return None
-        return ScoreMods(self.mods_span, self.alibi_slopes, self.softcap, self.sinks, slopes_key=(self.n_head,))
+        return ScoreMods(self.alibi_slopes, self.softcap, self.sinks, slopes_key=(self.n_head,))
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
@@ -412,7 +419,7 @@ class MultiHeadAttention(nn.Module):
         The manual kernel applies exactly these; sdpa and flex fuse the same formula, so they describe a
         model run with any kernel.
         """
-        return attention_probs(*self.queries_keys(x), self.context, mods=self.score_mods())
+        return attention_probs(*self.queries_keys(x), self.masks, mods=self.score_mods())
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:
@@ -461,10 +468,10 @@ class WrapperAttention(MultiHeadAttention):
         outputs = []
         for g in range(self.n_kv_head):
             k, v = heads[g * group].keys_values(x)  # the group's notes, once
-            k, v, mask = remember(cache, g, self.encode_keys(k, positions), v)
+            k, v, keys = remember(cache, g, self.encode_keys(k, positions), v)
             for h in range(g * group, (g + 1) * group):
                 q = self.encode_queries(heads[h].queries(x), positions)
-                outputs.append(heads[h](q, k, v, mask, None if mods is None else mods.head(h), positions))
+                outputs.append(heads[h](q, k, v, keys, None if mods is None else mods.head(h), positions))
         return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -534,8 +541,8 @@ class SplitHeadsAttention(MultiHeadAttention):
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads_qkv(x, positions)
-        k, v, mask = remember(cache, 0, k, v)
-        y = self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=self.score_mods(), positions=positions)
+        k, v, keys = remember(cache, 0, k, v)
+        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=self.score_mods(), positions=positions)
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

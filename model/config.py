@@ -16,6 +16,7 @@ from typing import Any
 from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
 from model.attention import AttentionSpec
+from model.masks import capacity as mask_capacity
 from model.score_mods import finite_number, score_mod_fields, spelled
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
@@ -276,8 +277,9 @@ class GPTConfig:
 
     @property
     def cache_capacity(self) -> int:
-        """Positions a KV cache keeps per layer: the context, or the window when shorter."""
-        return min(self.block_size, self.window or self.block_size)
+        """Positions a KV cache keeps per layer: the most recent positions its masks let a query see (the window),
+        at most the context (``model.masks.capacity``)."""
+        return mask_capacity(self.attention_spec.masks, self.block_size)
 
     @property
     def runs_past_context(self) -> bool:

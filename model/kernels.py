@@ -7,10 +7,11 @@ h // (heads / kv_heads) (grouped-query attention; one key/value head is multi-qu
 heads, multi-head). It returns q's shape. Layouts (``model.attention``) decide how q, k, v are produced;
 the kernel only decides how they are combined, so every layout runs with every kernel.
 
-A kernel is built for a model (``get_kernel``): its sliding window, if any (each query sees itself and
-the window - 1 positions before it), and for ``sdpa`` the implementation PyTorch may use. An explicit
-``mask`` (True where a key may be seen, broadcast over (batch, heads, q_len, k_len)) replaces the one the
-shapes imply: a decode step over a whole preallocated cache (``model.decoding``) knows which slots hold keys.
+A kernel is built for a block (``get_kernel``): its masks (``model.masks``: causal, a sliding window, ...,
+predicates over the queries' and keys' positions), and for ``sdpa`` the implementation PyTorch may use. Keys are
+in position order from 0 (training, a cache that has not wrapped) unless the cache gives their positions
+(``keys``: a ``HeldKeys``): a ring that has wrapped, or a static decode step's whole preallocated cache
+(``model.decoding``), whose empty slots sit at negative positions.
 
 Each kernel is a class (``AttentionKernel``) registered in ``model.registry.KERNELS``: its function and its
 facts (whether it keeps the score matrices, has dropout, trains on a CPU, compiles, takes an SDPA backend,
@@ -30,7 +31,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from model.registry import KERNELS, register
+from model.masks import HeldKeys, Masks, hidden, of_spec, ordinary_tensors, sees, sees_every_key, visible, visible_at
+from model.registry import KERNELS, MASKS, register
 from model.registry import kernel as kernel_class
 from model.score_mods import ScoreMods, softmax_with_sinks
 
@@ -41,70 +43,25 @@ SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIE
                  "cudnn": "CUDNN_ATTENTION", "math": "MATH"}  # fmt: skip
 
 
-def visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """(q_len, k_len), True where query i (the last q_len of k_len positions) may look at key j: not a later
-    position, and within the window.
-
-    Cached in eager mode: a training run asks for the same mask in every layer of every step. Under
-    torch.compile the graph builds it (the compiler ignores an lru_cache, and warns that it does). A mask past
-    ``CACHED_MASK_ELEMENTS`` (a reading at 16x the context: 256 MB a mask at 16k tokens) is built each time, not
-    kept: 32 of them would hold gigabytes after the reading.
-    """
-    if torch.compiler.is_compiling() or q_len * k_len > CACHED_MASK_ELEMENTS:
-        return _build_visible(q_len, k_len, window, device)
-    return _cached_visible(q_len, k_len, window, device)
-
-
-CACHED_MASK_ELEMENTS = 1 << 22  # 4 MiB of booleans: a training context of 2,048 tokens is kept
-
-
-def _build_visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    offset = k_len - q_len  # query i is position offset + i
-    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(offset)
-    return keep if window is None else keep.triu(offset - window + 1)
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    # A mask first built while generating (inference mode) would be an inference tensor, which a later
-    # training step could not save for backward: the cached one is always an ordinary tensor.
-    with ordinary_tensors():
-        return _build_visible(q_len, k_len, window, device)
-
-
-def hidden(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """``~visible``: True where a query may not look at a key (where its score is masked), cached as it is."""
-    if torch.compiler.is_compiling() or q_len * k_len > CACHED_MASK_ELEMENTS:
-        return ~_build_visible(q_len, k_len, window, device)
-    return _cached_hidden(q_len, k_len, window, device)
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_hidden(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    with ordinary_tensors():
-        return ~_cached_visible(q_len, k_len, window, device)
-
-
-def sees_every_key(q_len: int, k_len: int, window: int | None) -> bool:
-    """One new query after its cache sees every cached key: the cache never holds more than the window."""
-    return q_len == 1 and (window is None or k_len <= window)
-
-
 def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     """(B, kv_heads, T, hd) -> (B, heads, T, hd): each key/value head serves its group of query heads."""
     return t if t.size(1) == heads else t.repeat_interleave(heads // t.size(1), dim=1)
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, window: int | None = None, mask: torch.Tensor | None = None,
+def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: HeldKeys | None = None,
                     mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """softmax(Q K^T / sqrt(d_k)) under the causal (and window) mask, or the explicit ``mask``, with the
-    block's score modifications (``model.score_mods``; ``positions`` are the queries', for ALiBi): the
+    """softmax(Q K^T / sqrt(d_k)) under the block's ``masks`` (keys in position order, or at the positions ``keys``
+    gives), with its score modifications (``model.score_mods``; ``positions`` are the queries', for ALiBi): the
     weights every kernel applies to V."""
     k = repeat_kv(k, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    q_len, k_len = q.size(-2), k.size(-2)
     if mods is not None:
-        scores = mods.modify(scores, query_positions(positions, q.size(-2), k.size(-2), q.device))
-    masked = hidden(q.size(-2), k.size(-2), window, q.device) if mask is None else ~mask
+        scores = mods.modify(scores, *positions_of(q_len, k_len, keys, positions, q.device))
+    if keys is None:
+        masked = hidden(q_len, k_len, masks, q.device)
+    else:
+        masked = ~visible_at(query_positions(positions, q_len, k_len, q.device), keys.positions, masks)
     return softmax_with_sinks(scores.masked_fill(masked, float("-inf")), mods)
 
 
@@ -113,72 +70,82 @@ def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, devi
     return torch.arange(k_len - q_len, k_len, device=device) if positions is None else positions
 
 
-def manual_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                     mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
-                     positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The textbook formula: matmul, (score modifications,) causal mask, softmax, dropout, matmul."""
-    probs = attention_probs(q, k, window, mask, mods, positions)
+def positions_of(q_len: int, k_len: int, keys: HeldKeys | None, positions: torch.Tensor | None,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(the queries' positions, the keys'): as the cache gives them, or keys in position order from 0."""
+    held = torch.arange(k_len, device=device) if keys is None else keys.positions
+    return query_positions(positions, q_len, k_len, device), held
+
+
+def manual_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
+                     mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The textbook formula: matmul, (score modifications,) the masks, softmax, dropout, matmul."""
+    probs = attention_probs(q, k, masks, keys, mods, positions)
     if dropout and training:  # a call that would return its input costs a small block a few percent
         probs = F.dropout(probs, p=dropout)
     return probs @ repeat_kv(v, q.size(1))
 
 
-def sdpa_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                   backend: str = "auto", mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
+                   mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
+                   backend: str = "auto") -> torch.Tensor:  # fmt: skip
     """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``).
 
     ALiBi and sinks go in as a float mask (the bias, -inf where a key is hidden; a sink is one more key of
     zeros, with the sink's logit as its bias and zeros as its value): a float mask rules out the flash
-    implementation, so PyTorch picks the memory-efficient one on a GPU. It cannot cap scores (softcap)."""
+    implementation, so PyTorch picks the memory-efficient one on a GPU. It cannot cap scores (softcap).
+    Without a modification, the masks choose the fast path: causal alone (no mask narrows it among these keys)
+    is ``is_causal``; a new query that sees every key needs no mask; else a boolean mask from the masks."""
     p = dropout if training else 0.0
     q_len, k_len = q.size(-2), k.size(-2)
     gqa = k.size(1) != q.size(1)
-    if window is not None and window >= k_len:
-        window = None  # the same mask; and a model's context held as a window keeps the causal fast path
     with sdpa_backend(backend):
-        if mods is not None and (mods.slopes is not None or mods.sinks is not None):
-            bias = score_bias(q_len, k_len, window, mask, mods, positions, q.dtype, q.device)
+        if mods is not None and mods.needs_float_mask:
+            bias = score_bias(q_len, k_len, masks, keys, mods, positions, q.dtype, q.device)
             if mods.sinks is not None:
                 bias = bias.expand(*q.shape[:2], q_len, k_len)
                 bias = torch.cat((mods.sink_logits(q), bias), dim=-1)
                 k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))  # the sink's key and value: zeros
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, enable_gqa=gqa)
-        if mask is not None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
-        if window is None and q_len == k_len:
+        if keys is not None:  # a ring that has wrapped, or a static step's whole cache
+            if sees_every_key(q_len, k_len, masks, keys.full):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa)
+            seen = visible_at(query_positions(positions, q_len, k_len, q.device), keys.positions, masks)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=p, enable_gqa=gqa)
+        if q_len == k_len and not any(mask.narrows_causal(value, k_len) for mask, value in masks):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
-        if sees_every_key(q_len, k_len, window):
+        if sees_every_key(q_len, k_len, masks):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa)
         # is_causal aligns the mask top-left; cached queries need it bottom-right, and a window bands it.
-        mask = visible(q_len, k_len, window, q.device)
+        mask = visible(q_len, k_len, masks, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
 
 
-_last_bias: list = [None]  # ((positions, mask, key), bias): the float mask the last forward's layers shared
+_last_bias: list = [None]  # ((positions, keys, key), bias): the float mask the last forward's layers shared
 
 
-def score_bias(q_len: int, k_len: int, window: int | None, mask: torch.Tensor | None, mods: ScoreMods,
+def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods: ScoreMods,
                positions: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # fmt: skip
     """SDPA's float mask: 0 where a query sees a key, -inf where it does not, plus ALiBi's bias; (H, q_len,
     k_len), or (q_len, k_len) without ALiBi.
 
-    Every layer of a forward asks for the same one (its positions tensor, mask, lengths, window and slopes), so
+    Every layer of a forward asks for the same one (its positions tensor, held keys, lengths, masks and slopes), so
     in eager mode it is built once per forward and kept while the same positions tensor comes back, as Rotary
     keeps its angles (a forward's positions tensor is made once and never written)."""
     slopes_known = mods.slopes is None or mods.slopes_key is not None
     remembered = positions is not None and slopes_known and not torch.compiler.is_compiling()
-    key = (k_len, window, dtype, device, mods.span, mods.slopes_key if mods.slopes is not None else None,
+    key = (k_len, masks, dtype, device, mods.slopes_key if mods.slopes is not None else None,
            None if mods.slopes is None else (mods.slopes.dtype, mods.slopes.device))  # fmt: skip
     last = _last_bias[0]
-    if remembered and last is not None and last[0][0] is positions and last[0][1] is mask and last[0][2] == key:
+    if remembered and last is not None and last[0][0] is positions and last[0][1] is keys and last[0][2] == key:
         return last[1]
-    keep = visible(q_len, k_len, window, device) if mask is None else mask
+    queries, held = positions_of(q_len, k_len, keys, positions, device)
+    keep = visible(q_len, k_len, masks, device) if keys is None else visible_at(queries, held, masks)
     bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
-    alibi = mods.bias(query_positions(positions, q_len, k_len, device), k_len)
+    alibi = mods.bias(queries, held)
     bias = bias if alibi is None else bias + alibi.to(dtype)  # (H, q_len, k_len) or broadcastable
     if remembered:  # one forward's (a training step's layers save the one tensor for backward, not one each)
-        _last_bias[0] = ((positions, mask, key), bias)
+        _last_bias[0] = ((positions, keys, key), bias)
     return bias
 
 
@@ -191,15 +158,15 @@ def sdpa_backend(name: str):
     return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name])])
 
 
-def flex_attention(q, k, v, dropout: float, training: bool, window: int | None = None,
-                   mask: torch.Tensor | None = None, mods: ScoreMods | None = None,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """torch.nn.attention.flex_attention with a causal (and window) block mask, compiled as flex requires.
+def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
+                   mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """torch.nn.attention.flex_attention with the block's masks in a block mask, compiled as flex requires.
 
     No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
-    A decoding step (one query that sees every cached key) has no mask for flex to exploit: it is the
-    same function as SDPA without a mask, and runs there instead of compiling flex for every cache length
-    (with score modifications, as the manual kernel: SDPA cannot cap scores).
+    Keys at positions of the cache's (a ring, a static step) and a decoding step that sees every cached key have
+    no mask for flex to exploit: they are the same function as SDPA with that mask (or none), and run there instead
+    of compiling flex for every cache length (with score modifications, as the manual kernel: SDPA cannot cap
+    scores).
 
     Score modifications: softcap and ALiBi in flex's ``score_mod``; a sink as one more key of zeros, first,
     whose score the score_mod sets to the sink's logit (flex returns no log-sum-exp on a CPU).
@@ -211,15 +178,15 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
     prompt length).
     """
     q_len, k_len = q.size(-2), k.size(-2)
-    if mask is not None or sees_every_key(q_len, k_len, window):
+    if keys is not None or sees_every_key(q_len, k_len, masks):
         if mods is not None:
-            return manual_attention(q, k, v, 0.0, False, window, mask, mods, positions)
-        return sdpa_attention(q, k, v, 0.0, False, window, mask=mask)
+            return manual_attention(q, k, v, 0.0, False, masks, keys, mods, positions)
+        return sdpa_attention(q, k, v, 0.0, False, masks, keys, positions=positions)
     check_flex_runs_on(q.device)
     sink = mods is not None and mods.sinks is not None
     if sink:  # the sink is key 0: zeros (it attends to nothing), seen by every query
         k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))
-    block_mask = _block_mask(q_len, k_len, window, q.device, sink)
+    block_mask = _block_mask(q_len, k_len, masks, q.device, sink)
     q_pad, k_pad = block_mask.seq_lengths
     if (q_pad, k_pad) != (q_len, k.size(-2)):
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
@@ -249,15 +216,6 @@ def flex_attention(q, k, v, dropout: float, training: bool, window: int | None =
         with _sizes_of_one_in_general(), batch_only:
             flex = _compiled_flex(dynamic=None if mods is not None else True)
             return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
-
-
-@contextlib.contextmanager
-def ordinary_tensors():
-    """Outside inference mode, in the caller's grad mode (leaving inference mode would turn gradients on): what is
-    made here is an ordinary tensor whatever the caller's mode, so a cache or a compiled graph serves both."""
-    grad = torch.is_grad_enabled()
-    with torch.inference_mode(False), torch.set_grad_enabled(grad):
-        yield
 
 
 def _sizes_of_one_in_general():
@@ -323,10 +281,11 @@ def _compiled_flex(dynamic: bool | None = None):
 
 
 @functools.lru_cache(maxsize=64)
-def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device, sink: bool = False):
+def _block_mask(q_len: int, k_len: int, masks: Masks, device: torch.device, sink: bool = False):
     """The block mask of ``q_len`` queries (the last of ``k_len`` positions) over ``k_len`` keys (after a sink
-    key 0 that every query sees, with ``sink``); on a CPU for lengths padded to a multiple of FLEX_BLOCK, with
-    the padded keys masked."""
+    key 0 that every query sees, with ``sink``) under ``masks``; on a CPU for lengths padded to a multiple of
+    FLEX_BLOCK, with the padded keys masked. Every registered mask is in it, a mask the block does not set at a value
+    that hides nothing (``Mask.everything``), its values tensors: one compiled graph serves every model and length."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     first = int(sink)
@@ -340,11 +299,13 @@ def _block_mask(q_len: int, k_len: int, window: int | None, device: torch.device
     with ordinary_tensors():
         # Tensors, not Python numbers: the compiled graph takes them as inputs instead of recompiling for each.
         offset, keys = torch.tensor(k_len - q_len, device=device), torch.tensor(k_len, device=device)
-        span = torch.tensor(window or k_pad + q_pad, device=device)  # no window: more than any distance
+        given = dict(masks)
+        every = tuple((mask, torch.tensor(given.get(mask, mask.everything(k_pad + q_pad)), device=device))
+                      for mask in MASKS.values())  # fmt: skip
 
         def mask_mod(b, h, q_idx, kv_idx):
             position, key = q_idx + offset, kv_idx - first  # query i is position offset + i; key j: slot j + first
-            seen = (key <= position) & (position - key < span) & (key < keys) & (key >= 0)
+            seen = sees(every, position, key) & (key < keys) & (key >= 0)
             return (kv_idx == 0) | seen if sink else seen
 
         return create_block_mask(mask_mod, None, None, q_pad, k_pad, device=device)
@@ -355,7 +316,7 @@ class AttentionKernel:
     of it instead of matching its name (the plan, plots, bench, loading and the scripts)."""
 
     name: ClassVar[str]
-    attend: ClassVar[Callable]  # (q, k, v, dropout, training, window=None, mask=None, mods=None, positions=None)
+    attend: ClassVar[Callable]  # (q, k, v, dropout, training, masks=(), keys=None, mods=None, positions=None)
     # The effects it applies (model.options): the masks it masks keys with, the modifications of the scores
     # (model.registry.SCORE_MODS' names) and attention dropout, each kernel its own: a spec that needs another
     # (AttentionSpec.kernel_effects) is refused naming the kernels that apply it, so a new mask or modification is
@@ -375,18 +336,18 @@ class AttentionKernel:
         return cls.scores_kept
 
     @classmethod
-    def build(cls, window: int | None = None, backend: str = "auto") -> Kernel:
-        """The kernel for a model's window (and backend): ``(q, k, v, dropout, training, mask=None)``."""
-        return functools.partial(cls.attend, window=window)
+    def build(cls, masks: Masks = (), backend: str = "auto") -> Kernel:
+        """The kernel for a block's masks (and backend): ``(q, k, v, dropout, training, keys=None, ...)``."""
+        return functools.partial(cls.attend, masks=masks)
 
     @classmethod
     def check_runs(cls, config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
         """Refuse, before any work, what the device cannot run (see ``check_kernel_runs``)."""
 
     @classmethod
-    def compiles_for(cls, q_len: int, k_len: int, window: int | None) -> bool:
-        """Whether a pass of ``q_len`` queries over ``k_len`` keys compiles the kernel (seconds of silence that
-        sample.py announces beforehand)."""
+    def compiles_for(cls, q_len: int, k_len: int, masks: Masks) -> bool:
+        """Whether a pass of ``q_len`` queries over ``k_len`` keys under ``masks`` compiles the kernel (seconds of
+        silence that sample.py announces beforehand)."""
         return cls.compiles
 
 
@@ -411,8 +372,8 @@ class SDPAKernel(AttentionKernel):
         return backend == "math"  # the math implementation is the textbook formula; the fused ones keep none
 
     @classmethod
-    def build(cls, window: int | None = None, backend: str = "auto") -> Kernel:
-        return functools.partial(cls.attend, window=window, backend=backend)
+    def build(cls, masks: Masks = (), backend: str = "auto") -> Kernel:
+        return functools.partial(cls.attend, masks=masks, backend=backend)
 
     @classmethod
     def check_runs(cls, config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
@@ -451,13 +412,13 @@ class FlexKernel(AttentionKernel):
             )
 
     @classmethod
-    def compiles_for(cls, q_len: int, k_len: int, window: int | None) -> bool:
-        return not sees_every_key(q_len, k_len, window)  # flex_attention runs such a step as SDPA
+    def compiles_for(cls, q_len: int, k_len: int, masks: Masks) -> bool:
+        return not sees_every_key(q_len, k_len, masks)  # flex_attention runs such a step as SDPA
 
 
-def get_kernel(name: str, window: int | None = None, sdpa_backend: str = "auto") -> Kernel:
-    """The kernel ``name`` for a model's window (and, for sdpa, its backend): ``(q, k, v, dropout, training)``."""
-    return kernel_class(name).build(window, sdpa_backend)
+def get_kernel(name: str, masks: Masks = (), sdpa_backend: str = "auto") -> Kernel:
+    """The kernel ``name`` for a block's masks (and, for sdpa, its backend): ``(q, k, v, dropout, training)``."""
+    return kernel_class(name).build(masks, sdpa_backend)
 
 
 def check_kernel_runs(config, device: torch.device, dtype: torch.dtype, training: bool) -> None:
@@ -473,7 +434,7 @@ def _sdpa_error(config, device: torch.device, dtype: torch.dtype, training: bool
     shape = [(1, config.n_head, t, config.head_dim), *[(1, config.kv_heads, t, config.head_dim)] * 2]
     q, k, v = (torch.randn(s, device=device, dtype=dtype, requires_grad=training) for s in shape)
     try:
-        out = sdpa_attention(q, k, v, config.dropout, training, config.window, backend)
+        out = sdpa_attention(q, k, v, config.dropout, training, of_spec(config.attention_spec), backend=backend)
         if training:
             out.float().sum().backward()
     except RuntimeError as err:

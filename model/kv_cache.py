@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from model.masks import HeldKeys
+
 
 class LayerCache:
     """One layer's keys and values for the positions processed so far (a batch of sequences).
@@ -32,17 +34,18 @@ class LayerCache:
 
     def update(
         self, slot: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, HeldKeys | None]:
         """Store the new positions' k, v (each its own width: attention=mla's latents and rotary keys); return
-        the keys and values the new queries attend over, and the mask of those visible when a static decode
-        step attends over the whole cache (else None: the shapes say)."""
+        the keys and values the new queries attend over, and, where they are not in position order from 0, the
+        positions they hold (``HeldKeys``: a ring that has wrapped, a static decode step's whole cache; the kernels'
+        masks read them, ``model.masks``)."""
         start, new, capacity = self.owner.length, k.size(2), self.capacity
         if self.owner.position is not None:  # a static decode step: one position, given as a tensor
             k_all, v_all = self.slots[slot]
             where = (self.owner.position % capacity).view(1)
             k_all.index_copy_(2, where, k)
             v_all.index_copy_(2, where, v)
-            return k_all, v_all, self.owner.masks[capacity]  # every slot; the step's mask says which hold keys
+            return k_all, v_all, self.owner.held[capacity]  # every slot, at the positions the step says they hold
         if slot not in self.slots:
             # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
             # 0 x NaN would be NaN.
@@ -57,7 +60,7 @@ class LayerCache:
         if new == 1:
             k_all[:, :, start % capacity] = k[:, :, 0]
             v_all[:, :, start % capacity] = v[:, :, 0]
-            return k_all, v_all, None
+            return k_all, v_all, self.owner.ring(capacity, k.device)
         if start > 0:
             raise ValueError(f"a windowed KV cache takes one position at a time once it holds {capacity}; "
                              f"refill it from the window's tokens")  # fmt: skip
@@ -81,11 +84,12 @@ class KVCache:
         self.capacities: list[int] | None = None
         if capacity is not None:
             self.size_layers(capacity)
-        # During a static decode step: the new position as a 0-d tensor, and for each capacity the
-        # (1, 1, 1, capacity) mask of the slots its query sees. Static shapes: a CUDA graph can replay it.
+        # During a static decode step: the new position as a 0-d tensor, and for each capacity the positions its
+        # slots hold (an empty slot's negative). Static shapes: a CUDA graph can replay it.
         self.position: torch.Tensor | None = None
-        self.masks: dict[int, torch.Tensor] = {}
-        self.slot_ids: torch.Tensor | None = None  # 0 .. capacity-1, what a static step's masks compare with
+        self.held: dict[int, HeldKeys] = {}
+        self.slot_ids: torch.Tensor | None = None  # 0 .. capacity-1: the slots whose positions a static step computes
+        self.rings: dict[int, HeldKeys] = {}  # a wrapped ring's positions at the current length, per capacity
 
     def size_layers(self, capacity: int | list[int]) -> None:
         """Each layer's capacity: one number for all, or one per layer."""
@@ -114,10 +118,20 @@ class KVCache:
         """``count`` new positions were processed (a static step says its own: ``stepped``)."""
         if not self.in_static_step:
             self.length += count
+            self.rings = {}
 
     def reset(self) -> None:
         """Empty the cache, keeping its buffers (a captured decode step refers to them): refilled in place."""
-        self.length = 0
+        self.length, self.rings = 0, {}
+
+    def ring(self, capacity: int, device: torch.device) -> HeldKeys:
+        """The positions a wrapped ring of ``capacity`` slots holds as the new position (``length``) is written:
+        slot s the latest position congruent to s, every slot full. Made once per step for all its layers."""
+        if capacity not in self.rings:
+            newest = self.length
+            slots = torch.arange(capacity, device=device)
+            self.rings[capacity] = HeldKeys(newest - (newest - slots).remainder(capacity), full=True)
+        return self.rings[capacity]
 
     def nbytes(self) -> int:
         """Bytes the cache's buffers hold."""
@@ -127,21 +141,22 @@ class KVCache:
         return [t for layer in self.layers for pair in layer.slots.values() for t in pair]
 
     def prepare_static_steps(self, device: torch.device) -> list[torch.Tensor]:
-        """Before static steps (the cache filled by a prompt): make the slot numbers their masks compare with;
+        """Before static steps (the cache filled by a prompt): make the slot numbers whose positions a step computes;
         returns every tensor of the cache a step reads, which stays at its address (graphs may keep them)."""
         self.slot_ids = torch.arange(self.capacity, device=device)
         return [self.slot_ids, *self.buffers()]
 
     def open_step(self, position: torch.Tensor) -> None:
-        """A static step at ``position`` (a 0-d tensor) writes its keys there and attends over every slot
-        holding keys: up to the position, or all of them once a windowed ring has filled (each capacity its own
-        mask: a schedule's local layers wrap before its global ones)."""
-        self.masks = {c: ((self.slot_ids[:c] <= position) | (position >= c)).view(1, 1, 1, -1)
-                      for c in dict.fromkeys(self.capacities)}  # fmt: skip
+        """A static step at ``position`` (a 0-d tensor) writes its keys there and attends over every slot: slot s
+        holds the latest position up to ``position`` congruent to s modulo its capacity, negative where none is
+        (each capacity its own: a schedule's local layers wrap before its global ones); the masks
+        (``model.masks``) say which its query sees."""
+        self.held = {c: HeldKeys(position - (position - self.slot_ids[:c]).remainder(c), full=False)
+                     for c in dict.fromkeys(self.capacities)}  # fmt: skip
         self.position = position
 
     def close_step(self) -> None:
-        self.position, self.masks = None, {}
+        self.position, self.held = None, {}
 
     def stepped(self, position: int) -> None:
         """A static step at ``position`` has run: the cache holds every position up to it."""

@@ -140,10 +140,10 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q = self.queries(x, positions)
-        latent, k_rope, mask = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
+        latent, k_rope, keys = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
         k, v = self.keys_values(latent, k_rope)
         v = F.pad(v, (0, self.rope_dim)) if self.pad_values else v
-        y = self.kernel(q, k, v, self.dropout, self.training, mask=mask, mods=self.score_mods(), positions=positions)
+        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=self.score_mods(), positions=positions)
         return y[..., : self.head_dim].transpose(1, 2).contiguous().view(B, T, C)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,8 @@ POSITIONS: dict[str, type] = {}  # model.position: filled by model.positions
 # The modifications of the attention (ALiBi's bias, QK-norm, softcap, sinks): filled by model.score_mods, in the
 # order their parts of a run's label come and a kernel applies them.
 SCORE_MODS: dict[str, type] = {}
+# Which keys a query sees (causal, a window, ...): filled by model.masks, in the order a kernel ANDs them.
+MASKS: dict[str, type] = {}
 
 
 def register(registry: dict[str, type]):

@@ -292,21 +292,22 @@ def on_scores() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ScoreMods:
-    """One attention block's score modifications, for its query heads (a wrapper head gets its own slice).
+    """One attention block's score modifications, for its query heads (a wrapper head gets its own slice). They act
+    on the scores of queries and keys at their absolute positions (the kernels pass both: keys in position order, or
+    at the positions a wrapped ring or a static step's cache holds them)."""
 
-    ``span`` turns a key's slot into its distance from a query: keys are held in slot = position mod span
-    (the attention's context, which is the KV cache's capacity: in position order until it wraps, a ring
-    after), so distance = (query position - slot) mod span for every key a query sees. 0: an attention block
-    built alone, with no context or window, whose keys are always in position order.
-    """
-
-    span: int
     slopes: torch.Tensor | None = None  # (H,) ALiBi
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # (H,) learned logits
     # What the slopes' values are a function of (an attention block's head count; a wrapper head's index too),
     # so that the kernels build one bias per forward for all layers alike; None: unknown, built per call.
     slopes_key: tuple | None = None
+
+    @property
+    def needs_float_mask(self) -> bool:
+        """Whether sdpa takes them through its float mask: any of them (sdpa refuses what a float mask cannot hold,
+        softcap, before any work: ``AttentionKernel.applies``)."""
+        return self.slopes is not None or self.sinks is not None or self.softcap is not None
 
     def head(self, h: int) -> ScoreMods:
         """The modifications of query head ``h`` alone (a head axis of size 1)."""
@@ -315,23 +316,18 @@ class ScoreMods:
                        sinks=None if self.sinks is None else self.sinks[one],
                        slopes_key=None if self.slopes_key is None else (*self.slopes_key, h))  # fmt: skip
 
-    def distances(self, positions: torch.Tensor, k_len: int) -> torch.Tensor:
-        """(q_len, k_len): each query's distance to each key slot (meaningful where the query sees it)."""
-        slots = torch.arange(k_len, device=positions.device)
-        distance = positions[:, None] - slots[None, :]
-        return distance.remainder(self.span) if self.span else distance  # span 0: keys in position order, no ring
-
-    def bias(self, positions: torch.Tensor, k_len: int) -> torch.Tensor | None:
-        """(H, q_len, k_len) ALiBi's -slope x distance, or None without ALiBi."""
+    def bias(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        """(H, q_len, k_len) ALiBi's -slope x (query position - key position), or None without ALiBi."""
         if self.slopes is None:
             return None
-        return -self.slopes.float()[:, None, None] * self.distances(positions, k_len).float()
+        return -self.slopes.float()[:, None, None] * (queries[:, None] - keys[None, :]).float()
 
-    def modify(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(B, H, q_len, k_len) scaled scores -> capped and biased (before the mask)."""
+    def modify(self, scores: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """(B, H, q_len, k_len) scaled scores of queries and keys at these positions -> capped and biased (before
+        the mask)."""
         if self.softcap is not None:
             scores = self.softcap * torch.tanh(scores / self.softcap)
-        bias = self.bias(positions, scores.size(-1))
+        bias = self.bias(queries, keys)
         return scores if bias is None else scores + bias.to(scores.dtype)
 
     def sink_logits(self, like: torch.Tensor) -> torch.Tensor:

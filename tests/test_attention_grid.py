@@ -12,7 +12,8 @@ import torch
 from helpers import FLEX_ON_CPU_UNAVAILABLE, TINY, compose_train, read_metrics, sharp_gpt, tiny_gpt_config
 
 from model import GPT, KVCache, build_attention, convert_attention_layout, generate, same_function_layouts
-from model.kernels import visible
+from model.attention import AttentionSpec
+from model.masks import visible
 from training.loop import train
 from training.plan import make_plan, param_count
 
@@ -151,7 +152,7 @@ def test_head_maps_are_per_query_head_and_see_only_the_window():
         maps = model.transformer.h[0].attn.attention_weights(x)
     assert maps.shape == (2, 4, 10, 10)
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 4, 10))
-    assert (maps[..., ~visible(10, 10, 3, torch.device("cpu"))] == 0).all()
+    assert (maps[..., ~visible(10, 10, AttentionSpec(16, 2, window=3).masks, torch.device("cpu"))] == 0).all()
 
 
 def test_grouped_query_windowed_training_gives_every_layout_the_same_losses(tmp_path, data_cache):

@@ -7,6 +7,7 @@ import pytest
 
 import sample
 from model import registry
+from model.attention import AttentionSpec
 
 
 @pytest.mark.parametrize(("prompt_len", "window", "use_cache", "max_new_tokens", "expected"), [
@@ -18,12 +19,12 @@ from model import registry
 ])  # fmt: skip
 def test_flex_compiles_on_the_passes_its_routing_does_not_send_to_sdpa(prompt_len, window, use_cache,
                                                                       max_new_tokens, expected):  # fmt: skip
-    flex = registry.kernel("flex")
-    assert sample.compiles_before_first_tokens(flex, window, prompt_len, use_cache, max_new_tokens) is expected
+    flex, masks = registry.kernel("flex"), AttentionSpec(16, 2, window=window).masks
+    assert sample.compiles_before_first_tokens(flex, masks, prompt_len, use_cache, max_new_tokens) is expected
 
 
 @pytest.mark.parametrize("name", ["manual", "sdpa"])
 def test_a_kernel_that_does_not_compile_itself_is_never_announced(name):
-    kernel = registry.kernel(name)
-    assert not any(sample.compiles_before_first_tokens(kernel, None, n, cache, 8) for n in (1, 4, 64)
+    kernel, masks = registry.kernel(name), AttentionSpec(16, 2).masks
+    assert not any(sample.compiles_before_first_tokens(kernel, masks, n, cache, 8) for n in (1, 4, 64)
                    for cache in (True, False))  # fmt: skip
