@@ -32,7 +32,7 @@ from model.masks import of_spec as masks_of
 from model.options import check_applied
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
-from model.score_mods import ScoreMods, finite_number
+from model.score_mods import ScoreMods, finite_number, on_the_scores
 
 if TYPE_CHECKING:
     from model.kv_cache import LayerCache
@@ -81,7 +81,7 @@ class AttentionSpec:
     rope_original_length: int | None = option(None, 2, per_layer=False, position="rope", rope_scaling="yarn",
                                               rope_factor=4.0)
     qk_norm: bool = option(False, True)
-    softcap: float | None = option(None, 0.5)
+    softcap: float | None = option(None, 3.0)
     sinks: bool = option(False, True)
     gate: str = option("none", "headwise")  # an output gate from the block's input: none | headwise | elementwise
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
@@ -324,8 +324,15 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def cache_width(cls, spec: AttentionSpec) -> int:
-        """Numbers a KV cache keeps per token per layer: a key and a value per key/value head (the plan's and
-        the reports' cache bytes per token are this times the layers and the dtype's bytes)."""
+        """Numbers a KV cache keeps per token per layer: its keys and values (``kv_width``) and what a modification
+        keeps per key (``ScoreMod.cache_width``); the plan's and the reports' cache bytes per token are this times
+        the layers and the dtype's bytes."""
+        return cls.kv_width(spec) + sum(mod.cache_width(spec) for mod in SCORE_MODS.values()
+                                        if mod.used(getattr(spec, mod.field)))  # fmt: skip
+
+    @classmethod
+    def kv_width(cls, spec: AttentionSpec) -> int:
+        """Numbers of keys and values a KV cache keeps per token per layer: a key and a value per key/value head."""
         return 2 * spec.kv_heads * spec.head_dim
 
     @classmethod
@@ -340,6 +347,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
+        self.spec = spec  # what it was built from: its options, which a reference formula reads too
         self.n_head, self.n_kv_head, self.window, self.head_dim = spec.n_head, spec.kv_heads, spec.window, spec.head_dim
         self.masks = spec.masks  # which keys a query sees: causal, the window (or a model's context past its length)
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
@@ -367,6 +375,7 @@ class MultiHeadAttention(nn.Module):
             self.gate = nn.Linear(spec.n_embd, spec.n_head if spec.gate == "headwise" else spec.n_embd, bias=False)
         slopes = alibi_slopes(spec.n_head) if registry.position(spec.position).biases_scores else None
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
+        self.modifications = on_the_scores(spec)  # the registered modifications of the scores it uses, in order
 
     def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), then rotated (rope)."""
@@ -380,9 +389,7 @@ class MultiHeadAttention(nn.Module):
 
     def score_mods(self) -> ScoreMods | None:
         """The score modifications of this block (``model.score_mods``), or None when it has none."""
-        if self.alibi_slopes is None and self.softcap is None and self.sinks is None:
-            return None
-        return ScoreMods(self.alibi_slopes, self.softcap, self.sinks, slopes_key=(self.n_head,))
+        return ScoreMods.of_block(self, self.modifications)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None

@@ -129,13 +129,12 @@ def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods
     """SDPA's float mask: 0 where a query sees a key, -inf where it does not, plus ALiBi's bias; (H, q_len,
     k_len), or (q_len, k_len) without ALiBi.
 
-    Every layer of a forward asks for the same one (its positions tensor, held keys, lengths, masks and slopes), so
+    Every layer of a forward asks for the same one (its positions tensor, held keys, lengths, masks and biases), so
     in eager mode it is built once per forward and kept while the same positions tensor comes back, as Rotary
     keeps its angles (a forward's positions tensor is made once and never written)."""
-    slopes_known = mods.slopes is None or mods.slopes_key is not None
-    remembered = positions is not None and slopes_known and not torch.compiler.is_compiling()
-    key = (k_len, masks, dtype, device, mods.slopes_key if mods.slopes is not None else None,
-           None if mods.slopes is None else (mods.slopes.dtype, mods.slopes.device))  # fmt: skip
+    known = not mods.biased or mods.bias_key is not None
+    remembered = positions is not None and known and not torch.compiler.is_compiling()
+    key = (k_len, masks, dtype, device, mods.bias_key if mods.biased else None, mods.bias_dtypes())
     last = _last_bias[0]
     if remembered and last is not None and last[0][0] is positions and last[0][1] is keys and last[0][2] == key:
         return last[1]
@@ -192,7 +191,7 @@ def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
         k, v = (F.pad(t, (0, 0, 0, k_pad - t.size(-2))) for t in (k, v))
     gqa = k.size(1) != q.size(1)
-    score_mod = None if mods is None else _score_mod(mods.softcap, mods.slopes, mods.sinks, k_len - q_len)
+    score_mod = None if mods is None else _score_mod(mods, k_len - q_len)
     if q.device.type != "cpu" or torch.compiler.is_compiling():  # inside a compiled model, its compilation decides
         # A GPU: with a score_mod one graph per shape, else a second shape compiles a graph for every later one
         flex = _compiled_flex(dynamic=False if mods is not None else None)
@@ -229,19 +228,18 @@ def _sizes_of_one_in_general():
     return shapes_config.patch(backed_size_oblivious=True, use_duck_shape=False)
 
 
-def _score_mod(softcap: float | None, slopes: torch.Tensor | None, sinks: torch.Tensor | None, offset: int):
-    """flex's score_mod: softcap, then ALiBi by distance (keys in position order: query i is position offset + i);
-    with sinks, key 0 is the sink (a key of zeros whose score is the sink's logit) and key j + 1 is key j. The
-    offset is a tensor, so one compiled graph serves every length."""
-    device = next((t.device for t in (slopes, sinks) if t is not None), None)
+def _score_mod(mods: ScoreMods, offset: int):
+    """flex's score_mod: the block's modifications of one score (``ScoreMods.flex_score``: the transforms, then the
+    biases, keys in position order: query i is position offset + i); with sinks, key 0 is the sink (a key of zeros
+    whose score is the sink's logit) and key j + 1 is key j. The offset is a tensor, so one compiled graph serves
+    every length."""
+    sinks = mods.sinks
+    device = next((v.device for _, v in mods.used if isinstance(v, torch.Tensor)), None)
     with ordinary_tensors():  # one graph for both modes
         shift, first = torch.tensor(offset, device=device), int(sinks is not None)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        if softcap is not None:
-            score = softcap * torch.tanh(score / softcap)
-        if slopes is not None:
-            score = score - slopes[h] * (q_idx + shift - (kv_idx - first))
+        score = mods.flex_score(score, h, q_idx + shift, kv_idx - first)
         if sinks is not None:
             score = torch.where(kv_idx == 0, sinks[h].to(score.dtype), score)
         return score

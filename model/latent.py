@@ -83,8 +83,8 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
         return spec.n_head * (spec.head_dim + (spec.rope_head_dim or 0)), spec.n_head * spec.head_dim
 
     @classmethod
-    def cache_width(cls, spec: AttentionSpec) -> int:
-        """The latent and the shared rotary key: what the cache keeps per token per layer."""
+    def kv_width(cls, spec: AttentionSpec) -> int:
+        """The latent and the shared rotary key: what the cache keeps of keys and values per token per layer."""
         return spec.kv_latent + (spec.rope_head_dim or 0)
 
     @classmethod

@@ -53,13 +53,17 @@ class ScoreMod:
     field: ClassVar[str]  # the GPTConfig (and AttentionSpec) field that sets it
     off: ClassVar = False  # the field's value when unused (its default)
     example: ClassVar = True  # a value that uses it (for docs and tests)
-    on_scores: ClassVar[bool] = True  # acts between the scores and the softmax: a kernel must say it applies it
+    on_scores: ClassVar[bool]  # acts between the scores and the softmax (it has a ``form``): a kernel must apply it
     column: ClassVar[str | None] = None  # its report column's title; None: another axis shows it
     label_pattern: ClassVar[str | None] = None  # its part of a run's label as a pattern, and as a legend spells it
     label_title: ClassVar[str | None] = None
     bench_help: ClassVar[str | None] = None  # help of its bench.py flag (--<field>); None: no flag of its own
     bench_off: ClassVar[str] = "off"  # the flag's value that leaves it unused (its default)
     gpt2_lacks: ClassVar[str | None] = None  # why GPT-2's format cannot hold it, for the export; None: it can
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.on_scores = cls.form is not None
 
     @classmethod
     def used(cls, value) -> bool:
@@ -105,9 +109,37 @@ class ScoreMod:
         return cls.parameters(n_head)
 
     @classmethod
-    def plan_bytes(cls, elements: int, kv_share: float) -> float:
-        """Bytes autograd keeps for it per layer in one forward (``training/plan.py``), for queries of
-        ``elements`` elements and keys and values ``kv_share`` of that; 0 for most."""
+    def plan_bytes(cls, forward: Activations) -> float:
+        """Bytes autograd keeps for it per layer in one ``forward`` (``training/plan.py``): its terms may grow with
+        the queries' elements, the length, or the length squared (``Activations.scores``); 0 for most."""
+        return 0
+
+    # How it acts on the scores (``form``): "transform" (a function of each score, applied first), "bias" (a term
+    # added to each score after the transforms), "sink" (one more logit in the softmax's denominator, attending to
+    # nothing); None where it acts elsewhere (QK-norm on the queries and keys, the gate on the outputs). A kernel
+    # applies a form its own way (the manual kernel literally, sdpa through a float mask, flex in its score_mod) and
+    # says which modifications it applies (``AttentionKernel.applies``); every other is refused by name.
+    form: ClassVar[str | None] = None
+
+    @classmethod
+    def runtime(cls, block):
+        """What the kernels need of it from an attention block, per query head (a number, or an (H,) tensor)."""
+        raise NotImplementedError
+
+    @classmethod
+    def transform(cls, scores, value):
+        """A "transform"'s scores -> scores (elementwise: a whole tensor, or flex's one score)."""
+        raise NotImplementedError
+
+    @classmethod
+    def bias(cls, value, heads: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """A "bias"'s term of the scores of query heads ``heads`` at ``queries`` over keys at ``keys`` (broadcast:
+        (H, 1, 1), (q_len, 1), (1, k_len); or flex's single indices), float32."""
+        raise NotImplementedError
+
+    @classmethod
+    def cache_width(cls, spec) -> int:
+        """Numbers a KV cache keeps per token per layer for it beside the keys and values (a state per key); 0."""
         return 0
 
     @classmethod
@@ -129,7 +161,15 @@ class Alibi(ScoreMod):
     """ALiBi (Press et al. 2022): a position encoding that biases the scores, so it is set, named, shown, benched
     and refused for GPT-2 as ``model.position`` (the position encoding's own facts)."""
 
-    name, field, off, example = "alibi", "position", "learned", "alibi"
+    name, field, off, example, form = "alibi", "position", "learned", "alibi", "bias"
+
+    @classmethod
+    def runtime(cls, block):
+        return block.alibi_slopes  # (H,): a function of the head count, a buffer of the block
+
+    @classmethod
+    def bias(cls, value, heads, queries, keys):
+        return -value.float()[heads] * (queries - keys).float()  # -slope x (query position - key position)
 
     @classmethod
     def used(cls, value) -> bool:
@@ -152,7 +192,7 @@ class Alibi(ScoreMod):
 class QKNorm(ScoreMod):
     """QK-norm (Qwen3's, OLMo 2's): queries and keys RMS-normalised per head, one learned scale per head dim."""
 
-    name, field, on_scores, column = "qk_norm", "qk_norm", False, "qk norm"
+    name, field, column = "qk_norm", "qk_norm", "qk norm"
     label_pattern, label_title = r"qknorm", "-qknorm"
     bench_help, gpt2_lacks = "QK-norm (model.qk_norm): off and/or on", "GPT-2 has no norm of the queries and keys"
 
@@ -165,8 +205,8 @@ class QKNorm(ScoreMod):
         return {"q_norm.weight": 1.0, "k_norm.weight": 1.0}
 
     @classmethod
-    def plan_bytes(cls, elements: int, kv_share: float) -> float:
-        return 2.75 * ((1 + kv_share) * elements) * 4  # RMSNorm's float32 steps: about 2.75 copies, measured
+    def plan_bytes(cls, forward: Activations) -> float:
+        return 2.75 * ((1 + forward.kv_share) * forward.elements) * 4  # RMSNorm's float32 steps: 2.75 copies, measured
 
 
 @register(SCORE_MODS)
@@ -174,6 +214,15 @@ class Softcap(ScoreMod):
     """Gemma 2's logit softcap: scores -> c tanh(scores / c)."""
 
     name, field, off, example, column, bench_off = "softcap", "softcap", None, 30.0, "softcap", "none"
+    form = "transform"
+
+    @classmethod
+    def runtime(cls, block):
+        return block.softcap
+
+    @classmethod
+    def transform(cls, scores, value):
+        return value * torch.tanh(scores / value)
     label_pattern, label_title = r"softcap[\d.e+]+", "-softcap<cap>"
     bench_help, gpt2_lacks = "score caps (model.softcap): numbers, or none", "GPT-2 does not cap its scores"
 
@@ -218,7 +267,11 @@ class Softcap(ScoreMod):
 class Sinks(ScoreMod):
     """gpt-oss's attention sinks: a learned logit per head in the softmax's denominator, attending to nothing."""
 
-    name, field, column = "sinks", "sinks", "sinks"
+    name, field, column, form = "sinks", "sinks", "sinks", "sink"
+
+    @classmethod
+    def runtime(cls, block):
+        return block.sinks  # (H,) learned logits
     label_pattern, label_title = r"sinks", "-sinks"
     bench_help, gpt2_lacks = "attention sinks (model.sinks): off and/or on", "GPT-2's softmax has no sink"
 
@@ -235,7 +288,7 @@ class Gate(ScoreMod):
     """The output gate (Qiu et al. 2025, arXiv 2505.06708; Qwen3-Next): each head's output scaled by a sigmoid of
     a projection of the block's input, one gate per head (``headwise``) or per element (``elementwise``)."""
 
-    name, field, off, example, on_scores, column = "gate", "gate", "none", "elementwise", False, "gate"
+    name, field, off, example, column = "gate", "gate", "none", "elementwise", "gate"
     bench_off = "none"
     label_pattern, label_title = r"(?:head|elem)gate", "-headgate|-elemgate"
     bench_help = "output gates (model.gate): none, headwise and/or elementwise"
@@ -264,8 +317,8 @@ class Gate(ScoreMod):
         return {"headwise": "headgate", "elementwise": "elemgate"}.get(value) if isinstance(value, str) else None
 
     @classmethod
-    def plan_bytes(cls, elements: int, kv_share: float) -> float:
-        return 2 * elements * 4  # the gate's sigmoid and the heads' output it scales, kept for backward (at most)
+    def plan_bytes(cls, forward: Activations) -> float:
+        return 2 * forward.elements * 4  # the gate's sigmoid and the heads' output it scales, kept for backward
 
     @classmethod
     def bench_value(cls, text: str):
@@ -291,44 +344,98 @@ def on_scores() -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class ScoreMods:
-    """One attention block's score modifications, for its query heads (a wrapper head gets its own slice). They act
-    on the scores of queries and keys at their absolute positions (the kernels pass both: keys in position order, or
-    at the positions a wrapped ring or a static step's cache holds them)."""
+class Activations:
+    """One layer's forward, for a modification's plan term (``ScoreMod.plan_bytes``)."""
 
-    slopes: torch.Tensor | None = None  # (H,) ALiBi
-    softcap: float | None = None
-    sinks: torch.Tensor | None = None  # (H,) learned logits
-    # What the slopes' values are a function of (an attention block's head count; a wrapper head's index too),
-    # so that the kernels build one bias per forward for all layers alike; None: unknown, built per call.
-    slopes_key: tuple | None = None
+    batch: int
+    length: int
+    heads: int
+    elements: int  # one (batch, length, width) tensor: the queries
+    kv_share: float  # keys and values are this share of the queries' elements
+
+    @property
+    def scores(self) -> int:
+        """Elements of one (batch, heads, length, length) term: a score matrix per head."""
+        return self.batch * self.heads * self.length * self.length
+
+
+def on_the_scores(spec) -> list[type[ScoreMod]]:
+    """The modifications of the scores ``spec`` uses (``form``), in the registry's order."""
+    return [mod for mod in SCORE_MODS.values() if mod.form is not None and mod.used(getattr(spec, mod.field))]
+
+
+@dataclass(frozen=True)
+class ScoreMods:
+    """One attention block's modifications of the scores, for its query heads (a wrapper head gets its own slice):
+    each registered one it uses (``on_the_scores``) with what the kernels need of it (``ScoreMod.runtime``). They
+    act on the scores of queries and keys at their absolute positions (the kernels pass both: keys in position
+    order, or at the positions a wrapped ring or a static step's cache holds them): the transforms first, then the
+    biases, then the masks, then the softmax over the keys and the sink."""
+
+    used: tuple  # ((mod class, its value), ...), in the registry's order
+    # What the biases' values are a function of (an attention block's head count; a wrapper head's index too), so
+    # that the kernels build one float mask per forward for all layers alike; None: unknown, built per call.
+    bias_key: tuple | None = None
+
+    @classmethod
+    def of_block(cls, block, mods: list[type[ScoreMod]]) -> ScoreMods | None:
+        """A block's modifications (its ``mods``: ``on_the_scores`` of its spec), or None where it has none."""
+        return cls(tuple((mod, mod.runtime(block)) for mod in mods), bias_key=(block.n_head,)) if mods else None
+
+    def of_form(self, form: str) -> list[tuple[type[ScoreMod], object]]:
+        return [(mod, value) for mod, value in self.used if mod.form == form]
+
+    @property
+    def sinks(self) -> torch.Tensor | None:
+        """The sink logits, (H,), or None."""
+        return next((value for _, value in self.of_form("sink")), None)
 
     @property
     def needs_float_mask(self) -> bool:
         """Whether sdpa takes them through its float mask: any of them (sdpa refuses what a float mask cannot hold,
-        softcap, before any work: ``AttentionKernel.applies``)."""
-        return self.slopes is not None or self.sinks is not None or self.softcap is not None
+        a transform, before any work: ``AttentionKernel.applies``)."""
+        return bool(self.used)
+
+    @property
+    def biased(self) -> bool:
+        return bool(self.of_form("bias"))
+
+    def bias_dtypes(self) -> tuple:
+        """The biases' values' dtypes and devices: part of what a float mask built once is a function of."""
+        return tuple((v.dtype, v.device) for _, v in self.of_form("bias") if isinstance(v, torch.Tensor))
 
     def head(self, h: int) -> ScoreMods:
-        """The modifications of query head ``h`` alone (a head axis of size 1)."""
+        """The modifications of query head ``h`` alone (a head axis of size 1): each per-head value sliced."""
         one = slice(h, h + 1)
-        return replace(self, slopes=None if self.slopes is None else self.slopes[one],
-                       sinks=None if self.sinks is None else self.sinks[one],
-                       slopes_key=None if self.slopes_key is None else (*self.slopes_key, h))  # fmt: skip
+        used = tuple((mod, value[one] if isinstance(value, torch.Tensor) and value.dim() else value)
+                     for mod, value in self.used)  # fmt: skip
+        return replace(self, used=used, bias_key=None if self.bias_key is None else (*self.bias_key, h))
 
     def bias(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        """(H, q_len, k_len) ALiBi's -slope x (query position - key position), or None without ALiBi."""
-        if self.slopes is None:
-            return None
-        return -self.slopes.float()[:, None, None] * (queries[:, None] - keys[None, :]).float()
+        """(H, q_len, k_len): the biases' terms of queries at ``queries`` (q_len,) over keys at ``keys`` (k_len,),
+        float32; None without a bias."""
+        total = None
+        for mod, value in self.of_form("bias"):
+            heads = torch.arange(len(value), device=queries.device)[:, None, None]
+            term = mod.bias(value, heads, queries[:, None], keys[None, :])
+            total = term if total is None else total + term
+        return total
 
     def modify(self, scores: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """(B, H, q_len, k_len) scaled scores of queries and keys at these positions -> capped and biased (before
-        the mask)."""
-        if self.softcap is not None:
-            scores = self.softcap * torch.tanh(scores / self.softcap)
+        """(B, H, q_len, k_len) scaled scores of queries and keys at these positions -> transformed and biased
+        (before the mask)."""
+        for mod, value in self.of_form("transform"):
+            scores = mod.transform(scores, value)
         bias = self.bias(queries, keys)
         return scores if bias is None else scores + bias.to(scores.dtype)
+
+    def flex_score(self, score, h, query, key):
+        """flex's score_mod body for one score of head ``h``, query and key at these positions (the sink apart)."""
+        for mod, value in self.of_form("transform"):
+            score = mod.transform(score, value)
+        for mod, value in self.of_form("bias"):
+            score = score + mod.bias(value, h, query, key).to(score.dtype)
+        return score
 
     def sink_logits(self, like: torch.Tensor) -> torch.Tensor:
         """The sinks as a (B, H, q_len, 1) column beside scores shaped like ``like``."""

@@ -31,11 +31,24 @@ from model import convert_attention_layout
 RMS_EPS = 1e-6
 
 
-def allowed(q_len: int, k_len: int, window: int | None, device) -> torch.Tensor:
-    """(q_len, k_len): True where query i, the position k_len - q_len + i, may look at key j."""
+# Each registered mask (model.registry.MASKS) as its paper or definition states it: whether query position i may
+# look at key position j, given the mask's value. A registered mask without one here fails test_attention_properties.
+REFERENCED_MASKS = {
+    "causal": lambda i, j, value: j <= i,  # no later position
+    "window": lambda i, j, value: i - j < value,  # itself and the value - 1 positions before it
+}
+
+
+def allowed(q_len: int, k_len: int, window: int | None, device, seen: dict | None = None) -> torch.Tensor:
+    """(q_len, k_len): True where query i, the position k_len - q_len + i, may look at key j, under every mask of
+    ``seen`` ({mask name: value}; by default causal, and the ``window`` where one is given)."""
+    seen = {"causal": True, **({"window": window} if window else {})} if seen is None else seen
     i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
     j = torch.arange(k_len, device=device)[None, :]
-    return (j <= i) & ((i - j < window) if window else True)
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    for name, value in seen.items():
+        keep = keep & REFERENCED_MASKS[name](i, j, value)
+    return keep
 
 
 def rms_norm(t: torch.Tensor, scale: torch.Tensor, eps: float = RMS_EPS) -> torch.Tensor:
@@ -75,10 +88,12 @@ REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate")
 def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_head: int, n_kv_head: int,
                         window: int | None, position: str = "learned", rope_theta: float = 10000.0,
                         qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
-                        gate: str = "none", rope_fraction: float = 1.0) -> torch.Tensor:  # fmt: skip
+                        gate: str = "none", rope_fraction: float = 1.0,
+                        seen: dict | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
-    its block size: pass that). ``position``: learned (added before attention: nothing here), none, rope or alibi."""
+    its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
+    ``position``: learned (added before attention: nothing here), none, rope or alibi."""
     params = {name: p.double() for name, p in block.named_parameters()}
     p = convert_attention_layout(params, layout, "separate_qkv", n_head=n_head)
     x = x.double()
@@ -106,7 +121,7 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         slopes = torch.tensor(paper_alibi_slopes(n_head), dtype=torch.float64, device=x.device)
         distance = (positions[:, None] - positions[None, :]).double()  # i - j
         scores = scores - slopes[:, None, None] * distance
-    scores = scores.masked_fill(~allowed(T, T, window, x.device), float("-inf"))
+    scores = scores.masked_fill(~allowed(T, T, window, x.device, seen), float("-inf"))
     if sinks:  # one more logit per head in the denominator; the weight it takes goes nowhere
         sink = p["sinks"].view(1, n_head, 1, 1).expand(B, n_head, T, 1)
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
@@ -118,3 +133,132 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         out = out * (g.transpose(1, 2)[..., None] if gate == "headwise" else g.view(B, T, n_head, d).transpose(1, 2))
     out = out.transpose(1, 2).reshape(B, T, C)
     return out @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
+
+
+# ------------------------------------------------------------------ every function's formula, from its block
+
+
+def keys_seen(spec) -> dict:
+    """Each mask's value for a block of ``spec``, as the formulas define them: causal always; the window, and past its
+    block size a model without a position table (not learned positions) sees at most block_size keys."""
+    window = spec.window
+    if spec.position != "learned" and spec.block_size is not None:
+        window = min(window or spec.block_size, spec.block_size)
+    return {"causal": True, **({"window": window} if window else {})}
+
+
+def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:
+    """Multi-head attention (GPT-2's function and its options), ``reference_attention`` at the block's spec."""
+    spec = block.spec
+    return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
+                               spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
+                               seen=seen)  # fmt: skip
+
+
+def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):
+    """DeepSeek-V2's multi-head latent attention, equations (9)-(19), head by head, in float64 from the block's
+    weights: c = RMSNorm(W_DKV x); k_h = W_UK,h c; v_h = W_UV,h c; q_h = W_Q,h x; with rope, q_h gets RoPE(W_QR,h x)
+    and every head's key the one RoPE(W_KR x); scores / sqrt(head_dim + rope_head_dim), then the modifications
+    (softcap, ALiBi), the masks, the softmax (and sink). ``rotation``: the rotary formula (default ``rotate``, float64
+    angles); ``weights_too``: also each head's attention weights, (B, H, T, T)."""
+    spec = block.spec
+    rotation = rotation or (lambda t, positions: rotate(t, positions, spec.rope_theta))
+    heads, L, R = spec.n_head, spec.kv_latent, spec.rope_head_dim or 0
+    B, T, C = x.shape
+    d = C // heads
+    p = {k: v.double() for k, v in block.named_parameters()}
+    x = x.double()
+    positions = torch.arange(T, device=x.device)
+
+    def linear(t, name, rows=slice(None)):
+        return t @ p[f"{name}.weight"][rows].T + (p[f"{name}.bias"][rows] if f"{name}.bias" in p else 0.0)
+
+    down = linear(x, "wkv_a")
+    c = rms_norm(down[..., :L], p["kv_norm.weight"])  # (B, T, L): the latent
+    k_rope = rotation(down[..., L:], positions) if R else None  # (B, T, R): one key for every head
+    seen_mask = allowed(T, T, None, x.device, seen)
+    slopes = torch.tensor(paper_alibi_slopes(heads), dtype=torch.float64) if spec.position == "alibi" else None
+    i, j = positions[:, None], positions[None, :]
+    outputs, every = [], []
+    for h in range(heads):
+        q = linear(x, "wq", slice(h * (d + R), h * (d + R) + d))
+        k = linear(c, "wkv_b", slice(2 * h * d, 2 * h * d + d))
+        v = linear(c, "wkv_b", slice(2 * h * d + d, 2 * (h + 1) * d))
+        if spec.qk_norm:
+            q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, p["k_norm.weight"])
+        scores = q @ k.transpose(-1, -2)
+        if R:
+            q_rope = rotation(linear(x, "wq", slice(h * (d + R) + d, (h + 1) * (d + R))), positions)
+            scores = scores + q_rope @ k_rope.transpose(-1, -2)
+        scores = scores / math.sqrt(d + R)
+        if spec.softcap is not None:
+            scores = spec.softcap * torch.tanh(scores / spec.softcap)
+        if slopes is not None:
+            scores = scores - slopes[h] * (i - j)
+        scores = scores.masked_fill(~seen_mask, float("-inf"))
+        if spec.sinks:
+            weights = torch.softmax(torch.cat((scores, p["sinks"][h].expand(B, T, 1)), dim=-1), dim=-1)[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        outputs.append(weights @ v)
+        every.append(weights)
+    y = torch.cat(outputs, dim=-1)
+    if spec.gate != "none":
+        g = torch.sigmoid(x @ p["gate.weight"].T)
+        y = y * (g.repeat_interleave(d, dim=-1) if spec.gate == "headwise" else g)
+    out = linear(y, "c_proj")
+    return (out, torch.stack(every, dim=1)) if weights_too else out
+
+
+def recurrent_delta_rule(q, k, v, log_decay, beta, state=None):
+    """The gated delta rule one token at a time (Gated DeltaNet, arXiv 2412.06464, eq. 10): decay the state, erase
+    what it holds for k_t and write v_t there by beta_t, read it with q_t."""
+    B, H, T, dk = q.shape
+    S = torch.zeros(B, H, dk, v.size(-1), dtype=q.dtype, device=q.device) if state is None else state
+    out = []
+    for t in range(T):
+        S = S * log_decay[:, :, t].exp()[..., None, None]
+        erase_write = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k[:, :, t], S))
+        S = S + k[:, :, t, :, None] * erase_write[:, :, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(out, dim=2), S
+
+
+def deltanet_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:
+    """Gated DeltaNet's layer (arXiv 2412.06464) from the block's weights, step by step in float64: projections, the
+    causal depthwise convolution and SiLU, L2-normalised queries (scaled) and keys, beta and the decay, the
+    recurrence, the output's RMSNorm gated by SiLU, c_proj. It has no masks: its state is its memory."""
+    import torch.nn.functional as F
+
+    from model.deltanet import CONV_SIZE
+
+    p = {k: v.double() for k, v in block.named_parameters()}
+    x = x.double()
+    B, T, C = x.shape
+    H, hd = block.n_head, block.head_dim
+    mixed, gate, b, a = (x @ p["in_proj.weight"].T).split([3 * C, C, H, H], dim=-1)
+    w = p["conv_weight"][:, 0]  # (3C, CONV_SIZE): tap i reads the input CONV_SIZE - 1 - i positions back
+    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
+                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
+    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+    q = q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd)
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(b).transpose(1, 2)
+    log_decay = (-torch.exp(p["A_log"]) * F.softplus(a + p["dt_bias"])).transpose(1, 2)
+    o, _ = recurrent_delta_rule(q, k, v, log_decay, beta)
+    o = o.transpose(1, 2)
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + block.o_norm.eps) * p["o_norm.weight"]
+    y = (o * F.silu(gate.view(B, T, H, hd))).reshape(B, T, C)
+    return y @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
+
+
+# Every function a registered layer computes (its layout class's ``function``) -> its float64 formula, written from
+# its paper: (block, layout, x, keys seen) -> the block's output. A registered function without one fails
+# test_attention_properties.py: a new layer is held to its formula by the grid, with no test of its own to write.
+REFERENCES = {"mha": softmax_reference, "mla": latent_reference, "gated_deltanet": deltanet_reference}
+
+
+def reference(block, x: torch.Tensor, seen: dict | None = None) -> torch.Tensor:
+    """The block's function at ``x`` by its function's formula (``REFERENCES``), its options read from its spec."""
+    cls = type(block)
+    return REFERENCES[cls.function](block, cls.name, x, keys_seen(block.spec) if seen is None else seen)

@@ -22,20 +22,28 @@ with gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 
 import pytest
 import torch
-from attention_reference import reference_attention
-from helpers import tiny_gpt_config
+from attention_reference import REFERENCED_MASKS, REFERENCES, reference
+from helpers import CONFIGS, tiny_gpt_config
+from omegaconf import OmegaConf
 
 from model import ATTENTION_LAYOUTS, GPT, KERNELS, KVCache, build_attention, kernels
+from model.attention import AttentionSpec
 from model.decoding import CompiledStep, StaticStep
-from model.registry import POSITIONS, SCORE_MODS, canonical_layout
+from model.options import option_fields
+from model.registry import MASKS, POSITIONS, SCORE_MODS, canonical_layout
+from model.score_mods import with_fields
 
-# The layouts of one function, GPT-2's (the canonical layout's): attention=mla computes another (tests/test_mla.py).
+# The layouts of one function, GPT-2's (the canonical layout's): the encoding grids' (attention=mla's encodings:
+# tests/test_mla.py). The plain and decoding grids take every registered layer, each held to its function's formula.
 GPT2_FUNCTION = getattr(ATTENTION_LAYOUTS[canonical_layout()], "function", None)
 LAYOUTS = sorted(name for name, cls in ATTENTION_LAYOUTS.items() if getattr(cls, "function", None) == GPT2_FUNCTION)
+ALL_LAYOUTS = sorted(ATTENTION_LAYOUTS)
 KERNEL_NAMES = sorted(KERNELS)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -49,6 +57,9 @@ LENGTHS = [1, 2, 3, 5, 8, 13, 17, 40, 64, 127, 128, 129, 200]
 DEEP_LENGTHS = [*range(1, 41), 41, 43, 47, 53, 59, 61, 63, 64, 65, 67, 71, 79, 89, 97, 101, 113, 127, 128, 129, 131,
                 137, 149, 157, 160, 191, 255, 256, 257, 263, 300, 383, 384, 385]  # fmt: skip
 DEEP_WINDOWS = {"window1": 1, "window64": 64, "window129": 129}
+# Each option's value that sets it (AttentionSpec's declarations): a mask's cell where the grid chooses none.
+OPTION_EXAMPLES = {f.name: f.metadata["example"] for f in dataclasses.fields(AttentionSpec)
+                   if f.name in option_fields()}  # fmt: skip
 
 
 
@@ -75,16 +86,51 @@ def flex_unavailable(device: str) -> str | None:
     return kernels.flex_unavailable(torch.device(device))
 
 
+def layout_defaults(layout: str) -> dict:
+    """What the layout's config file sets beside its name (attention=mla: its latent width)."""
+    path = CONFIGS / "attention" / f"{layout}.yaml"
+    values = OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else {}
+    return {k: v for k, v in values.items() if k != "attention" and v is not None}
+
+
+def kernels_of(layout: str) -> list[str]:
+    """Every kernel for a layer that runs one; the default for one that runs its own form (Gated DeltaNet)."""
+    return KERNEL_NAMES if ATTENTION_LAYOUTS[layout].takes_kernel else [AttentionSpec.kernel]
+
+
+def kv_names_of(layout: str) -> tuple[str, ...]:
+    """Multi-head, grouped and multi-query key/value heads where the layer applies ``n_kv_head``; multi-head alone."""
+    return ("mha", "gqa", "mqa") if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else ("mha",)
+
+
+def mask_cells(layout: str, deep: bool) -> dict[str, dict]:
+    """The mask options of a layer's cells (``model.registry.MASKS``, those it applies): none, then each mask's
+    values, the window's chosen ones (WINDOWS), another's its option's example."""
+    cells = {"full": {}}
+    for mask in MASKS.values():
+        if mask.field is None or mask.field not in ATTENTION_LAYOUTS[layout].applies:
+            continue
+        if mask.field == "window":
+            chosen = {**WINDOWS, **(DEEP_WINDOWS if deep else {})}
+            cells |= {name: {"window": value} for name, value in chosen.items() if value is not None}
+        else:
+            example = OPTION_EXAMPLES[mask.field]
+            cells[f"{mask.field}{example}"] = {mask.field: example}
+    return cells
+
+
 def cells(deep: bool):
-    """Every layout x kernel x key/value heads x window; the default run gives each cell one of the two head
-    shapes (alternating, so each layout x kernel meets both), ``--deep`` both."""
-    windows = {**WINDOWS, **(DEEP_WINDOWS if deep else {})}
+    """Every registered layer x each kernel it runs x the key/value heads and masks it applies (as its class
+    declares); the default run gives each cell one of the two head shapes (alternating, so each layout x kernel
+    meets both), ``--deep`` both."""
     shapes = list(HEAD_SHAPES.items())
-    combos = itertools.product(LAYOUTS, KERNEL_NAMES, ("mha", "gqa", "mqa"), windows.items())
-    for i, (layout, kernel, kv_name, (w_name, window)) in enumerate(combos):
+    combos = [(layout, kernel, kv_name, mask) for layout in ALL_LAYOUTS for kernel in kernels_of(layout)
+              for kv_name in kv_names_of(layout) for mask in mask_cells(layout, deep).items()]  # fmt: skip
+    for i, (layout, kernel, kv_name, (m_name, masks)) in enumerate(combos):
         for shape, (n_head, head_dim, kvs) in shapes if deep else [shapes[i % 2]]:
-            yield pytest.param(layout, kernel, n_head, head_dim, kvs[kv_name], window,
-                               id=f"{layout}-{kernel}-{shape}-{kv_name}-{w_name}")  # fmt: skip
+            n_kv = kvs[kv_name] if kv_name != "mha" else None
+            yield pytest.param(layout, kernel, n_head, head_dim, n_kv, masks,
+                               id=f"{layout}-{kernel}-{shape}-{kv_name}-{m_name}")  # fmt: skip
 
 
 def pytest_generate_tests(metafunc):
@@ -116,21 +162,31 @@ def test_the_default_grids_reach_every_registered_layout_kernel_position_and_mod
     fields_alone = {tuple(options) for options in ENCODINGS.values()}
     for name, mod in SCORE_MODS.items():  # ALiBi is a position encoding: its cell is above
         assert (mod.field,) in fields_alone or mod.field == "position", f"{name} has no cell of its own"
-    every = set(itertools.product(LAYOUTS, KERNEL_NAMES))
-    grids = {"cells": ({(p.values[0], p.values[1]) for p in cells(False)}, every),
+    every = {(layout, kernel) for layout in ALL_LAYOUTS for kernel in kernels_of(layout)}
+    assert {(p.values[0], p.values[1]) for p in cells(False)} == every, "the plain grid holds every layer and kernel"
+    assert {(p.values[0], p.values[1]) for p in decode_cells()} == every, "and so does the decoding grid"
+    grids = {
              "encoding_cells": ({(p.values[1], p.values[2]) for p in encoding_cells(False)}, None),
              "encoding_decode_cells": ({(p.values[1], p.values[2]) for p in encoding_decode_cells(False)}, None),
              "past_context_cells": ({(p.values[1], p.values[2]) for p in past_context_cells(False)}, None)}
     for grid, (seen, expected) in grids.items():
-        assert {layout for layout, _ in seen} == set(LAYOUTS), grid
+        assert {layout for layout, _ in seen} == set(ALL_LAYOUTS if grid == "past_context_cells" else LAYOUTS), grid
         assert {kernel for _, kernel in seen} == set(KERNEL_NAMES), grid
         assert expected is None or seen == expected, grid
+
+
+def test_every_registered_function_and_mask_has_its_formula():
+    """A layer of a function without a float64 formula, or a mask without one, would go unproven: refused here."""
+    functions = {cls.function for cls in ATTENTION_LAYOUTS.values()}
+    assert functions <= set(REFERENCES), f"no float64 formula for {sorted(functions - set(REFERENCES))}"
+    assert set(MASKS) <= set(REFERENCED_MASKS), f"no formula for the masks {sorted(set(MASKS) - set(REFERENCED_MASKS))}"
     assert {p.values[0] for p in past_context_cells(False)} == set(PAST_CONTEXT)
+    assert {p.values[1] for p in past_context_cells(False)} == set(ALL_LAYOUTS), "every layer, past its context"
 
 
 def seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, seed=0, **options):
-    block = build_attention(layout, n_head * head_dim, n_head, kernel, n_kv_head=n_kv, window=window,
-                            **options).to(device)  # fmt: skip
+    options = {**layout_defaults(layout), **({"window": window} if window else {}), **options}
+    block = build_attention(layout, n_head * head_dim, n_head, kernel, n_kv_head=n_kv, **options).to(device)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in block.named_parameters():  # larger than the 0.02 init: sharp attention, so a wrong mask shows
@@ -145,15 +201,16 @@ def lengths(config) -> list[int]:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, device, request):
-    layout, kernel, n_head, head_dim, n_kv, window = cell
-    block = seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device)
-    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, window, device, lengths(request.config))
+    layout, kernel, n_head, head_dim, n_kv, masks = cell
+    block = seeded_block(layout, kernel, n_head, head_dim, n_kv, masks.get("window"), device,
+                         **{k: v for k, v in masks.items() if k != "window"})  # fmt: skip
+    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, None, device, lengths(request.config))
 
 
 def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, device, sample, **options):
-    """The block against the float64 formula at each length of ``sample`` (batch 1-3 in turn), in eval mode and
-    in training mode with the gradients of the input and of every parameter (not flex's on a CPU); ``seen`` is
-    the keys a query sees at most (the window, or a model's context past its block size)."""
+    """The block against the float64 formula of its function (``attention_reference.reference``, its options read
+    from its spec) at each length of ``sample`` (batch 1-3 in turn), in eval mode and in training mode with the
+    gradients of the input and of every parameter (not flex's on a CPU)."""
     C = block.c_proj.in_features
     if kernel == "flex" and flex_unavailable(device):
         with pytest.raises(ValueError, match="kernel=flex cannot run on this CPU"), torch.no_grad():
@@ -167,7 +224,7 @@ def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, devic
         x = torch.randn(B, T, C, device=device, generator=gen).requires_grad_(grads)
         where = f"T={T}, batch {B}"
         with torch.set_grad_enabled(grads):  # the formula once: its values here, its gradients below
-            ref = reference_attention(block, layout, x, n_head, n_kv, seen, **options)
+            ref = reference(block, x)
         expected = ref.detach()
         with torch.no_grad():
             assert_near(block.eval()(x), expected, f"eval, {where}")
@@ -192,12 +249,10 @@ def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, devic
 # sinks), alone and together. A small rope_theta in the combination turns the pairs fast: a wrong pairing or
 # frequency shows within a few positions.
 ENCODINGS = {
-    "rope": dict(position="rope"),
-    "alibi": dict(position="alibi"),
-    "nope": dict(position="none"),
-    "qk_norm": dict(qk_norm=True),
-    "softcap": dict(softcap=3.0),
-    "sinks": dict(sinks=True),
+    # each registered position encoding and modification alone, at the value its option declares (registered
+    # tomorrow: a cell here, with no edit); then combinations
+    **{name: dict(position=name) for name in POSITIONS if name != AttentionSpec.position},
+    **{mod.name: {mod.field: OPTION_EXAMPLES[mod.field]} for mod in with_fields()},
     "gate": dict(gate="elementwise"),
     "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
     "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
@@ -235,12 +290,15 @@ def keys_seen(options: dict, window: int | None) -> int | None:
 def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_turn: int):
     """The (layout, kernel) pairs of the ``e``-th encoding: with ``deep`` every layout x every kernel that takes
     it; by default each layout once, manual or sdpa in turn, and flex for the layout at ``flex_turn`` when the
-    encoding is a combination (its name has a "+")."""
+    encoding is a combination (its name has a "+") or a modification of the scores that no combination holds (one
+    registered tomorrow: flex compiles its score_mod in the default tier)."""
     kernels = [k for k in KERNEL_NAMES if takes(k, options)]
     if deep:
         return list(itertools.product(LAYOUTS, kernels))
     eager = [k for k in kernels if k != "flex"]
-    return [(layout, "flex" if "+" in name and i == flex_turn else eager[(i + e) % len(eager)])
+    flexed = "+" in name or (score_modifications(options) and not any(
+        set(score_modifications(options)) <= set(score_modifications(o)) for n, o in ENCODINGS.items() if "+" in n))
+    return [(layout, "flex" if flexed and i == flex_turn and "flex" in kernels else eager[(i + e) % len(eager)])
             for i, layout in enumerate(LAYOUTS)]  # fmt: skip
 
 
@@ -305,8 +363,9 @@ DECODE_WINDOWS = {"full": None, "window7": 7}
 
 def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, **options) -> GPT:
     torch.manual_seed(0)
+    options = {**layout_defaults(layout), **({"window": window} if window else {}), **options}
     config = tiny_gpt_config(vocab_size=64, block_size=block_size, n_layer=2, n_head=4, n_embd=64, attention=layout,
-                             kernel=kernel, n_kv_head=n_kv, window=window, **options)  # fmt: skip
+                             kernel=kernel, n_kv_head=n_kv, **options)  # fmt: skip
     model = GPT(config).to(device).eval()
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -319,9 +378,16 @@ def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, 
 
 
 def decode_cells():
-    for layout, kernel, n_kv, (w_name, window) in itertools.product(LAYOUTS, KERNEL_NAMES, (4, 2, 1),
-                                                                    DECODE_WINDOWS.items()):  # fmt: skip
-        yield pytest.param(layout, kernel, n_kv, window, id=f"{layout}-{kernel}-{n_kv}kv-{w_name}")
+    """Every registered layer x each kernel it runs x the key/value heads and masks it applies (as its class
+    declares): the window's chosen decoding values (DECODE_WINDOWS), another mask's example."""
+    for layout in ALL_LAYOUTS:
+        kvs = (4, 2, 1) if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else (None,)
+        masks = {name: {"window": value} if value else {} for name, value in DECODE_WINDOWS.items()}
+        masks = {**masks, **{n: m for n, m in mask_cells(layout, False).items() if "window" not in m and m}}
+        if "window" not in ATTENTION_LAYOUTS[layout].applies:
+            masks = {n: m for n, m in masks.items() if "window" not in m}
+        for kernel, n_kv, (m_name, mask) in itertools.product(kernels_of(layout), kvs, masks.items()):
+            yield pytest.param(layout, kernel, n_kv, mask, id=f"{layout}-{kernel}-{n_kv or 4}kv-{m_name}")
 
 
 def assert_decodes_like_full_recomputation(model, make_step, prompts, device, total=DECODE_BLOCK, batches=(1, 2, 3)):
@@ -330,7 +396,7 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
     step's logits must be those of a full forward over the whole sequence at that position. A cache holds its
     window (or the context, when shorter), never the whole sequence, and never grows past it."""
     config = model.config
-    capacity = min(n for n in (config.window, config.block_size) if n)
+    capacity = config.cache_capacity  # its masks' (the window), at most the context
     gen = torch.Generator(device=device).manual_seed(2)
     for i, prompt in enumerate(prompts):
         B = batches[i % len(batches)]
@@ -341,7 +407,8 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
             first = model(idx[:, :prompt], cache=cache)[0][:, -1]
             assert_close(first, full[:, prompt - 1], 1e-4, 0, f"prompt {prompt}")
             held = {buffer.size(2) for buffer in cache.buffers()}
-            assert held == {capacity}, f"prompt {prompt}: the cache holds {held} positions, not {capacity}"
+            if any(config.cache_widths):  # a KV cache (a linear layer keeps a state of fixed size instead)
+                assert held == {capacity}, f"prompt {prompt}: the cache holds {held} positions, not {capacity}"
             bounded = cache.nbytes()
             step = make_step(model, cache, B)
             for t in range(prompt, total):
@@ -361,12 +428,13 @@ def eager_or_static(static: bool, device: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
-@pytest.mark.parametrize("layout,kernel,n_kv,window", flex_cells_deep(list(decode_cells()), keep_first=True))
-def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout, kernel, n_kv, window, static,
+@pytest.mark.parametrize("layout,kernel,n_kv,masks", flex_cells_deep(list(decode_cells()), keep_first=True))
+def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout, kernel, n_kv, masks, static,
                                                                          device, request):  # fmt: skip
     if kernel == "flex" and flex_unavailable(device):
         pytest.skip(flex_unavailable(device))
-    model = decode_model(layout, kernel, n_kv, window, device)
+    model = decode_model(layout, kernel, n_kv, masks.get("window"), device,
+                         **{k: v for k, v in masks.items() if k != "window"})  # fmt: skip
     prompts = DEEP_PROMPTS if request.config.getoption("--deep") else PROMPTS
     assert_decodes_like_full_recomputation(model, eager_or_static(static, device), prompts, device)
 
@@ -419,6 +487,31 @@ def past_context_cells(deep: bool):
             mod_id = "".join(f"+{k}" for k in mods)
             yield pytest.param(position, layout, kernel, window, mods,
                                id=f"{position}{mod_id}-{layout}-{kernel}-{w_name}")  # fmt: skip
+    for layout in (name for name in ALL_LAYOUTS if name not in LAYOUTS):  # every other function, past its context
+        for c, (position, (w_name, window)) in enumerate(combos):
+            options = completed(layout, {"position": position, **({"window": window} if window else {})})
+            if options is not None:
+                kernel = kernels_of(layout)[c % len(kernels_of(layout))]
+                extra = {k: v for k, v in options.items() if k not in ("position", "window")}
+                yield pytest.param(position, layout, kernel, window, extra, id=f"{position}-{layout}-{kernel}-{w_name}")
+
+
+def completed(layout: str, options: dict) -> dict | None:
+    """The options a layer is built with for ``options``: its config file's, these, and what a refusal says it needs
+    (``needs model.rope_head_dim=...``: attention=mla with rotary); None where it refuses them (Gated DeltaNet takes
+    no rotary positions)."""
+    options = {**layout_defaults(layout), **options}
+    while True:
+        try:
+            ATTENTION_LAYOUTS[layout].check_spec(AttentionSpec(64, 4, kernels_of(layout)[0], block_size=PAST_BLOCK,
+                                                               **options))  # fmt: skip
+            return options
+        except ValueError as err:
+            needed = [n for n in re.findall(r"needs model\.(\w+)=", str(err))
+                      if n in OPTION_EXAMPLES and n not in options]  # fmt: skip
+            if not needed:
+                return None
+            options = {**options, **{n: OPTION_EXAMPLES[n] for n in needed}}
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
@@ -426,7 +519,8 @@ def test_generation_past_block_size_is_a_full_forward_over_the_whole_sequence(pa
     position, layout, kernel, window, mods = past_context_cell
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
-    model = decode_model(layout, kernel, 2, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
+    n_kv = 2 if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+    model = decode_model(layout, kernel, n_kv, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
     assert model.config.cache_capacity == min(window or PAST_BLOCK, PAST_BLOCK)
     assert_decodes_like_full_recomputation(model, eager_or_static(static, "cpu"), PAST_PROMPTS, "cpu", PAST_TOTAL)
 

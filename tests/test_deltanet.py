@@ -21,21 +21,8 @@ from model.decoding import StaticStep
 from model.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
 from model.registry import KERNELS, SCORE_MODS
 from model.score_mods import spelled
+from tests.attention_reference import deltanet_reference, recurrent_delta_rule
 from tests.helpers import run_script, tiny_run, train_losses
-
-
-def recurrent_delta_rule(q, k, v, log_decay, beta, state=None):
-    """The gated delta rule one token at a time (the paper's eq. 10): decay the state, erase what it holds for
-    k_t and write v_t there by beta_t, read it with q_t."""
-    B, H, T, dk = q.shape
-    S = torch.zeros(B, H, dk, v.size(-1), dtype=q.dtype) if state is None else state
-    out = []
-    for t in range(T):
-        S = S * log_decay[:, :, t].exp()[..., None, None]
-        erase_write = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k[:, :, t], S))
-        S = S + k[:, :, t, :, None] * erase_write[:, :, None, :]
-        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
-    return torch.stack(out, dim=2), S
 
 
 def delta_inputs(B, H, T, dk, dv, seed, state=True):
@@ -86,24 +73,8 @@ def test_a_sequence_in_pieces_carries_the_state_to_the_whole_sequences_result():
 
 
 def reference_layer(block: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
-    """The paper's layer from ``block``'s weights, step by step in float64: projections, the causal depthwise
-    convolution and SiLU, L2-normalised queries (scaled) and keys, beta and the decay, the recurrence, the
-    output's RMSNorm gated by SiLU, c_proj."""
-    B, T, C = x.shape
-    H, hd = block.n_head, block.head_dim
-    mixed, gate, b, a = block.in_proj(x).split([3 * C, C, H, H], dim=-1)
-    w = block.conv_weight[:, 0]  # (3C, CONV_SIZE): tap i reads the input CONV_SIZE - 1 - i positions back
-    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
-                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
-    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
-    q = q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd)
-    k = k / k.norm(dim=-1, keepdim=True)
-    beta = torch.sigmoid(b).transpose(1, 2)
-    log_decay = (-torch.exp(block.A_log) * F.softplus(a + block.dt_bias)).transpose(1, 2)
-    o, _ = recurrent_delta_rule(q, k, v, log_decay, beta)
-    o = o.transpose(1, 2)
-    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + block.o_norm.eps) * block.o_norm.weight
-    return block.c_proj((o * F.silu(gate.view(B, T, H, hd))).reshape(B, T, C))
+    """The paper's layer from ``block``'s weights, step by step in float64 (``attention_reference``)."""
+    return deltanet_reference(block, "gated_deltanet", x, {})
 
 
 def random_deltanet(n_embd: int, n_head: int, seed: int) -> GatedDeltaNet:

@@ -21,7 +21,7 @@ from model import (
 )
 from model.decoding import CompiledStep, StaticStep
 from model.latent import LatentAttention
-from model.positions import alibi_slopes
+from tests.attention_reference import keys_seen, latent_reference
 from tests.helpers import FLEX_ON_CPU_UNAVAILABLE, TINY, run_cli, train_losses
 
 LENGTHS = (1, 2, 7, 16, 33, 70)  # 70: past block_size (64), where a rope model's context acts as a window
@@ -50,10 +50,6 @@ def mla_module(name: str, kernel: str, dtype=torch.float64, seed: int = 0) -> La
     return attn.to(dtype).eval()
 
 
-def rms_norm(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
-
-
 def rope(t: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     """RoFormer's rotation, "rotate half" pairing: dims i and i + d/2 turned by position x theta^(-2i/d). The
     angles' cos and sin in float32, as headlab's (and Llama's) rotary makes them whatever the model's dtype."""
@@ -65,55 +61,10 @@ def rope(t: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> to
 
 
 def reference(attn: LatentAttention, name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V2's equations (9)-(19), head by head, in float64 from the module's weights: the output (B, T, C)
-    and the attention weights (B, H, T, T).
-
-    c = RMSNorm(W_DKV x); k_h = W_UK,h c; v_h = W_UV,h c; q_h = W_Q,h x; with rope, q_h gets RoPE(W_QR,h x)
-    and every head's key the one RoPE(W_KR x); scores / sqrt(head_dim + rope_head_dim); causal within the
-    context (the window; past block_size at most block_size keys)."""
-    heads, position, L, R, options = CASES[name]
-    R = R or 0
-    B, T, C = x.shape
-    d = C // heads
-    p = {k: v.double() for k, v in attn.named_parameters()}  # not the state dict: detached, it has no gradients
-    linear = lambda t, w, b: t @ w.T + b  # noqa: E731
-    positions = torch.arange(T)
-    down = linear(x, p["wkv_a.weight"], p["wkv_a.bias"])
-    c = rms_norm(down[..., :L], p["kv_norm.weight"])  # (B, T, L): the latent
-    k_rope = rope(down[..., L:], positions) if R else None  # (B, T, R): one key for every head
-    context = min(options.get("window") or BLOCK, BLOCK) if position != "learned" else options.get("window")
-    i, j = positions[:, None], positions[None, :]
-    seen = (j <= i) & ((i - j < context) if context else True)
-    slopes = alibi_slopes(heads).double() if position == "alibi" else None
-    outputs, weights = [], []
-    for h in range(heads):
-        rows_q = slice(h * (d + R), h * (d + R) + d)
-        rows_qr = slice(h * (d + R) + d, (h + 1) * (d + R))
-        rows_k, rows_v = slice(2 * h * d, 2 * h * d + d), slice(2 * h * d + d, 2 * (h + 1) * d)
-        q = linear(x, p["wq.weight"][rows_q], p["wq.bias"][rows_q])
-        k = linear(c, p["wkv_b.weight"][rows_k], p["wkv_b.bias"][rows_k])
-        v = linear(c, p["wkv_b.weight"][rows_v], p["wkv_b.bias"][rows_v])
-        if options.get("qk_norm"):
-            q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, p["k_norm.weight"])
-        scores = q @ k.transpose(-1, -2)
-        if R:
-            q_rope = rope(linear(x, p["wq.weight"][rows_qr], p["wq.bias"][rows_qr]), positions)
-            scores = scores + q_rope @ k_rope.transpose(-1, -2)
-        scores = scores / math.sqrt(d + R)
-        if options.get("softcap"):
-            scores = options["softcap"] * torch.tanh(scores / options["softcap"])
-        if slopes is not None:
-            scores = scores - slopes[h] * (i - j)
-        scores = scores.masked_fill(~seen, float("-inf"))
-        if options.get("sinks"):
-            sink = p["sinks"][h].expand(B, T, 1)
-            probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        weights.append(probs)
-        outputs.append(probs @ v)
-    y = torch.cat(outputs, dim=-1)
-    return linear(y, p["c_proj.weight"], p["c_proj.bias"]), torch.stack(weights, dim=1)
+    """DeepSeek-V2's equations (9)-(19), head by head, in float64 from the module's weights
+    (``attention_reference.latent_reference``: the output (B, T, C) and the attention weights (B, H, T, T)), its
+    rotary angles' cos and sin in float32, as headlab's (and Llama's) rotary makes them whatever the model's dtype."""
+    return latent_reference(attn, "mla", x, keys_seen(attn.spec), rotation=rope, weights_too=True)
 
 
 def kernels_of(name: str) -> list[str]:

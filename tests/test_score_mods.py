@@ -23,7 +23,7 @@ from analysis.report import COLUMNS, shown_columns
 from model.config import LABEL_AXES, attention_label
 from model.gpt2_export import what_gpt2_cannot_hold
 from model.registry import KERNELS, SCORE_MODS
-from model.score_mods import with_fields
+from model.score_mods import Activations, with_fields
 from training.plan import activation_bytes
 
 LAYOUTS = GPT2_LAYOUTS
@@ -109,7 +109,8 @@ def test_the_plan_counts_what_each_modification_keeps_as_its_class_says():
         used = config(**{mod.field: mod.example}, kernel="manual", n_head=4)
         added = sum(activation_bytes(used, 2, torch.float32).values()) - sum(
             activation_bytes(plain, 2, torch.float32).values())
-        assert added == plain.n_layer * int(mod.plan_bytes(n, 1.0)), mod.name
+        forward = Activations(2, plain.block_size, plain.n_head, n, 1.0)
+        assert added == plain.n_layer * int(mod.plan_bytes(forward)), mod.name
 
 
 def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:
