@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from cli import refuse_renamed_options, user_errors
 from cli.console import to_the_terminal
 from common.run_files import RUN_INFO, remove_husk
-from model.config import LABEL_AXES, attention_label
+from model.config import LABEL_AXES, attention_label, label_grammar
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
 from training.continuation import STOP_AT_STEP, continue_command
@@ -136,6 +136,8 @@ def run_dir_name(model: DictConfig) -> str:
 
 
 OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)
+# --help's footer spells a run directory's label from the registries (each position encoding's, each modification's)
+OmegaConf.register_new_resolver("headlab_label_grammar", label_grammar, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -24,8 +24,8 @@ import numpy as np  # noqa: E402
 from analysis.report import SPEED_CAUTION
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
-from model.registry import ATTENTION_LAYOUTS, KERNELS, POSITIONS
-from model.score_mods import with_fields
+from model.config import label_parts
+from model.registry import ATTENTION_LAYOUTS, KERNELS
 
 Curve = tuple[np.ndarray, np.ndarray]  # a line's (x, y) points
 
@@ -173,17 +173,6 @@ def halo_widths(groups: list[list[str]]) -> dict[str, float]:
     return widths
 
 
-# What each optional part of a label (model.config.attention_label) is, in its order: its pattern, its title.
-LABEL_PARTS = (
-    (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
-    (r"(no)?window\d*", "-window<positions>"),  # then each position encoding's part (rope<theta> too)
-    ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in POSITIONS.items()), "-<position>"),
-    (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
-    *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks
-    (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
-)  # fmt: skip
-
-
 def label_of(curve: str) -> str:
     """The run label a curve's name starts with (``by_curve`` may add the token budget after a space)."""
     return curve.split(" ", 1)[0]
@@ -193,7 +182,7 @@ def legend_title(variants) -> str:
     """What a label's parts are: ``layout-kernel``, then those the variants have: ``-kv<key/value heads>``,
     ``-latent<dims>``, ``-window<positions>``, ``-<position>``, ``-qknorm``, ``-softcap<cap>``, ``-sinks``."""
     parts = [part for variant in variants for part in variant.split("-")[2:]]
-    return "layout-kernel" + "".join(title for pattern, title in LABEL_PARTS
+    return "layout-kernel" + "".join(title for pattern, title in label_parts()
                                      if any(re.fullmatch(pattern, p) for p in parts))  # fmt: skip
 
 

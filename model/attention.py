@@ -293,6 +293,19 @@ class MultiHeadAttention(nn.Module):
     marker: ClassVar[str] = "o"
 
     @classmethod
+    def check_registration(cls, registry: dict[str, type]) -> None:
+        """Its weight names must be its own: a state dict's layout is read from them (``model.convert``, layouts
+        asked in the order they were registered), so a name an earlier layout's ``QKV_KEY`` claims (another
+        function's ``in_proj``) would load as that layout. Refused as the class is registered, naming both."""
+        mine = cls.QKV_EXAMPLE.replace(".N.", ".0.") + ".weight"
+        for other in registry.values():
+            match = other.QKV_KEY.search(mine)
+            if match and (match.start() == 0 or mine[match.start() - 1] == "."):
+                raise ValueError(f"attention={cls.name}'s weight names ({mine}) are attention={other.name}'s "
+                                 f"(its QKV_KEY claims them): a state dict could not say which layout it holds; "
+                                 f"name its projections otherwise")  # fmt: skip
+
+    @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
         """Copies of the block's input kept for backward under autocast: each projection module casts its
         input to the autocast dtype separately (the plan's memory estimate)."""

@@ -8,6 +8,7 @@ what differs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from model import positions as _positions  # noqa: F401  (registers the position
 from model import registry
 from model.attention import AttentionSpec
 from model.masks import capacity as mask_capacity
-from model.score_mods import finite_number, score_mod_fields, spelled
+from model.score_mods import finite_number, score_mod_fields, spelled, with_fields
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -100,6 +101,25 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
                 changes.append(f"no{own}")
         spelled.append(".".join([kind, *changes]))
     return "_".join(spelled)
+
+
+def label_parts() -> tuple[tuple[str, str], ...]:
+    """What each optional part of a label (``attention_label``) is, in its order: its pattern, its title (plot
+    legends, ``python train.py --help``), each registered position encoding's and modification's from its class."""
+    return (
+        (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
+        (r"chunk\d+", "-chunk<positions>"), (r"(no)?window\d*", "-window<positions>"),
+        ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in registry.POSITIONS.items()),
+         "-<position>"),
+        (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
+        *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
+        (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
+    )  # fmt: skip
+
+
+def label_grammar() -> str:
+    """A run label's grammar, its optional parts in brackets: ``<attention>-<kernel>[-kv<key/value heads>]...``."""
+    return "<attention>-<kernel>" + "".join(f"[{title}]" for _, title in label_parts())
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.

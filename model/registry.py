@@ -25,9 +25,13 @@ MASKS: dict[str, type] = {}
 
 
 def register(registry: dict[str, type]):
-    """Class decorator: enter the class in ``registry`` under its ``name``."""
+    """Class decorator: enter the class in ``registry`` under its ``name``, after the class checks it can be told
+    apart from those registered before it (``check_registration``, where it has one: a layout's weight names)."""
 
     def enter(cls: type) -> type:
+        check = getattr(cls, "check_registration", None)
+        if check is not None:
+            check(registry)
         registry[cls.name] = cls
         return cls
 

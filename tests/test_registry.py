@@ -218,3 +218,36 @@ def test_no_layout_or_kernel_name_is_matched_outside_its_own_module_the_registry
     assert found - ALLOWED.keys() == set(), "ask model.registry (a layout's or kernel's own facts) instead"
     assert ALLOWED.keys() - found == set(), "an allowed literal went away: take it off ALLOWED"
     assert name_literals(ROOT / "model/kernels.py") >= {"manual", "sdpa", "flex"}, "the scan sees literals"
+
+
+def test_a_layout_whose_weight_names_another_layout_claims_is_refused_as_it_registers():
+    """The unwritten rule made a declared fact (issue 52, item 7): a retention layer whose projection reuses Gated
+    DeltaNet's ``in_proj`` would load as Gated DeltaNet, and said only "cannot convert" later. Refused at once."""
+    from model.registry import register
+
+    class InProjAttention(RenamedQKVAttention):
+        name, QKV_KEY, QKV_EXAMPLE = "in_proj_layer", re.compile(r"(?P<proj>in_proj)\.(?P<kind>weight)$"), "in_proj"
+
+    registry = dict(ATTENTION_LAYOUTS)
+    with pytest.raises(ValueError, match=r"attention=in_proj_layer's weight names \(in_proj\.weight\) are "
+                                         r"attention=gated_deltanet's .* name its projections otherwise"):  # fmt: skip
+        register(registry)(InProjAttention)
+    assert "in_proj_layer" not in registry
+    register(registry)(RenamedQKVAttention)  # names of its own: registered
+    assert registry["renamed_qkv"] is RenamedQKVAttention
+
+
+def test_no_layout_shadows_an_attribute_the_base_attention_sets():
+    """What the base attention class sets on a block (its masks, modifications, spec, encodings, ...) is every
+    layout's: a class attribute of the same name in a layout (``chunk`` in Gated DeltaNet, were the base to set a
+    ``chunk``) would be hidden by it, and the layout would compute with the base's value."""
+    from model.attention import AttentionSpec, MultiHeadAttention
+
+    class Probe(MultiHeadAttention):
+        name = "probe"
+
+    probe = Probe(AttentionSpec(16, 2))
+    set_by_base = set(vars(probe)) | set(probe._modules) | set(probe._parameters) | set(probe._buffers)
+    for name, cls in ATTENTION_LAYOUTS.items():
+        own = {attr for klass in cls.__mro__[: cls.__mro__.index(MultiHeadAttention)] for attr in vars(klass)}
+        assert not own & set_by_base, f"attention={name} defines {sorted(own & set_by_base)}, which the base sets"

@@ -26,6 +26,7 @@ from data.tokenizers import VOCAB_SIZES
 from model import registry
 from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
+from model.score_mods import Activations
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
 from training.lengths import resolve_lengths
@@ -178,7 +179,7 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
         "attention projections": qkv_input + qkv + heads_out,
         "attention matrices" if matrices else "attention log-sum-exp": kernel,
         "MLP": N * a + 2 * 4 * N * a,  # c_fc input, GELU input, c_proj input
-        "query/key encodings": encoding_bytes(config, N, kv_share, a),
+        "query/key encodings": encoding_bytes(config, Activations(B, T, H, N, kv_share), a),
         "dropout masks": 2 * N if drop else 0,
     }
     own = getattr(registry.layout(config.attention), "activation_bytes", None)  # a linear layer's own parts
@@ -207,13 +208,14 @@ def eval_bytes(config: GPTConfig, length: int, batch_tokens: int) -> tuple[int, 
     return b, 4 * (9 * n + scores + logits)
 
 
-def encoding_bytes(config: GPTConfig, n: int, kv_share: float, a: int) -> int:
-    """Per layer, what the modifications (``SCORE_MODS``: QK-norm's RMSNorm its float32 steps) and rotary
-    positions keep of the queries and keys (``n`` elements is one query tensor): rotary the input and its rotated
-    half (one copy in the matmul dtype, measured). 0 for a model without them."""
-    mods = sum(mod.plan_bytes(n, kv_share) for mod in registry.SCORE_MODS.values()
+def encoding_bytes(config: GPTConfig, forward: Activations, a: int) -> int:
+    """Per layer, what the modifications (``SCORE_MODS``' plan terms: QK-norm's RMSNorm its float32 steps) and rotary
+    positions keep of the queries and keys (``forward.elements`` is one query tensor): rotary the input and its
+    rotated half (one copy in the matmul dtype, measured). 0 for a model without them."""
+    mods = sum(mod.plan_bytes(forward) for mod in registry.SCORE_MODS.values()
                if mod.used(getattr(config, mod.field)))  # fmt: skip
-    rotary = (1 + kv_share) * n * a if registry.position(config.position).turns_queries_keys else 0
+    turns = registry.position(config.position).turns_queries_keys
+    rotary = (1 + forward.kv_share) * forward.elements * a if turns else 0
     return int(mods + rotary)
 
 
