@@ -383,6 +383,8 @@ class MultiHeadAttention(nn.Module):
             if mod.used(getattr(spec, mod.field)):
                 for name, value in mod.parameters(spec.n_head).items():
                     setattr(self, name, nn.Parameter(torch.full((spec.n_head,), value)))
+                for name, (width, bias) in mod.projections(spec).items():  # its projections of the block's input
+                    setattr(self, name, nn.Linear(spec.n_embd, width, bias=bias))
         self.gate = None  # one gate per head (headwise) or per element of the heads' outputs (elementwise)
         if spec.gate != "none":
             self.gate = nn.Linear(spec.n_embd, spec.n_head if spec.gate == "headwise" else spec.n_embd, bias=False)
@@ -400,9 +402,12 @@ class MultiHeadAttention(nn.Module):
         k = rms_normed(self.k_norm, k) if self.qk_norm else k
         return k if self.rotary is None else self.rotary(k, positions)
 
-    def score_mods(self) -> ScoreMods | None:
-        """The score modifications of this block (``model.score_mods``), or None when it has none."""
-        return ScoreMods.of_block(self, self.modifications)
+    def score_mods(self, x: torch.Tensor, cache: LayerCache | None = None, keys_like: torch.Tensor | None = None):
+        """The score modifications of this block (``model.score_mods``) at its input ``x``, or None when it has none;
+        with a ``cache``, a token bias's states are the held keys' (the new ones stored beside them, in the dtype of
+        ``keys_like``)."""
+        mods = ScoreMods.of_block(self, self.modifications, x)
+        return mods if mods is None or cache is None else mods.kept(cache, keys_like)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
@@ -439,7 +444,7 @@ class MultiHeadAttention(nn.Module):
         The manual kernel applies exactly these; sdpa and flex fuse the same formula, so they describe a
         model run with any kernel.
         """
-        return attention_probs(*self.queries_keys(x), self.masks, mods=self.score_mods())
+        return attention_probs(*self.queries_keys(x), self.masks, mods=self.score_mods(x))
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:
@@ -484,11 +489,13 @@ class WrapperAttention(MultiHeadAttention):
         )
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        group, mods, heads = self.n_head // self.n_kv_head, self.score_mods(), list(self.heads)  # not heads[h]: slow
+        group, heads = self.n_head // self.n_kv_head, list(self.heads)  # not heads[h]: slow
         outputs = []
         for g in range(self.n_kv_head):
             k, v = heads[g * group].keys_values(x)  # the group's notes, once
             k, v, keys = remember(cache, g, self.encode_keys(k, positions), v)
+            if g == 0:
+                mods = self.score_mods(x, cache, k)
             for h in range(g * group, (g + 1) * group):
                 q = self.encode_queries(heads[h].queries(x), positions)
                 outputs.append(heads[h](q, k, v, keys, None if mods is None else mods.head(h), positions))
@@ -562,7 +569,8 @@ class SplitHeadsAttention(MultiHeadAttention):
         B, T, C = x.shape
         q, k, v = self.heads_qkv(x, positions)
         k, v, keys = remember(cache, 0, k, v)
-        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=self.score_mods(), positions=positions)
+        mods = self.score_mods(x, cache, k)
+        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions)
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -91,9 +91,10 @@ def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
                    backend: str = "auto") -> torch.Tensor:  # fmt: skip
     """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``).
 
-    ALiBi and sinks go in as a float mask (the bias, -inf where a key is hidden; a sink is one more key of
-    zeros, with the sink's logit as its bias and zeros as its value): a float mask rules out the flash
-    implementation, so PyTorch picks the memory-efficient one on a GPU. It cannot cap scores (softcap).
+    ALiBi, the token biases and sinks go in as a float mask (the biases, -inf where a key is
+    hidden; a sink is one more key of zeros, with the sink's logit as its bias and zeros as its value): a float mask
+    rules out the flash implementation, so PyTorch picks the memory-efficient one on a GPU (which computes the
+    gradient of a token bias through its mask). It cannot cap scores (softcap).
     Without a modification, the masks choose the fast path: causal alone (no mask narrows it among these keys)
     is ``is_causal``; a new query that sees every key needs no mask; else a boolean mask from the masks."""
     p = dropout if training else 0.0
@@ -132,7 +133,7 @@ def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods
     Every layer of a forward asks for the same one (its positions tensor, held keys, lengths, masks and biases), so
     in eager mode it is built once per forward and kept while the same positions tensor comes back, as Rotary
     keeps its angles (a forward's positions tensor is made once and never written)."""
-    known = not mods.biased or mods.bias_key is not None
+    known = (not mods.biased or mods.bias_key is not None) and not mods.token_biased  # a token bias: each layer its own
     remembered = positions is not None and known and not torch.compiler.is_compiling()
     key = (k_len, masks, dtype, device, mods.bias_key if mods.biased else None, mods.bias_dtypes())
     last = _last_bias[0]
@@ -141,8 +142,8 @@ def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods
     queries, held = positions_of(q_len, k_len, keys, positions, device)
     keep = visible(q_len, k_len, masks, device) if keys is None else visible_at(queries, held, masks)
     bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
-    alibi = mods.bias(queries, held)
-    bias = bias if alibi is None else bias + alibi.to(dtype)  # (H, q_len, k_len) or broadcastable
+    biases = mods.bias(queries, held)
+    bias = bias if biases is None else bias + biases.to(dtype)  # (H, q_len, k_len), (B, H, ...) or broadcastable
     if remembered:  # one forward's (a training step's layers save the one tensor for backward, not one each)
         _last_bias[0] = ((positions, keys, key), bias)
     return bias
@@ -167,8 +168,9 @@ def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
     of compiling flex for every cache length (with score modifications, as the manual kernel: SDPA cannot cap
     scores).
 
-    Score modifications: softcap and ALiBi in flex's ``score_mod``; a sink as one more key of zeros, first,
-    whose score the score_mod sets to the sink's logit (flex returns no log-sum-exp on a CPU).
+    Score modifications: softcap and ALiBi in flex's ``score_mod``; a token bias as a (B, H,
+    q_len, k_len) tensor the score_mod reads; a sink as one more key of zeros, first, whose score the score_mod sets
+    to the sink's logit (flex returns no log-sum-exp on a CPU).
 
     On a CPU, torch's compiled FlexAttention is wrong at some lengths (torch 2.13 with AVX2: NaN or wrong
     rows at every length of 8 mod 16, e.g. 8 and 40), so there queries and keys are padded to a multiple of
@@ -191,7 +193,7 @@ def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
         k, v = (F.pad(t, (0, 0, 0, k_pad - t.size(-2))) for t in (k, v))
     gqa = k.size(1) != q.size(1)
-    score_mod = None if mods is None else _score_mod(mods, k_len - q_len)
+    score_mod = None if mods is None else _score_mod(mods, q_len, k_len, q_pad, k_pad)
     if q.device.type != "cpu" or torch.compiler.is_compiling():  # inside a compiled model, its compilation decides
         # A GPU: with a score_mod one graph per shape, else a second shape compiles a graph for every later one
         flex = _compiled_flex(dynamic=False if mods is not None else None)
@@ -228,18 +230,24 @@ def _sizes_of_one_in_general():
     return shapes_config.patch(backed_size_oblivious=True, use_duck_shape=False)
 
 
-def _score_mod(mods: ScoreMods, offset: int):
+def _score_mod(mods: ScoreMods, q_len: int, k_len: int, q_pad: int, k_pad: int):
     """flex's score_mod: the block's modifications of one score (``ScoreMods.flex_score``: the transforms, then the
-    biases, keys in position order: query i is position offset + i); with sinks, key 0 is the sink (a key of zeros
-    whose score is the sink's logit) and key j + 1 is key j. The offset is a tensor, so one compiled graph serves
-    every length."""
+    biases, keys in position order: query i is position k_len - q_len + i); with sinks, key 0 is the sink (a key of
+    zeros whose score is the sink's logit) and key j + 1 is key j. The offset is a tensor, so one compiled graph serves
+    every length. A token bias (the tokens' own, not a function of positions) is read from its (B, H, q, k) tensor,
+    padded as the queries and keys are (to ``q_pad`` x ``k_pad``, the sink's column first)."""
     sinks = mods.sinks
     device = next((v.device for _, v in mods.used if isinstance(v, torch.Tensor)), None)
     with ordinary_tensors():  # one graph for both modes
-        shift, first = torch.tensor(offset, device=device), int(sinks is not None)
+        shift, first = torch.tensor(k_len - q_len, device=device), int(sinks is not None)
+    tokens = mods.token_biases(torch.arange(k_len - q_len, k_len, device=device), torch.arange(k_len, device=device))
+    if tokens is not None:
+        tokens = F.pad(tokens, (first, k_pad - first - k_len, 0, q_pad - q_len))
 
     def score_mod(score, b, h, q_idx, kv_idx):
         score = mods.flex_score(score, h, q_idx + shift, kv_idx - first)
+        if tokens is not None:
+            score = score + tokens[b, h, q_idx, kv_idx].to(score.dtype)
         if sinks is not None:
             score = torch.where(kv_idx == 0, sinks[h].to(score.dtype), score)
         return score
@@ -353,7 +361,7 @@ class AttentionKernel:
 class ManualKernel(AttentionKernel):
     name = "manual"
     attend = staticmethod(manual_attention)
-    applies = AttentionKernel.applies | {"alibi", "softcap", "sinks"}  # literally, between the scores and softmax
+    applies = AttentionKernel.applies | {"alibi", "softcap", "sinks"}  # literally, before the softmax
     scores_kept = True
     line_style, line_name, hatch = "--", "dashed", "//"
 
@@ -362,7 +370,8 @@ class ManualKernel(AttentionKernel):
 class SDPAKernel(AttentionKernel):
     name = "sdpa"
     attend = staticmethod(sdpa_attention)
-    applies = AttentionKernel.applies | {"alibi", "sinks"}  # a float mask; no step between the scores and softmax
+    # a float mask (a bias, a sink's key); no step between the scores and softmax
+    applies = AttentionKernel.applies | {"alibi", "sinks"}
     backends = tuple(b for b in SDPA_BACKENDS if b != "auto")
 
     @classmethod
@@ -395,7 +404,8 @@ class SDPAKernel(AttentionKernel):
 class FlexKernel(AttentionKernel):
     name = "flex"
     attend = staticmethod(flex_attention)
-    applies = frozenset({"window", "alibi", "softcap", "sinks"})  # in its block mask and score_mod (a sink: a key)
+    # in its block mask and score_mod (a sink: a key; a token bias: a tensor the score_mod reads)
+    applies = frozenset({"window", "alibi", "softcap", "sinks"})
     trains_on_cpu = False
     compiles = True
     line_style, line_name = ":", "dotted"

@@ -19,55 +19,54 @@ class LayerCache:
     Buffers are (batch, kv_heads, capacity, head_dim) (attention=mla's: (batch, 1, capacity, kv_latent)
     latents and (batch, 1, capacity, rope_head_dim) rotary keys), allocated at the first write and written in place
     (no copy of the past per token): slot 0 serves the multi-head layouts, one slot per key/value group
-    the wrapper. The capacity is the context, or the window when shorter: then the buffer is a ring
-    (position p in slot p % capacity) and one new query sees all of it, exactly its window.
+    the wrapper; slot ``STATES_SLOT`` (-1) the token biases' states per key and head, (batch, heads, capacity, 1)
+    (``model.score_mods``). The capacity is the context, or the window when shorter: then
+    the buffer is a ring (position p in slot p % capacity) and one new query sees all of it, exactly its window.
     """
 
     def __init__(self, owner: KVCache, index: int) -> None:
         self.owner = owner  # the KVCache: how many positions are cached, the capacities, a static step's state
         self.index = index  # the layer's: its capacity is its own (a local layer's ring, its window)
-        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.slots: dict[int, tuple[torch.Tensor, ...]] = {}  # per slot: its tensors' buffers (keys, values, ...)
 
     @property
     def capacity(self) -> int:
         return self.owner.capacities[self.index]
 
-    def update(
-        self, slot: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, HeldKeys | None]:
-        """Store the new positions' k, v (each its own width: attention=mla's latents and rotary keys); return
-        the keys and values the new queries attend over, and, where they are not in position order from 0, the
-        positions they hold (``HeldKeys``: a ring that has wrapped, a static decode step's whole cache; the kernels'
-        masks read them, ``model.masks``)."""
-        start, new, capacity = self.owner.length, k.size(2), self.capacity
+    def update(self, slot: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Store the new positions' per-token tensors (keys and values, each its own width: attention=mla's latents
+        and rotary keys; a modification's state per key, ``ScoreMod.cache_width``), each (batch, heads, new, width);
+        return the ones the new queries attend over, in the same order, then, where they are not in position order
+        from 0, the positions they hold (``HeldKeys``: a ring that has wrapped, a static decode step's whole cache;
+        the kernels' masks read them, ``model.masks``), else None."""
+        start, new, capacity = self.owner.length, tensors[0].size(2), self.capacity
         if self.owner.position is not None:  # a static decode step: one position, given as a tensor
-            k_all, v_all = self.slots[slot]
             where = (self.owner.position % capacity).view(1)
-            k_all.index_copy_(2, where, k)
-            v_all.index_copy_(2, where, v)
-            return k_all, v_all, self.owner.held[capacity]  # every slot, at the positions the step says they hold
+            for held, t in zip(self.slots[slot], tensors, strict=True):
+                held.index_copy_(2, where, t)
+            return *self.slots[slot], self.owner.held[capacity]  # every slot, at the positions the step says they hold
         if slot not in self.slots:
             # Zeros, not uninitialised memory: a static decode step reads every slot (masked: weight 0), and
             # 0 x NaN would be NaN.
             # Each its own width: attention=mla keeps latents and rotary keys (no rotary part: zero wide).
-            self.slots[slot] = tuple(t.new_zeros((t.size(0), t.size(1), capacity, t.size(3))) for t in (k, v))
-        k_all, v_all = self.slots[slot]
+            self.slots[slot] = tuple(t.new_zeros((t.size(0), t.size(1), capacity, t.size(3))) for t in tensors)
+        buffers = self.slots[slot]
         if start + new <= capacity:  # in position order
-            k_all[:, :, start : start + new] = k
-            v_all[:, :, start : start + new] = v
-            return k_all[:, :, : start + new], v_all[:, :, : start + new], None
+            for held, t in zip(buffers, tensors, strict=True):
+                held[:, :, start : start + new] = t
+            return *(held[:, :, : start + new] for held in buffers), None
         # Past the capacity: a windowed cache, which only ever needs the last `capacity` positions.
         if new == 1:
-            k_all[:, :, start % capacity] = k[:, :, 0]
-            v_all[:, :, start % capacity] = v[:, :, 0]
-            return k_all, v_all, self.owner.ring(capacity, k.device)
+            for held, t in zip(buffers, tensors, strict=True):
+                held[:, :, start % capacity] = t[:, :, 0]
+            return *buffers, self.owner.ring(capacity, tensors[0].device)
         if start > 0:
             raise ValueError(f"a windowed KV cache takes one position at a time once it holds {capacity}; "
                              f"refill it from the window's tokens")  # fmt: skip
-        kept = torch.arange(new - capacity, new, device=k.device)  # a first fill longer than the window
-        k_all[:, :, kept % capacity] = k[:, :, -capacity:]
-        v_all[:, :, kept % capacity] = v[:, :, -capacity:]
-        return k, v, None
+        kept = torch.arange(new - capacity, new, device=tensors[0].device)  # a first fill longer than the window
+        for held, t in zip(buffers, tensors, strict=True):
+            held[:, :, kept % capacity] = t[:, :, -capacity:]
+        return *tensors, None
 
 
 class KVCache:
@@ -138,7 +137,7 @@ class KVCache:
         return sum(t.nbytes for t in self.buffers())
 
     def buffers(self) -> list[torch.Tensor]:
-        return [t for layer in self.layers for pair in layer.slots.values() for t in pair]
+        return [t for layer in self.layers for held in layer.slots.values() for t in held]
 
     def prepare_static_steps(self, device: torch.device) -> list[torch.Tensor]:
         """Before static steps (the cache filled by a prompt): make the slot numbers whose positions a step computes;

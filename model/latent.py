@@ -143,7 +143,8 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
         latent, k_rope, keys = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
         k, v = self.keys_values(latent, k_rope)
         v = F.pad(v, (0, self.rope_dim)) if self.pad_values else v
-        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=self.score_mods(), positions=positions)
+        mods = self.score_mods(x, cache, latent)
+        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions)
         return y[..., : self.head_dim].transpose(1, 2).contiguous().view(B, T, C)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

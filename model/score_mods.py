@@ -15,9 +15,9 @@ parameters and their initial values, its plan memory term; the config checks, ru
 - ``gate`` (``model.gate=headwise|elementwise``, Qwen3-Next's, arXiv 2505.06708): the heads' outputs times
   sigmoid(x W_g), x the block's input, one gate per head or per element, before the output projection.
 
-In that order: softcap(scores) + ALiBi bias, then the causal (and window) mask, then the softmax over the
-keys and the sink. ``ScoreMods`` carries a block's values to its kernel; the kernels apply them in their
-own way (the manual kernel literally, sdpa through a float mask, flex through a score_mod), and the
+In that order: softcap(scores) + ALiBi bias (+ a bias from the tokens), then the causal (and window) mask, then the
+softmax over the keys and the sink. ``ScoreMods`` carries a block's values to its kernel; the kernels apply them
+in their own way (the manual kernel literally, sdpa through a float mask, flex through a score_mod), and the
 property tests hold every kernel to the float64 formula.
 """
 
@@ -114,11 +114,19 @@ class ScoreMod:
         the queries' elements, the length, or the length squared (``Activations.scores``); 0 for most."""
         return 0
 
+    @classmethod
+    def projections(cls, spec) -> dict[str, tuple[int, bool]]:
+        """The linear projections of the block's input it owns, by the block's attribute name: (width, with a bias).
+        Drawn as every weight (``GPT.reset_parameters``: N(0, 0.02), biases 0)."""
+        return {}
+
     # How it acts on the scores (``form``): "transform" (a function of each score, applied first), "bias" (a term
-    # added to each score after the transforms), "sink" (one more logit in the softmax's denominator, attending to
-    # nothing); None where it acts elsewhere (QK-norm on the queries and keys, the gate on the outputs). A kernel
-    # applies a form its own way (the manual kernel literally, sdpa through a float mask, flex in its score_mod) and
-    # says which modifications it applies (``AttentionKernel.applies``); every other is refused by name.
+    # added to each score after the transforms, from the query's and key's positions), "token bias" (a term from the
+    # tokens themselves: each token's ``state``, which a KV cache keeps beside its key), "sink" (one more logit in the
+    # softmax's denominator, attending to nothing); None where it acts elsewhere (QK-norm on the queries and keys, the
+    # gate on the outputs). A kernel applies a form its own way (the manual kernel literally, sdpa through a float
+    # mask, flex in its score_mod) and says which modifications it applies (``AttentionKernel.applies``); every other
+    # is refused by name.
     form: ClassVar[str | None] = None
 
     @classmethod
@@ -138,8 +146,22 @@ class ScoreMod:
         raise NotImplementedError
 
     @classmethod
+    def state(cls, block, x: torch.Tensor) -> torch.Tensor:
+        """A "token bias"'s state of each token, (B, H, T) float32, from the block's input ``x`` (B, T, C): what the
+        KV cache keeps of it per key (``cache_width`` = H numbers), in the keys' dtype."""
+        raise NotImplementedError
+
+    @classmethod
+    def token_bias(cls, states: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """A "token bias"'s term, (B, H, q_len, k_len) float32, of queries at positions ``queries`` (q_len,) over keys
+        at ``keys`` (k_len,) whose states are ``states`` (B, H, k_len); a key at a negative position is an empty slot
+        of the cache, and every query's own key is among them."""
+        raise NotImplementedError
+
+    @classmethod
     def cache_width(cls, spec) -> int:
-        """Numbers a KV cache keeps per token per layer for it beside the keys and values (a state per key); 0."""
+        """Numbers a KV cache keeps per token per layer for it beside the keys and values (a "token bias"'s state per
+        key); 0."""
         return 0
 
     @classmethod
@@ -343,6 +365,9 @@ def on_scores() -> tuple[str, ...]:
     return tuple(name for name, mod in SCORE_MODS.items() if mod.on_scores)
 
 
+STATES_SLOT = -1  # a layer cache's slot of the token biases' states per key (the layouts' keys and values: 0, 1, ...)
+
+
 @dataclass(frozen=True)
 class Activations:
     """One layer's forward, for a modification's plan term (``ScoreMod.plan_bytes``)."""
@@ -378,9 +403,25 @@ class ScoreMods:
     bias_key: tuple | None = None
 
     @classmethod
-    def of_block(cls, block, mods: list[type[ScoreMod]]) -> ScoreMods | None:
-        """A block's modifications (its ``mods``: ``on_the_scores`` of its spec), or None where it has none."""
-        return cls(tuple((mod, mod.runtime(block)) for mod in mods), bias_key=(block.n_head,)) if mods else None
+    def of_block(cls, block, mods: list[type[ScoreMod]], x: torch.Tensor | None = None) -> ScoreMods | None:
+        """A block's modifications (its ``mods``: ``on_the_scores`` of its spec) at its input ``x`` (a token bias's
+        states are the tokens'), or None where it has none."""
+        if not mods:
+            return None
+        return cls(tuple((mod, mod.state(block, x) if mod.form == "token bias" else mod.runtime(block))
+                         for mod in mods), bias_key=(block.n_head,))  # fmt: skip
+
+    def kept(self, cache, like: torch.Tensor) -> ScoreMods:
+        """With the states of the keys the new queries attend over: the new tokens' token-bias states stored in the
+        layer's KV cache (``cache``, a LayerCache, or None: no cache), in its slot ``STATES_SLOT``, in the keys'
+        dtype (``like``; ``cache_width`` numbers per key), and the ones it holds returned in their place."""
+        states = [value for _, value in self.of_form("token bias")]
+        if not states or cache is None:
+            return self
+        *held, _ = cache.update(STATES_SLOT, *(state.to(like.dtype).unsqueeze(-1) for state in states))
+        kept = iter(t.squeeze(-1) for t in held)
+        return replace(self, used=tuple((mod, next(kept) if mod.form == "token bias" else value)
+                                        for mod, value in self.used))  # fmt: skip
 
     def of_form(self, form: str) -> list[tuple[type[ScoreMod], object]]:
         return [(mod, value) for mod, value in self.used if mod.form == form]
@@ -400,24 +441,42 @@ class ScoreMods:
     def biased(self) -> bool:
         return bool(self.of_form("bias"))
 
+    @property
+    def token_biased(self) -> bool:
+        """Whether a bias comes from the tokens (a float mask of its own each forward, each layer)."""
+        return bool(self.of_form("token bias"))
+
     def bias_dtypes(self) -> tuple:
         """The biases' values' dtypes and devices: part of what a float mask built once is a function of."""
         return tuple((v.dtype, v.device) for _, v in self.of_form("bias") if isinstance(v, torch.Tensor))
 
     def head(self, h: int) -> ScoreMods:
         """The modifications of query head ``h`` alone (a head axis of size 1): each per-head value sliced."""
-        one = slice(h, h + 1)
-        used = tuple((mod, value[one] if isinstance(value, torch.Tensor) and value.dim() else value)
-                     for mod, value in self.used)  # fmt: skip
+        one = slice(h, h + 1)  # a token bias's states are (B, H, k_len): heads second
+
+        def sliced(mod, value):
+            if not isinstance(value, torch.Tensor) or not value.dim():
+                return value
+            return value[:, one] if mod.form == "token bias" else value[one]
+
+        used = tuple((mod, sliced(mod, value)) for mod, value in self.used)
         return replace(self, used=used, bias_key=None if self.bias_key is None else (*self.bias_key, h))
 
     def bias(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
-        """(H, q_len, k_len): the biases' terms of queries at ``queries`` (q_len,) over keys at ``keys`` (k_len,),
-        float32; None without a bias."""
-        total = None
+        """(H, q_len, k_len), or (B, H, q_len, k_len) with a token bias: the biases' terms of queries at ``queries``
+        (q_len,) over keys at ``keys`` (k_len,), float32; None without a bias."""
+        total = self.token_biases(queries, keys)
         for mod, value in self.of_form("bias"):
             heads = torch.arange(len(value), device=queries.device)[:, None, None]
             term = mod.bias(value, heads, queries[:, None], keys[None, :])
+            total = term if total is None else total + term
+        return total
+
+    def token_biases(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor | None:
+        """(B, H, q_len, k_len): the token biases' terms (their states are the keys'), float32; None without one."""
+        total = None
+        for mod, states in self.of_form("token bias"):
+            term = mod.token_bias(states, queries, keys)
             total = term if total is None else total + term
         return total
 
@@ -430,7 +489,8 @@ class ScoreMods:
         return scores if bias is None else scores + bias.to(scores.dtype)
 
     def flex_score(self, score, h, query, key):
-        """flex's score_mod body for one score of head ``h``, query and key at these positions (the sink apart)."""
+        """flex's score_mod body for one score of head ``h``, query and key at these positions (the sink and the token
+        biases apart: flex reads those from a tensor, ``model.kernels``)."""
         for mod, value in self.of_form("transform"):
             score = mod.transform(score, value)
         for mod, value in self.of_form("bias"):

@@ -23,6 +23,7 @@ with gradients.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 
@@ -169,8 +170,9 @@ def test_the_default_grids_reach_every_registered_layout_kernel_position_and_mod
              "encoding_cells": ({(p.values[1], p.values[2]) for p in encoding_cells(False)}, None),
              "encoding_decode_cells": ({(p.values[1], p.values[2]) for p in encoding_decode_cells(False)}, None),
              "past_context_cells": ({(p.values[1], p.values[2]) for p in past_context_cells(False)}, None)}
+    applying = {layout for options in ENCODINGS.values() for layout in layers_applying(tuple(options.items()))}
     for grid, (seen, expected) in grids.items():
-        assert {layout for layout, _ in seen} == set(ALL_LAYOUTS if grid == "past_context_cells" else LAYOUTS), grid
+        assert {layout for layout, _ in seen} == set(ALL_LAYOUTS if grid == "past_context_cells" else applying), grid
         assert {kernel for _, kernel in seen} == set(KERNEL_NAMES), grid
         assert expected is None or seen == expected, grid
 
@@ -287,19 +289,37 @@ def keys_seen(options: dict, window: int | None) -> int | None:
     return min(window or ENCODING_BLOCK, ENCODING_BLOCK)
 
 
+@functools.cache
+def layers_applying(options: tuple) -> list[str]:
+    """The registered layers that apply every one of these options (their classes' declarations decide: a layer that
+    would refuse them is left out), each proved against its own function's formula."""
+    def builds(layout: str, kernel: str) -> bool:
+        try:
+            build_attention(layout, 64, 4, kernel, **{**layout_defaults(layout), **dict(options)})
+        except ValueError:
+            return False
+        return True
+
+    return [layout for layout in ALL_LAYOUTS if any(builds(layout, kernel) for kernel in kernels_of(layout))]
+
+
 def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_turn: int):
-    """The (layout, kernel) pairs of the ``e``-th encoding: with ``deep`` every layout x every kernel that takes
-    it; by default each layout once, manual or sdpa in turn, and flex for the layout at ``flex_turn`` when the
-    encoding is a combination (its name has a "+") or a modification of the scores that no combination holds (one
-    registered tomorrow: flex compiles its score_mod in the default tier)."""
-    kernels = [k for k in KERNEL_NAMES if takes(k, options)]
+    """The (layout, kernel) pairs of the ``e``-th encoding, over every registered layer that applies it: with
+    ``deep`` each x every kernel it runs that takes it; by default each layer once, manual or sdpa in turn, and flex
+    for GPT-2's layout at ``flex_turn`` when the encoding is a combination (its name has a "+") or a modification of
+    the scores that no combination holds (one registered tomorrow: flex compiles its score_mod in the default tier)."""
+    layers = layers_applying(tuple(options.items()))
+    kernels = {layout: [k for k in kernels_of(layout) if takes(k, options)] for layout in layers}
     if deep:
-        return list(itertools.product(LAYOUTS, kernels))
-    eager = [k for k in kernels if k != "flex"]
+        return [(layout, kernel) for layout in layers for kernel in kernels[layout]]
     flexed = "+" in name or (score_modifications(options) and not any(
         set(score_modifications(options)) <= set(score_modifications(o)) for n, o in ENCODINGS.items() if "+" in n))
-    return [(layout, "flex" if flexed and i == flex_turn and "flex" in kernels else eager[(i + e) % len(eager)])
-            for i, layout in enumerate(LAYOUTS)]  # fmt: skip
+    pairs = []
+    for i, layout in enumerate(layers):
+        eager = [k for k in kernels[layout] if k != "flex"] or kernels[layout]
+        flex = flexed and layout in LAYOUTS and LAYOUTS.index(layout) == flex_turn and "flex" in kernels[layout]
+        pairs.append((layout, "flex" if flex else eager[(i + e) % len(eager)]))
+    return pairs
 
 
 def encoding_cells(deep: bool):
@@ -313,9 +333,11 @@ def encoding_cells(deep: bool):
     for e, (name, options) in enumerate(ENCODINGS.items()):
         turns = encoding_layouts_kernels(e, name, options, deep, flex_turn=e % len(LAYOUTS))
         for c, (layout, kernel) in enumerate(turns):
-            kv_name = ("mha", "gqa", "mqa")[(c + 2 * e) % 3]
+            kv_names = kv_names_of(layout)
+            kv_name = kv_names[(c + 2 * e) % len(kv_names)]
             (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
-            yield pytest.param(name, layout, kernel, n_head, head_dim, kvs[kv_name], window,
+            n_kv = kvs[kv_name] if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+            yield pytest.param(name, layout, kernel, n_head, head_dim, n_kv, window,
                                id=f"{name}-{layout}-{kernel}-{shape}-{kv_name}-{w_name}")  # fmt: skip
 
 
@@ -446,7 +468,10 @@ def encoding_decode_cells(deep: bool):
     for e, (name, options) in enumerate(ENCODINGS.items()):
         for i, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep,
                                                                    flex_turn=(e + 1) % len(LAYOUTS))):
-            n_kv, (w_name, window) = (4, 2, 1)[(i + 2 * e) % 3], windows[(i + e) % 2]
+            kvs = (4, 2, 1) if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else (None,)
+            n_kv, (w_name, window) = kvs[(i + 2 * e) % len(kvs)], windows[(i + e) % 2]
+            if "window" not in ATTENTION_LAYOUTS[layout].applies:
+                w_name, window = "full", None
             yield pytest.param(name, layout, kernel, n_kv, window, id=f"{name}-{layout}-{kernel}-{n_kv}kv-{w_name}")
 
 
