@@ -84,6 +84,7 @@ class AttentionSpec:
     softcap: float | None = option(None, 3.0)
     sinks: bool = option(False, True)
     gate: str = option("none", "headwise")  # an output gate from the block's input: none | headwise | elementwise
+    forget_gate: bool = option(False, True)  # the Forgetting Transformer's forget gate on the scores
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     kv_latent: int | None = option(None, 8, per_layer=False)  # attention=mla's latent width
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
@@ -286,7 +287,7 @@ class MultiHeadAttention(nn.Module):
     # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer of this layout
     # applies; its position encoding's own come with "position". Any other set away from its off value is refused.
     applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "position", "qk_norm", "softcap", "sinks",
-                                                   "gate", "dropout"})  # fmt: skip
+                                                   "gate", "forget_gate", "dropout"})  # fmt: skip
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
     takes_kernel: ClassVar[bool] = True  # runs model.kernel (a linear layer runs its own form)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots

@@ -163,6 +163,7 @@ class GPTConfig:
     softcap: float | None = field(default=None, metadata={"reuse": "function"})  # scores -> c tanh(scores / c)
     sinks: bool = field(default=False, metadata={"reuse": "weights"})  # a learned softmax sink per head
     gate: str = field(default="none", metadata={"reuse": "weights"})  # sigmoid output gate: headwise | elementwise
+    forget_gate: bool = field(default=False, metadata={"reuse": "weights"})  # the Forgetting Transformer's
     # attention=mla: the keys' and values' latent width, and the decoupled rotary key's width (position=rope)
     kv_latent: int | None = field(default=None, metadata={"reuse": "weights"})
     rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})

@@ -361,7 +361,7 @@ class AttentionKernel:
 class ManualKernel(AttentionKernel):
     name = "manual"
     attend = staticmethod(manual_attention)
-    applies = AttentionKernel.applies | {"alibi", "softcap", "sinks"}  # literally, before the softmax
+    applies = AttentionKernel.applies | {"alibi", "softcap", "sinks", "forget_gate"}  # literally, before the softmax
     scores_kept = True
     line_style, line_name, hatch = "--", "dashed", "//"
 
@@ -371,7 +371,7 @@ class SDPAKernel(AttentionKernel):
     name = "sdpa"
     attend = staticmethod(sdpa_attention)
     # a float mask (a bias, a sink's key); no step between the scores and softmax
-    applies = AttentionKernel.applies | {"alibi", "sinks"}
+    applies = AttentionKernel.applies | {"alibi", "sinks", "forget_gate"}
     backends = tuple(b for b in SDPA_BACKENDS if b != "auto")
 
     @classmethod
@@ -405,7 +405,7 @@ class FlexKernel(AttentionKernel):
     name = "flex"
     attend = staticmethod(flex_attention)
     # in its block mask and score_mod (a sink: a key; a token bias: a tensor the score_mod reads)
-    applies = frozenset({"window", "alibi", "softcap", "sinks"})
+    applies = frozenset({"window", "alibi", "softcap", "sinks", "forget_gate"})
     trains_on_cpu = False
     compiles = True
     line_style, line_name = ":", "dotted"

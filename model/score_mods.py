@@ -14,8 +14,11 @@ parameters and their initial values, its plan memory term; the config checks, ru
   attends to nothing: a head may put weight on "no key" instead of being forced to spread it.
 - ``gate`` (``model.gate=headwise|elementwise``, Qwen3-Next's, arXiv 2505.06708): the heads' outputs times
   sigmoid(x W_g), x the block's input, one gate per head or per element, before the output projection.
+- ``forget_gate`` (``model.forget_gate=true``, the Forgetting Transformer, arXiv 2503.02130): each token t forgets by
+  f_t = sigmoid(x_t w_f + b_f) per head; a query at i weighs the key at j by the forgets after it, adding
+  sum_{j < l <= i} log f_l to its score (a bias from the tokens: each key's log f is kept in the KV cache).
 
-In that order: softcap(scores) + ALiBi bias (+ a bias from the tokens), then the causal (and window) mask, then the
+In that order: softcap(scores) + ALiBi bias + the forget gate's, then the causal (and window) mask, then the
 softmax over the keys and the sink. ``ScoreMods`` carries a block's values to its kernel; the kernels apply them
 in their own way (the manual kernel literally, sdpa through a float mask, flex through a score_mod), and the
 property tests hold every kernel to the float64 formula.
@@ -28,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from model import registry
 from model.registry import SCORE_MODS, register
@@ -347,6 +351,56 @@ class Gate(ScoreMod):
         if text not in GATES:
             raise ValueError(f"--gate {text}: give {', '.join(GATES)}")
         return text
+
+
+@register(SCORE_MODS)
+class ForgetGate(ScoreMod):
+    """The Forgetting Transformer's forget gate (Lin et al. 2025, arXiv 2503.02130): token t forgets by
+    f_t = sigmoid(x_t w_f + b_f), one per head, and a query at i weighs the key at j by the product of the forgets
+    after it, f_{j+1} ... f_i: its score gets sum_{j < l <= i} log f_l. No position encoding is needed (the paper
+    trains without one)."""
+
+    name, field, column, form = "forget_gate", "forget_gate", "forget gate", "token bias"
+    label_pattern, label_title = r"forget", "-forget"
+    bench_help = "the forget gate (model.forget_gate): off and/or on"
+    gpt2_lacks = "GPT-2's scores have no forget gate"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return "forget" if value else None
+
+    @classmethod
+    def projections(cls, spec) -> dict[str, tuple[int, bool]]:
+        return {"forget": (spec.n_head, True)}  # w_f and b_f of every head
+
+    @classmethod
+    def state(cls, block, x: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(block.forget(x).float()).transpose(1, 2)  # log f_t, (B, H, T)
+
+    @classmethod
+    def token_bias(cls, states: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return sums_between(states, queries, keys)
+
+    @classmethod
+    def cache_width(cls, spec) -> int:
+        return spec.n_head  # each key's log f per head
+
+    @classmethod
+    def plan_bytes(cls, forward: Activations) -> float:
+        return 4 * forward.scores  # the float32 bias of every score, kept for backward (by sdpa as its float mask)
+
+
+def sums_between(states: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """(B, H, q_len, k_len): for a query at position i and a key at position j, the sum of the ``states`` (B, H, k_len)
+    of the keys at positions j < p <= i (every such position is held: a cache keeps the most recent ones, the query's
+    own included). Prefix sums in position order, not slot order (a ring that has wrapped, a static step's cache with
+    empty slots at negative positions, which count 0), so each sum runs over at most the keys given."""
+    order = keys.argsort()
+    held = keys[order]
+    through = torch.where(held >= 0, states[..., order].float(), 0.0).cumsum(-1)  # through each key, in order
+    through_key = through[..., order.argsort()]
+    through_query = through[..., torch.searchsorted(held, queries)]  # through the query's own key
+    return through_query[..., :, None] - through_key[..., None, :]
 
 
 def with_fields() -> list[type[ScoreMod]]:

@@ -5,6 +5,7 @@
                   first model.rope_fraction of the dims, the rest unturned)
     scores[i, j] = q_h[i] . k_g[j] / sqrt(head_dim)
                    -> c tanh(scores / c) (model.softcap) -> - m_h (i - j) (model.position=alibi)
+                   -> + sum_{l=j+1}^{i} log f_l,h, f_l = sigmoid(x_l w_f + b_f) (model.forget_gate)
                    for keys j <= i with i - j < window (every j <= i without one)
     out_h = softmax over the keys and the sink logit s_h (model.sinks; its weight dropped) of the scores, @ v_g;
             times sigmoid(x W_g) (model.gate: one gate per head, or one per element of out_h)
@@ -13,7 +14,9 @@
 Each piece is written from its paper, not from headlab's code: rotary positions (Su et al. 2021, RoFormer) as a
 complex multiplication of the pairs (i, i + d/2) (GPT-NeoX/Llama's "rotate half" pairing), ALiBi's slopes and
 bias (Press et al. 2022), RMSNorm (Zhang & Sennrich 2019; eps 1e-6, as Qwen3/OLMo 2), Gemma 2's logit softcap,
-gpt-oss's sinks, the output gate (Qiu et al. 2025, arXiv 2505.06708). NoPE is the formula with no position term.
+gpt-oss's sinks, the output gate (Qiu et al. 2025, arXiv 2505.06708), the forget gate (Lin et al. 2025, the
+Forgetting Transformer, arXiv 2503.02130: D_ij = c_i - c_j, c the cumulative sum of log f). NoPE is the formula with
+no position term.
 
 It takes a block's live parameters (any layout, read through the layout's conversion to separate q/k/v,
 a pure re-arrangement; QK-norm's scales and the sinks pass through it unchanged), so gradients flow back to
@@ -82,13 +85,13 @@ def paper_alibi_slopes(n_head: int) -> list[float]:
 
 # The modifications of the attention (model.registry.SCORE_MODS) this formula writes out: a registered one it
 # lacks fails tests/test_score_mods.py (each modification's float64 reference lives here, apart from the model).
-REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate")
+REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate", "forget_gate")
 
 
 def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_head: int, n_kv_head: int,
                         window: int | None, position: str = "learned", rope_theta: float = 10000.0,
                         qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
-                        gate: str = "none", rope_fraction: float = 1.0,
+                        gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
                         seen: dict | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
@@ -121,6 +124,10 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         slopes = torch.tensor(paper_alibi_slopes(n_head), dtype=torch.float64, device=x.device)
         distance = (positions[:, None] - positions[None, :]).double()  # i - j
         scores = scores - slopes[:, None, None] * distance
+    if forget_gate:  # key j seen from i weighs f_{j+1} ... f_i: the log of that product, c_i - c_j
+        log_f = torch.log(torch.sigmoid(x @ p["forget.weight"].T + p["forget.bias"])).transpose(1, 2)  # (B, H, T)
+        c = log_f.cumsum(dim=-1)
+        scores = scores + (c[..., :, None] - c[..., None, :])
     scores = scores.masked_fill(~allowed(T, T, window, x.device, seen), float("-inf"))
     if sinks:  # one more logit per head in the denominator; the weight it takes goes nowhere
         sink = p["sinks"].view(1, n_head, 1, 1).expand(B, n_head, T, 1)
@@ -152,15 +159,15 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
     spec = block.spec
     return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
-                               seen=seen)  # fmt: skip
+                               spec.forget_gate, seen=seen)  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):
     """DeepSeek-V2's multi-head latent attention, equations (9)-(19), head by head, in float64 from the block's
     weights: c = RMSNorm(W_DKV x); k_h = W_UK,h c; v_h = W_UV,h c; q_h = W_Q,h x; with rope, q_h gets RoPE(W_QR,h x)
     and every head's key the one RoPE(W_KR x); scores / sqrt(head_dim + rope_head_dim), then the modifications
-    (softcap, ALiBi), the masks, the softmax (and sink). ``rotation``: the rotary formula (default ``rotate``, float64
-    angles); ``weights_too``: also each head's attention weights, (B, H, T, T)."""
+    (softcap, ALiBi, the forget gate), the masks, the softmax (and sink). ``rotation``: the rotary formula (default
+    ``rotate``, float64 angles); ``weights_too``: also each head's attention weights, (B, H, T, T)."""
     spec = block.spec
     rotation = rotation or (lambda t, positions: rotate(t, positions, spec.rope_theta))
     heads, L, R = spec.n_head, spec.kv_latent, spec.rope_head_dim or 0
@@ -178,6 +185,10 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
     k_rope = rotation(down[..., L:], positions) if R else None  # (B, T, R): one key for every head
     seen_mask = allowed(T, T, None, x.device, seen)
     slopes = torch.tensor(paper_alibi_slopes(heads), dtype=torch.float64) if spec.position == "alibi" else None
+    forgotten = None  # the forget gate's c_i - c_j per head, c the cumulative sum of log f (reference_attention's)
+    if spec.forget_gate:
+        through = torch.log(torch.sigmoid(linear(x, "forget"))).cumsum(dim=1)  # (B, T, H)
+        forgotten = through[:, :, None, :] - through[:, None, :, :]  # (B, T, T, H)
     i, j = positions[:, None], positions[None, :]
     outputs, every = [], []
     for h in range(heads):
@@ -195,6 +206,8 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             scores = spec.softcap * torch.tanh(scores / spec.softcap)
         if slopes is not None:
             scores = scores - slopes[h] * (i - j)
+        if forgotten is not None:
+            scores = scores + forgotten[..., h]
         scores = scores.masked_fill(~seen_mask, float("-inf"))
         if spec.sinks:
             weights = torch.softmax(torch.cat((scores, p["sinks"][h].expand(B, T, 1)), dim=-1), dim=-1)[..., :-1]
