@@ -18,7 +18,7 @@ layout is one class in this file (plus its configs file).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -29,7 +29,7 @@ from model import registry
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
 from model.masks import HeldKeys, Masks
 from model.masks import of_spec as masks_of
-from model.options import check_applied
+from model.options import applied, check_applied, option_fields
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
 from model.score_mods import ScoreMods, finite_number, on_the_scores
@@ -44,13 +44,14 @@ QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 PROJECTIONS = ("query", "key", "value")
 
 
-def option(default, example, same_function: bool = False, per_layer: bool = True, **needs):
+def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True, **needs):
     """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``),
-    whether every value computes the same function (a chunk size of an algorithm), and whether a schedule's layer
+    whether every value computes the same function (a chunk size of an algorithm), whether a schedule's layer
     kind may set it for its layers (``model.config.LAYER_FIELDS``; not a model-wide setting: the rotary scaling a
-    reading applies, dropout, a layout's own widths)."""
+    reading applies, dropout, a layout's own widths), and whether a run's label spells it (``attention_label``: two
+    runs that differ in it must not share a name; not dropout, a training setting)."""
     return field(default=default, metadata={"example": example, "with": needs, "same_function": same_function,
-                                            "per_layer": per_layer})  # fmt: skip
+                                            "per_layer": per_layer, "labelled": labelled})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class AttentionSpec:
     # The options (model.options: every field but the shape and the kernel's choice) say a value that sets them
     # (``example``, with the options it needs, ``with``): tests/test_options.py holds every option, in every layer,
     # kernel and the export, to be applied (it changes the function) or refused.
-    dropout: float = option(0.0, 0.25, per_layer=False)
+    dropout: float = option(0.0, 0.25, per_layer=False, labelled=False)
     bias: bool = True
     n_kv_head: int | None = option(None, 2)  # None: n_head (multi-head)
     window: int | None = option(None, 3)  # None: every earlier position
@@ -195,7 +196,8 @@ class AttentionSpec:
     def kernel_effects(self) -> list[tuple[str, str, str]]:
         """What this attention needs its kernel to apply, each (effect, the option that asks for it, what it does):
         its masks and its modifications of the scores (``AttentionKernel.applies`` names the ones a kernel does)."""
-        effects = [("window", f"model.window={self.window}", "masks keys past the window")] if self.window else []
+        effects = [(mask.name, f"model.{mask.field}={getattr(self, mask.field)}", "masks keys its queries do not see")
+                   for mask in registry.MASKS.values() if mask.field and getattr(self, mask.field)]  # fmt: skip
         return effects + [(name, SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
@@ -297,7 +299,12 @@ class MultiHeadAttention(nn.Module):
     def check_registration(cls, registry: dict[str, type]) -> None:
         """Its weight names must be its own: a state dict's layout is read from them (``model.convert``, layouts
         asked in the order they were registered), so a name an earlier layout's ``QKV_KEY`` claims (another
-        function's ``in_proj``) would load as that layout. Refused as the class is registered, naming both."""
+        function's ``in_proj``) would load as that layout. Refused as the class is registered, naming both; so is a
+        layer that runs no kernel (linear attention) without its own memory estimate (``activation_bytes``)."""
+        if not cls.takes_kernel and not callable(getattr(cls, "activation_bytes", None)):
+            raise ValueError(f"attention={cls.name} runs no kernel: the plan's memory estimate would price it as "
+                             f"softmax attention's projections and scores; give it activation_bytes(spec, batch, "
+                             f"seq_len, dtype_bytes), what a layer keeps for backward, measured")  # fmt: skip
         mine = cls.QKV_EXAMPLE.replace(".N.", ".0.") + ".weight"
         for other in registry.values():
             match = other.QKV_KEY.search(mine)
@@ -348,6 +355,21 @@ class MultiHeadAttention(nn.Module):
     def kv_width(cls, spec: AttentionSpec) -> int:
         """Numbers of keys and values a KV cache keeps per token per layer: a key and a value per key/value head."""
         return 2 * spec.kv_heads * spec.head_dim
+
+    @classmethod
+    def unapplied(cls, spec) -> list[tuple[str, object, tuple, str]]:
+        """Each option a layer kind may set (``per_layer``) that ``spec`` sets (an AttentionSpec, a GPTConfig or a
+        kind's fields: read by name) and this layer does not apply (``applies``): (field, value, the values that leave
+        it off, why). A layer that runs no kernel is asked before any kernel's check (``check_linear_layers``), so the
+        refusal names the model's or the kind's field and its fix; a layer may add reasons of its own."""
+        mine, found = applied(cls, spec), []
+        for option in fields(AttentionSpec):
+            value = getattr(spec, option.name, option.default)
+            offs = (option.default, spec.n_head) if option.name == "n_kv_head" else (option.default,)
+            if option.name in option_fields() and option.metadata["per_layer"] and option.name not in mine:
+                if value not in offs:
+                    found.append((option.name, value, offs[:1], f"attention={cls.name} does not apply it"))
+        return found
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:

@@ -47,10 +47,10 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     latent = model.get("kv_latent")
     if latent is not None:  # keys and values kept as a latent: no key/value heads to count
         parts.append(f"latent{latent}")
-        if model.get("rope_head_dim") is not None:
-            parts.append(f"ropedim{model['rope_head_dim']}")
     elif kv != model.get("n_head") or "n_kv_head" in show:
         parts.append(f"kv{kv}")
+    if model.get("rope_head_dim") is not None:
+        parts.append(f"ropedim{model['rope_head_dim']}")
     if model.get("linear_chunk") is not None:  # gated_deltanet's chunk: -chunk32
         parts.append(f"chunk{model['linear_chunk']}")
     window = model.get("window")
@@ -69,6 +69,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
             parts.append(f"ropefrac{fraction:g}" if finite_number(fraction) else f"ropefrac{fraction}")
         if model.get("rope_scaling"):  # -yarn4: the scaling and its factor
             parts.append(f"{model['rope_scaling']}{model.get('rope_factor', 1.0):g}")
+        if model.get("rope_original_length") is not None:  # -ropeorig64: the length YaRN counts turns over
+            parts.append(f"ropeorig{model['rope_original_length']}")
     elif position != "learned" or "position" in show:
         # an unknown name is spelled as given: the label also names runs before the config is checked
         parts.append(getattr(registry.POSITIONS.get(position), "label", None) or position)
@@ -112,6 +114,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in registry.POSITIONS.items()),
          "-<position>"),
         (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
+        (r"ropeorig\d+", "-ropeorig<trained length>"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
     )  # fmt: skip
@@ -124,7 +127,7 @@ def label_grammar() -> str:
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "position", "rope_theta",
-              "rope_fraction", "rope_scaling", "rope_factor", *score_mod_fields(),
+              "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
 
@@ -197,13 +200,18 @@ class GPTConfig:
         layout.check_spec(self.model_spec)  # every attention option, checked where attention is declared
         check_schedule(self)
 
+    @property
+    def runs_a_kernel(self) -> bool:
+        """Whether some layer runs ``model.kernel`` (not every layer linear attention, which runs its own form)."""
+        attentions = {self.layer_kinds.get(kind, {}).get("attention", self.attention) for kind in self.layer_kind_names}
+        return any(registry.layout(name).takes_kernel for name in attentions)
+
     def check_kernel_is_used(self) -> None:
         """Refuse a kernel chosen for a model without a layer that runs one (every layer Gated DeltaNet)."""
         default = type(self).__dataclass_fields__["kernel"].default
-        attentions = {self.layer_kinds.get(kind, {}).get("attention", self.attention) for kind in self.layer_kind_names}
-        if self.kernel != default and not any(registry.layout(name).takes_kernel for name in attentions):
+        if self.kernel != default and not self.runs_a_kernel:
             raise ValueError(f"model.kernel={self.kernel} chooses softmax attention's kernel, but every layer is "
-                             f"attention={self.attention}, which runs its own chunked form; leave "
+                             f"attention={self.attention}, which runs its own form, no kernel; leave "
                              f"model.kernel={default}, or give some layers softmax attention "
                              f"(model.layer_pattern)")  # fmt: skip
 

@@ -108,7 +108,7 @@ def check_converts(src: str, dst: str) -> None:
 def function_refusal(odd: type, other: str) -> str:
     """Why layout ``odd``, which computes another function than ``other``, does not convert to or from it."""
     return (f"attention={odd.name} computes another function ({odd.computes}), so its weights do not convert "
-            f"to/from {other}; train it, or init_from an {odd.name} checkpoint")  # fmt: skip
+            f"to/from {other}; train it, or init_from a checkpoint of attention={odd.name}")  # fmt: skip
 
 
 class ConvertsToNoOther:

@@ -120,6 +120,19 @@ class StaticStep(EagerStep):
     def step(self) -> torch.Tensor:
         return self.compute()
 
+    def computed_again(self, runs: int) -> torch.Tensor:
+        """This step's logits, computed ``runs`` times from the same cache (a graph's warm-up): the cache's tensors
+        are put back before each later run, so a state a layer carries (a linear layer's, updated in place) advances
+        by this token once, as a KV cache's slot is written once."""
+        held = self.cache.buffers()
+        before = [t.clone() for t in held] if runs > 1 else []
+        for run in range(runs):
+            if run:
+                for t, kept in zip(held, before, strict=True):
+                    t.copy_(kept)
+            logits = self.compute()
+        return logits
+
 
 class GraphedStep(StaticStep):
     """The static step captured as a CUDA graph at its first call, replayed at every later one."""
@@ -133,14 +146,13 @@ class GraphedStep(StaticStep):
         if self.graph is not None:
             self.graph.replay()
             return self.output
-        # Warm up on a side stream (CUDA graphs require it). The warm-up steps are this very step: they write
-        # the same keys and values into the same slot, and give its logits. A compiled step compiles (and tunes
-        # its kernels) here, so that the capture records only kernel launches.
+        # Warm up on a side stream (CUDA graphs require it). The warm-up steps are this very step, each from the
+        # same cache (a linear layer's state advanced once, not twice), and give its logits. A compiled step compiles
+        # (and tunes its kernels) here, so that the capture records only kernel launches.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), uncached_autocast():
-            for _ in range(2):
-                logits = self.compute()
+            logits = self.computed_again(2)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), uncached_autocast():

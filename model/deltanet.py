@@ -173,7 +173,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         if registry.position(spec.position).turns_queries_keys:
             found.append(("position", spec.position, tableless, "rotary turns softmax attention's queries and keys; "
                           "it orders tokens by its convolution and state"))  # fmt: skip
-        return found
+        named = {name for name, *_ in found}
+        return found + [found for found in super().unapplied(spec) if found[0] not in named]
 
     @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:

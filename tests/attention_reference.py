@@ -30,6 +30,7 @@ import math
 import torch
 
 from model import convert_attention_layout
+from model.masks import of_spec as masks_of
 
 RMS_EPS = 1e-6
 
@@ -146,12 +147,9 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
 
 
 def keys_seen(spec) -> dict:
-    """Each mask's value for a block of ``spec``, as the formulas define them: causal always; the window, and past its
-    block size a model without a position table (not learned positions) sees at most block_size keys."""
-    window = spec.window
-    if spec.position != "learned" and spec.block_size is not None:
-        window = min(window or spec.block_size, spec.block_size)
-    return {"causal": True, **({"window": window} if window else {})}
+    """Each registered mask's value for a block of ``spec`` ({mask name: value}, as ``model.masks`` reads the spec: the
+    window past its block size for a model without a position table), for the predicates above."""
+    return {mask.name: value for mask, value in masks_of(spec)}
 
 
 def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:

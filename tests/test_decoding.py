@@ -47,6 +47,32 @@ def test_the_static_step_gives_the_logits_of_a_full_recomputation(attention, ker
     assert cache.length == 14
 
 
+class WarmedUpStep(StaticStep):
+    """Every token computed as a CUDA graph's capture computes its first one: warm-up runs of the same step."""
+
+    def step(self) -> torch.Tensor:
+        return self.computed_again(2)
+
+
+LAYERS = [("fused_qkv", {}), ("gated_deltanet", {}), ("mla", {"kv_latent": 16})]
+
+
+@pytest.mark.parametrize("attention,fields", LAYERS, ids=[name for name, _ in LAYERS])
+def test_a_graphs_warm_up_advances_a_carried_state_by_its_token_once(attention, fields):
+    """A graph's warm-up runs its first step twice: a KV cache's slot is written twice with the same keys, but a linear
+    layer's state (Gated DeltaNet's, updated in place) would take the token twice, and every later logit would be
+    wrong (0.02 apart on a CPU imitation). From the same cache each time, the logits are a full recomputation's."""
+    model = sharp_gpt(block_size=16, n_layer=2, n_head=4, n_embd=64, attention=attention, **fields)
+    idx = torch.randint(0, 50, (2, 14))
+    with torch.inference_mode():
+        full, _ = model(idx, idx)
+        cache = KVCache(model.config.n_layer)
+        model(idx[:, :4], cache=cache)
+        step = WarmedUpStep(model, cache, 2, torch.device("cpu"))
+        for t in range(4, 14):
+            torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], rtol=0, atol=1e-4, msg=f"position {t}")
+
+
 def test_compiled_decoding_makes_the_eager_choices_past_the_window_and_the_context(monkeypatch):
     model = sharp_model(n_kv=2, window=6)
     recorder = record_choices(monkeypatch)

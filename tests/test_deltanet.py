@@ -276,7 +276,7 @@ BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attent
     ({"sdpa_backend": "math"}, "model.sdpa_backend=math chooses softmax attention's implementation"),
     ({"kv_latent": 8}, "model.kv_latent=8 is an option of attention=mla, but attention=gated_deltanet"),
     ({"kernel": "manual"}, "model.kernel=manual chooses softmax attention's kernel, but every layer is "
-                           "attention=gated_deltanet, which runs its own chunked form; leave model.kernel=sdpa"),
+                           "attention=gated_deltanet, which runs its own form, no kernel; leave model.kernel=sdpa"),
     ({"kernel": "flex", "dropout": 0.1}, "model.kernel=flex chooses softmax attention's kernel, but every layer is "
                                          "attention=gated_deltanet"),  # not flex's lack of dropout: no layer runs it
     ({"linear_chunk": 0}, "model.linear_chunk=0 must be a positive number of positions per chunk"),

@@ -193,7 +193,8 @@ def test_weights_do_not_convert_to_or_from_another_layout_but_load_into_mla():
     state = model.state_dict()
     assert detect_attention_layout(state) == "mla"
     message = ("attention=mla computes another function (keys and values through a kv_latent-wide latent), so its "
-               "weights do not convert to/from fused_qkv; train it, or init_from an mla checkpoint")  # fmt: skip
+               "weights do not convert to/from fused_qkv; train it, or init_from a checkpoint of "
+               "attention=mla")  # fmt: skip
     with pytest.raises(ValueError) as err:
         convert_attention_layout(state, "mla", "fused_qkv")
     assert str(err.value) == message

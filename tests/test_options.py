@@ -12,7 +12,7 @@ registries and ``AttentionSpec``'s own declarations: an option added tomorrow is
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from model import ATTENTION_LAYOUTS, KERNELS, GPTConfig, build_attention
 from model.attention import AttentionSpec
+from model.config import attention_label
 from model.gpt2_export import GPT2_HOLDS, what_gpt2_cannot_hold
 from model.options import applied, option_fields, takers
 
@@ -159,3 +160,15 @@ def test_the_export_refuses_every_option_gpt2_does_not_hold(name):
         assert f"model.{name}=" not in problems
     else:
         assert any(f"model.{n}=" in problems for n in fields_of), f"export took model.{name}: {problems!r}"
+
+
+@pytest.mark.parametrize("name", [n for n, meta in OPTIONS.items() if meta.get("labelled", True)])
+def test_every_option_set_changes_the_run_label(name):
+    """Two runs that differ in an option must not share a name (run directories, reports, plot legends, wandb
+    groups all use the label): set at its example, an option is spelled in ``attention_label``, unless it declares
+    that it is not (``labelled=False``: dropout, a training setting)."""
+    meta = OPTIONS[name]
+    model = {f.name: f.default for f in fields(GPTConfig) if f.default is not MISSING}
+    model |= {"attention": "fused_qkv", **meta["with"]}
+    plain, labelled = attention_label(model), attention_label({**model, name: meta["example"]})
+    assert labelled != plain, f"model.{name}={meta['example']} leaves the run label at {plain}: say it there"

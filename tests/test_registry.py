@@ -237,6 +237,31 @@ def test_a_layout_whose_weight_names_another_layout_claims_is_refused_as_it_regi
     assert registry["renamed_qkv"] is RenamedQKVAttention
 
 
+def test_a_linear_layer_without_its_own_memory_estimate_is_refused_as_it_registers():
+    """A layer that runs no kernel (linear attention) keeps other tensors than softmax attention's projections and
+    scores: without ``activation_bytes`` the plan would price it as softmax attention (a retention layer was
+    under-counted by a third to a half). Refused as it registers, naming the method; with it, registered."""
+    from model.registry import register
+
+    class LinearLayer(RenamedQKVAttention):
+        name, takes_kernel = "linear_layer", False
+
+    registry = dict(ATTENTION_LAYOUTS)
+    with pytest.raises(ValueError, match=r"attention=linear_layer runs no kernel: .* give it activation_bytes"):
+        register(registry)(LinearLayer)
+    assert "linear_layer" not in registry
+
+    class MeasuredLinearLayer(LinearLayer):
+        name = "measured_linear_layer"
+
+        @classmethod
+        def activation_bytes(cls, spec, batch, seq_len, dtype_bytes):
+            return {"its state's steps": batch * seq_len * spec.n_embd * 4}
+
+    register(registry)(MeasuredLinearLayer)
+    assert registry["measured_linear_layer"] is MeasuredLinearLayer
+
+
 def test_no_layout_shadows_an_attribute_the_base_attention_sets():
     """What the base attention class sets on a block (its masks, modifications, spec, encodings, ...) is every
     layout's: a class attribute of the same name in a layout (``chunk`` in Gated DeltaNet, were the base to set a

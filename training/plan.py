@@ -107,6 +107,12 @@ def cache_kind(config: GPTConfig) -> str:
     return f"grouped-query: {config.kv_heads} key/value heads for {config.n_head}"
 
 
+def attends(config: GPTConfig) -> str:
+    """How a model attends, for the plan's lines: the layout and the kernel (``fused_qkv + sdpa``); the layout alone
+    where no layer runs a kernel (every layer linear attention)."""
+    return f"{config.attention} + {config.kernel}" if config.runs_a_kernel else config.attention
+
+
 def cache_width(config: GPTConfig) -> int:
     """Numbers sampling's KV cache keeps per token and layer, as the layout says (``cache_width(spec)``)."""
     return registry.layout(config.attention).cache_width(config.attention_spec)
@@ -302,7 +308,7 @@ class Plan:
         tokens = self.tokens_per_step * self.max_steps
         flops = self.flops_per_token * tokens
         lines = [
-            f"plan: {c.name} ({c.attention} + {c.kernel}{axes_text(c)}), {self.params:,} parameters, vocab "
+            f"plan: {c.name} ({attends(c)}{axes_text(c)}), {self.params:,} parameters, vocab "
             f"{c.vocab_size:,}",
             f"  {c.n_layer} layers x {c.n_head} heads x {c.n_embd} wide, context {c.block_size}, "
             f"dropout {c.dropout}",
@@ -336,8 +342,8 @@ class Plan:
     def _state_lines(self) -> list[str]:
         if not self.state_bytes_per_sample:
             return []
-        return [f"  sampling's state: {self.state_bytes_per_sample / 1024:,.1f} KiB per sample at any length (the "
-                f"linear layers' heads' states, float32, and their convolutions' last inputs)"]  # fmt: skip
+        return [f"  sampling's state: {self.state_bytes_per_sample / 1024:,.1f} KiB per sample at any length (what "
+                f"the linear layers carry from token to token: their state_bytes)"]  # fmt: skip
 
 
 def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype: torch.dtype,
@@ -449,7 +455,7 @@ def check_fits_device(plan: Plan, device: torch.device, total_bytes: int | None 
            f"this machine has {total_bytes / GIB:.1f} GiB of RAM available{' per rank' if local_ranks() > 1 else ''}")
     raise ValueError(
         f"out of memory expected: trainer.micro_batch_size={plan.micro_batch} needs an estimated "
-        f"{plan.peak_bytes / GIB:.1f} GiB {what} ({plan.config.attention} + {plan.config.kernel}), {has}; {hint}. "
+        f"{plan.peak_bytes / GIB:.1f} GiB {what} ({attends(plan.config)}), {has}; {hint}. "
         f"`trainer.plan=true` shows the estimate"
     )
 
