@@ -336,6 +336,8 @@ def encoding_cells(deep: bool):
             kv_names = kv_names_of(layout)
             kv_name = kv_names[(c + 2 * e) % len(kv_names)]
             (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
+            if "window" not in ATTENTION_LAYOUTS[layout].applies:
+                w_name, window = "full", None
             n_kv = kvs[kv_name] if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
             yield pytest.param(name, layout, kernel, n_head, head_dim, n_kv, window,
                                id=f"{name}-{layout}-{kernel}-{shape}-{kv_name}-{w_name}")  # fmt: skip
