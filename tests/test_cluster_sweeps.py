@@ -130,10 +130,15 @@ def wait_for_steps(metrics: Path, at_least: int, proc: WarmProcess, timeout: flo
     raise TimeoutError(f"{metrics} did not reach step {at_least}")
 
 
+STEPS = 600
+
+
 @pytest.mark.slow
 def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_as_if_never_stopped(
         slurm, tmp_path, data_cache):  # fmt: skip
-    common = [*TINY, "model.n_layer=2", "model.n_embd=64", "trainer.max_steps=100", "trainer.eval_interval=50",
+    # 600 steps: an idle machine runs this model at 150+ steps/s, and a run of 100 steps could finish its last
+    # step before the second signal came (then nothing is requeued): the signals must come mid-run on any machine.
+    common = [*TINY, "model.n_layer=2", "model.n_embd=64", f"trainer.max_steps={STEPS}", "trainer.eval_interval=300",
               "trainer.checkpoint_interval=1000", f"data.cache_dir={data_cache}"]  # fmt: skip
     env = {**os.environ, **slurm.env}
     proc = sweep(tmp_path, env, *ON_TEST_CLUSTER, *common, f"hydra.sweep.dir={tmp_path / 'sweep'}")
@@ -159,7 +164,7 @@ def test_a_preempted_job_and_one_warned_of_its_time_limit_are_requeued_and_end_a
     with one_thread():
         train(compose_train(*common, "logger=none", f"trainer.run_dir={tmp_path / 'whole'}"))
     requeued, whole = train_losses(run_dir), train_losses(tmp_path / "whole")
-    assert sorted(requeued) == list(range(1, 101)), "every step once: the records after a checkpoint were dropped"
+    assert sorted(requeued) == list(range(1, STEPS + 1)), "every step once: the records after a checkpoint were dropped"
     assert [requeued[s] for s in sorted(whole)] == pytest.approx([whole[s] for s in sorted(whole)], abs=1e-5)
 
 
