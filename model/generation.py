@@ -142,7 +142,8 @@ def generate_batch(
     # Decoding multiplies n rows by every weight: on a CPU, weights packed for n rows are read faster, and the
     # head's product for a few rows is faster transposed where it is not packed.
     with ExitStack() as faster:
-        faster.enter_context(packed_linears(model, n) if use_cache and decoding == "eager" else nullcontext())
+        packing = packed_linears(model, n, max_new_tokens) if use_cache and decoding == "eager" else nullcontext()
+        faster.enter_context(packing)
         faster.enter_context(sampling_head(model.lm_head))
         for _ in range(max_new_tokens):
             if slides and length - start > block:  # the context is full: slide the window

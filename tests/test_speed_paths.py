@@ -16,7 +16,14 @@ from data.loader import PreparedData
 from data.prepare import prepare
 from model import GPT, Checkpoint, generate
 from model.generation import generate_batch
-from model.packed import is_packed, mkl_packing_available, packed_linears
+from model.packed import (
+    ONE_ROW_TOKENS,
+    ONE_ROW_VENDORS,
+    cpu_vendor,
+    is_packed,
+    mkl_packing_available,
+    packed_linears,
+)
 
 
 def tiny_model(seed: int = 1) -> GPT:
@@ -70,7 +77,11 @@ def test_weights_packed_for_a_batch_give_the_plain_logits_and_are_dropped_afterw
 def test_packing_is_left_off_where_it_cannot_pay():
     model = tiny_model()
     with packed_linears(model, rows=1) as on:
-        assert not on, "one row: MKL's plain path is as fast"
+        assert not on, "one row of a generation of unknown length: the packing might not be repaid"
+    with packed_linears(model, rows=1, tokens=ONE_ROW_TOKENS - 1) as on:
+        assert not on, "one row of a short generation: the packing is not repaid"
+    with packed_linears(model, rows=1, tokens=ONE_ROW_TOKENS) as on:
+        assert on == (cpu_vendor() in ONE_ROW_VENDORS), "one row of a long one: packed where that CPU gains"
     with packed_linears(model.to(torch.bfloat16), rows=8) as on:
         assert not on, "MKL packs float32 only"
 
