@@ -54,6 +54,16 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
                                             "per_layer": per_layer, "labelled": labelled})  # fmt: skip
 
 
+TEMPERATURE_SCALE = 0.1  # Llama 4's attn_scale: how fast the queries' temperature grows with log(position)
+
+
+def tempered(q: torch.Tensor, positions: torch.Tensor, steps: int) -> torch.Tensor:
+    """Queries (..., T, d) at ``positions`` (T,) scaled by Llama 4's temperature, 1 + 0.1 log(1 + floor((i + 1) /
+    steps)): 1 before position steps - 1, growing with the log of the length past it (arXiv 2501.19399)."""
+    scale = torch.log1p(torch.floor((positions.float() + 1) / steps)) * TEMPERATURE_SCALE + 1
+    return (q * scale[:, None]).to(q.dtype)
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """One attention block's shape and how it attends: what every layout is built from, and the one place
@@ -69,6 +79,8 @@ class AttentionSpec:
     bias: bool = True
     n_kv_head: int | None = option(None, 2)  # None: n_head (multi-head)
     window: int | None = option(None, 3)  # None: every earlier position
+    # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
+    attention_chunk: int | None = option(None, 3)
     sdpa_backend: str = "auto"
     position: str = option("learned", "alibi")  # model.positions: learned | rope | alibi | none
     rope_theta: float = option(10000.0, 50.0, position="rope")
@@ -81,6 +93,9 @@ class AttentionSpec:
     # the trained length YaRN's ramp counts turns over (None: block_size)
     rope_original_length: int | None = option(None, 2, per_layer=False, position="rope", rope_scaling="yarn",
                                               rope_factor=4.0)
+    # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
+    # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
+    query_temperature: int | None = option(None, 4)
     qk_norm: bool = option(False, True)
     softcap: float | None = option(None, 3.0)
     sinks: bool = option(False, True)
@@ -102,6 +117,19 @@ class AttentionSpec:
         if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
                                         or self.window < 1):  # fmt: skip
             raise ValueError(f"model.window={self.window!r} must be a positive number of positions, or null (all)")
+        chunk = self.attention_chunk
+        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+            raise ValueError(f"model.attention_chunk={chunk!r} must be a positive number of positions per chunk, or "
+                             f"null (no chunks)")  # fmt: skip
+        steps = self.query_temperature
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+            raise ValueError(f"model.query_temperature={steps!r} must be a positive number of positions (the "
+                             f"queries' temperature grows each time the position passes a multiple of it; Llama 4's "
+                             f"8192), or null (off)")  # fmt: skip
+        if chunk is not None and self.block_size is not None and chunk > self.block_size:
+            raise ValueError(f"model.attention_chunk={chunk} is longer than the context (model.block_size="
+                             f"{self.block_size}): set it to at most {self.block_size} (a chunk of the whole context "
+                             f"cuts only past it, as Llama 4's does), or null (no chunks)")  # fmt: skip
         kernel = registry.kernel(self.kernel)
         lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
         if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
@@ -288,8 +316,9 @@ class MultiHeadAttention(nn.Module):
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
     # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer of this layout
     # applies; its position encoding's own come with "position". Any other set away from its off value is refused.
-    applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "position", "qk_norm", "softcap", "sinks",
-                                                   "gate", "forget_gate", "dropout"})  # fmt: skip
+    applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "attention_chunk", "position",
+                                                   "query_temperature", "qk_norm", "softcap", "sinks", "gate",
+                                                   "forget_gate", "dropout"})  # fmt: skip
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
     takes_kernel: ClassVar[bool] = True  # runs model.kernel (a linear layer runs its own form)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
@@ -334,8 +363,11 @@ class MultiHeadAttention(nn.Module):
     @classmethod
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
         """Training FLOPs per token of the score and value matmuls: 6 x their widths (``score_widths``) x the keys
-        each query sees (``seq_len``, or the window)."""
-        return 6 * sum(cls.score_widths(spec)) * min(seq_len, spec.window or seq_len)
+        each query sees at most (``seq_len``, or fewer under a mask the model sets that caps them: a window, a
+        chunk)."""
+        caps = [mask.capacity(getattr(spec, mask.field)) for mask in registry.MASKS.values()
+                if mask.field and getattr(spec, mask.field)]  # fmt: skip
+        return 6 * sum(cls.score_widths(spec)) * min([seq_len, *(cap for cap in caps if cap is not None)])
 
     @classmethod
     def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
@@ -400,7 +432,7 @@ class MultiHeadAttention(nn.Module):
                                                               **scaling)  # fmt: skip
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
-        self.qk_norm, self.softcap = spec.qk_norm, spec.softcap
+        self.qk_norm, self.softcap, self.query_temperature = spec.qk_norm, spec.softcap, spec.query_temperature
         self.sinks = None
         for mod in SCORE_MODS.values():  # each one's (n_head,) parameters, at the values they start at
             if mod.used(getattr(spec, mod.field)):
@@ -416,9 +448,11 @@ class MultiHeadAttention(nn.Module):
         self.modifications = on_the_scores(spec)  # the registered modifications of the scores it uses, in order
 
     def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), then rotated (rope)."""
+        """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), rotated (rope), then scaled by their
+        temperature (model.query_temperature: after QK-norm, which would undo it)."""
         q = rms_normed(self.q_norm, q) if self.qk_norm else q
-        return q if self.rotary is None else self.rotary(q, positions)
+        q = q if self.rotary is None else self.rotary(q, positions)
+        return q if self.query_temperature is None else tempered(q, positions, self.query_temperature)
 
     def encode_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """As ``encode_queries``, for keys: before the KV cache, which then holds them encoded."""
@@ -435,7 +469,7 @@ class MultiHeadAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
     ) -> torch.Tensor:
-        if positions is None and (self.rotary is not None or self.alibi_slopes is not None):
+        if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature):
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
         y = self.attend(x, positions, cache)
         y = self.c_proj(y if self.gate is None else self.gated(y, x))

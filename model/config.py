@@ -56,6 +56,9 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     window = model.get("window")
     if window or "window" in show:
         parts.append(f"window{window}" if window else "nowindow")
+    chunk = model.get("attention_chunk")
+    if chunk or "attention_chunk" in show:  # chunked attention: -chunked8192
+        parts.append(f"chunked{chunk}" if chunk else "nochunked")
     position = model.get("position", "learned")
     if position == "rope":
         theta = model.get("rope_theta", 10000.0)
@@ -74,6 +77,9 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     elif position != "learned" or "position" in show:
         # an unknown name is spelled as given: the label also names runs before the config is checked
         parts.append(getattr(registry.POSITIONS.get(position), "label", None) or position)
+    temperature = model.get("query_temperature")
+    if temperature or "query_temperature" in show:  # Llama 4's temperature of the queries: -qtemp8192
+        parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
     for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -111,10 +117,12 @@ def label_parts() -> tuple[tuple[str, str], ...]:
     return (
         (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
         (r"chunk\d+", "-chunk<positions>"), (r"(no)?window\d*", "-window<positions>"),
+        (r"(no)?chunked\d*", "-chunked<positions>"),
         ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in registry.POSITIONS.items()),
          "-<position>"),
         (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
         (r"ropeorig\d+", "-ropeorig<trained length>"),
+        (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
     )  # fmt: skip
@@ -126,8 +134,9 @@ def label_grammar() -> str:
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "position", "rope_theta",
-              "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", *score_mod_fields(),
+LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
+              "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
+              *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
 
@@ -150,6 +159,10 @@ class GPTConfig:
     n_kv_head: int | None = field(default=None, metadata={"reuse": "weights"})
     # sliding-window attention: each position sees this many (itself included); None: all
     window: int | None = field(default=None, metadata={"reuse": "function"})
+    # chunked attention (Llama 4's): each position sees the earlier ones of its chunk of this many; None: no chunks
+    attention_chunk: int | None = field(default=None, metadata={"reuse": "function"})
+    # Llama 4's temperature of the queries at long context: 1 + 0.1 log(1 + floor((i + 1) / this)); None: off
+    query_temperature: int | None = field(default=None, metadata={"reuse": "function"})
     # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
     sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
     # The position encoding (model.positions): learned | rope | alibi | none
@@ -406,16 +419,24 @@ def check_position_options_reach_a_layer(config: GPTConfig) -> None:
                              f"model.{name}={spelled(defaults[name])}")  # fmt: skip
 
 
+# The shares of the context configs/schedule writes as ${headlab_div:${model.block_size},N}: what 0 would leave.
+CONTEXT_SHARES = {"window": ("leaves each position no key to see", "the whole context"),
+                  "attention_chunk": ("leaves each position no chunk to see", "no chunks"),
+                  "query_temperature": ("scales the queries by a temperature of no positions", "off")}  # fmt: skip
+
+
 def check_no_window_left(config: GPTConfig, kind: str) -> None:
-    """Refuse a kind's window of 0 naming where it most likely comes from: a schedule's share of too short a
-    context (configs/schedule's ``${headlab_div:${model.block_size},8}`` rounds down), not a value typed."""
-    window = config.layer_kinds[kind].get("window")
-    if window == 0 and not isinstance(window, bool):
-        raise ValueError(f"model.layer_kinds.{kind}.window=0 {kind_layers(config, kind)} leaves each position no key "
-                         f"to see (a schedule's share of the context rounds down to 0 at model.block_size="
-                         f"{config.block_size}: configs/schedule's windows are shares such as block_size/8); use a "
-                         f"longer model.block_size, or set model.layer_kinds.{kind}.window to at least 1 (null: the "
-                         f"whole context)")  # fmt: skip
+    """Refuse a kind's window (chunk, temperature's length) of 0 naming where it most likely comes from: a schedule's
+    share of too short a context (configs/schedule's ``${headlab_div:${model.block_size},8}`` rounds down), not a
+    value typed."""
+    for name, (problem, null) in CONTEXT_SHARES.items():
+        value = config.layer_kinds[kind].get(name)
+        if value == 0 and not isinstance(value, bool):
+            raise ValueError(f"model.layer_kinds.{kind}.{name}=0 {kind_layers(config, kind)} {problem} (a schedule's "
+                             f"share of the context rounds down to 0 at model.block_size={config.block_size}: "
+                             f"configs/schedule's windows are shares such as block_size/8); use a longer "
+                             f"model.block_size, or set model.layer_kinds.{kind}.{name} to at least 1 (null: "
+                             f"{null})")  # fmt: skip
 
 
 def kind_where(config: GPTConfig, kind: str) -> str:

@@ -44,6 +44,7 @@ CONV_SIZE = 4  # the short convolution's width (the paper's, Qwen3-Next's)
 # The attention fields a Gated DeltaNet layer has a mechanism of its own for: the values that leave each off, and why.
 OWN_FIELDS = {
     "window": ((None,), "its state keeps a decayed summary of every earlier token, not a window"),
+    "attention_chunk": ((None,), "its state keeps a decayed summary of every earlier token, not a chunk's keys"),
     "n_kv_head": ((None,), "its state is per head; keys and values are not grouped"),
     "qk_norm": ((False,), "it L2-normalises its queries and keys itself"),
     "gate": (("none",), "it gates its output through its own gated RMSNorm"),

@@ -327,7 +327,7 @@ class AttentionKernel:
     # (model.registry.SCORE_MODS' names) and attention dropout, each kernel its own: a spec that needs another
     # (AttentionSpec.kernel_effects) is refused naming the kernels that apply it, so a new mask or modification is
     # refused by every kernel until the kernel applies it and says so.
-    applies: ClassVar[frozenset[str]] = frozenset({"window", "dropout"})
+    applies: ClassVar[frozenset[str]] = frozenset({"window", "chunked", "dropout"})
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
     compiles: ClassVar[bool] = False  # compiles itself on its first call (seconds of silence)
@@ -391,8 +391,8 @@ class SDPAKernel(AttentionKernel):
         if error is None:
             return
         can = [b for b in cls.backends if _sdpa_error(config, device, dtype, training, b) is None]
-        shape = (f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads"
-                 + (f", window {config.window}" if config.window else ""))  # fmt: skip
+        masks = "".join(f", {mask.name} {value}" for mask, value in of_spec(config.attention_spec) if mask.field)
+        shape = f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads{masks}"
         raise ValueError(
             f"kernel=sdpa_{config.sdpa_backend} (model.sdpa_backend={config.sdpa_backend}) cannot run this model's "
             f"attention on {device.type} ({str(dtype).removeprefix('torch.')}, {shape}): {error}. Backends that "
@@ -404,8 +404,8 @@ class SDPAKernel(AttentionKernel):
 class FlexKernel(AttentionKernel):
     name = "flex"
     attend = staticmethod(flex_attention)
-    # in its block mask and score_mod (a sink: a key; a token bias: a tensor the score_mod reads)
-    applies = frozenset({"window", "alibi", "softcap", "sinks", "forget_gate"})
+    # in its block mask (every registered mask) and score_mod (a sink: a key; a token bias: a tensor it reads)
+    applies = frozenset({"window", "chunked", "alibi", "softcap", "sinks", "forget_gate"})
     trains_on_cpu = False
     compiles = True
     line_style, line_name = ":", "dotted"

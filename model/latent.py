@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import AttentionSpec, MultiHeadAttention, remember, rms_normed
+from model.attention import AttentionSpec, MultiHeadAttention, remember, rms_normed, tempered
 from model.convert import ConvertsToNoOther
 from model.kernels import repeat_kv
 from model.options import check_applied
@@ -124,7 +124,8 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
         q = self.wq(x).view(B, T, self.n_head, self.head_dim + self.rope_dim).transpose(1, 2)
         content, rotary = q.split([self.head_dim, self.rope_dim], dim=-1)
         content = rms_normed(self.q_norm, content) if self.qk_norm else content
-        return content if self.rotary is None else torch.cat((content, self.rotary(rotary, positions)), dim=-1)
+        q = content if self.rotary is None else torch.cat((content, self.rotary(rotary, positions)), dim=-1)
+        return q if self.query_temperature is None else tempered(q, positions, self.query_temperature)
 
     def keys_values(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached latents (B, 1, S, kv_latent) and rotary keys (B, 1, S, rope_head_dim) -> each head's keys

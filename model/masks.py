@@ -123,6 +123,36 @@ class Window(Mask):
         return n  # a window of n keys hides nothing among n positions
 
 
+@register(MASKS)
+class Chunked(Mask):
+    """Llama 4's chunked attention: the context cut into chunks of ``value`` positions (0..C-1, C..2C-1, ...), a
+    query seeing the keys of its own chunk only (with causal: itself and the earlier ones there)."""
+
+    name, field = "chunked", "attention_chunk"
+
+    @classmethod
+    def sees(cls, query, key, value):
+        return query // value == key // value
+
+    @classmethod
+    def capacity(cls, value) -> int | None:
+        return value  # a query at the end of a chunk sees its whole chunk, C keys
+
+    @classmethod
+    def sees_whole_cache(cls, value, capacity: int) -> bool:
+        # The chunk's start moves with the query: past the first chunk, the most recent keys straddle a boundary
+        # (a query at the start of a chunk sees itself alone), so only a cache of one key is always seen.
+        return capacity <= 1
+
+    @classmethod
+    def narrows_causal(cls, value, k_len: int) -> bool:
+        return k_len > value  # keys from 0: all in the first chunk unless there are more than C
+
+    @classmethod
+    def everything(cls, n: int) -> int:
+        return n  # one chunk of n positions hides nothing among them
+
+
 @dataclass(frozen=True)
 class HeldKeys:
     """The positions of the keys a KV cache gives a kernel where they are not in position order from 0: a ring that

@@ -4,6 +4,7 @@
     q_h, k_g   <- RMSNorm per head dim (model.qk_norm), then rotated by their positions (model.position=rope; the
                   first model.rope_fraction of the dims, the rest unturned)
     scores[i, j] = q_h[i] . k_g[j] / sqrt(head_dim)
+                   -> times 1 + 0.1 ln(1 + floor((i + 1) / N)) (model.query_temperature, Llama 4's)
                    -> c tanh(scores / c) (model.softcap) -> - m_h (i - j) (model.position=alibi)
                    -> + sum_{l=j+1}^{i} log f_l,h, f_l = sigmoid(x_l w_f + b_f) (model.forget_gate)
                    for keys j <= i with i - j < window (every j <= i without one)
@@ -40,6 +41,7 @@ RMS_EPS = 1e-6
 REFERENCED_MASKS = {
     "causal": lambda i, j, value: j <= i,  # no later position
     "window": lambda i, j, value: i - j < value,  # itself and the value - 1 positions before it
+    "chunked": lambda i, j, value: i // value == j // value,  # Llama 4: the same chunk of value positions
 }
 
 
@@ -93,7 +95,7 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         window: int | None, position: str = "learned", rope_theta: float = 10000.0,
                         qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
                         gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
-                        seen: dict | None = None) -> torch.Tensor:  # fmt: skip
+                        query_temperature: int | None = None, seen: dict | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
@@ -119,6 +121,8 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
     group = torch.arange(n_head, device=x.device) // (n_head // n_kv_head)  # each query head's key/value head
     k, v = k[:, group], v[:, group]
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if query_temperature is not None:
+        scores = scores * temperature(T, query_temperature, x.device)[:, None]
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if position == "alibi":
@@ -143,6 +147,13 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
     return out @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
 
 
+def temperature(T: int, steps: int, device) -> torch.Tensor:
+    """Llama 4's temperature of the query at each position i < T (float64): 1 + 0.1 ln(1 + floor((i + 1) / steps)),
+    its scores (equally, its query) scaled by it."""
+    return torch.tensor([1 + 0.1 * math.log(1 + (i + 1) // steps) for i in range(T)], dtype=torch.float64,
+                        device=device)  # fmt: skip
+
+
 # ------------------------------------------------------------------ every function's formula, from its block
 
 
@@ -157,7 +168,7 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
     spec = block.spec
     return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
-                               spec.forget_gate, seen=seen)  # fmt: skip
+                               spec.forget_gate, spec.query_temperature, seen=seen)  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):
@@ -200,6 +211,8 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             q_rope = rotation(linear(x, "wq", slice(h * (d + R) + d, (h + 1) * (d + R))), positions)
             scores = scores + q_rope @ k_rope.transpose(-1, -2)
         scores = scores / math.sqrt(d + R)
+        if spec.query_temperature is not None:
+            scores = scores * temperature(T, spec.query_temperature, x.device)[:, None]
         if spec.softcap is not None:
             scores = spec.softcap * torch.tanh(scores / spec.softcap)
         if slopes is not None:
