@@ -150,6 +150,11 @@ def run(cfg: HeadsConfig) -> Path:
         raise ValueError(f"source={cfg.source}: attention={without[0]} layers have no attention maps (their heads "
                          f"read a state, not a softmax over keys); heads.py studies models whose every layer is "
                          f"softmax attention")  # fmt: skip
+    paired = [i for i in range(model.config.n_layer) if model.config.layer_config(i).differential]
+    if paired:
+        raise ValueError(f"source={cfg.source}: layer {paired[0]} is differential attention (model.differential): "
+                         f"each head is two softmax maps subtracted over two heads' values, so heads.py's maps and "
+                         f"ablations, one per query head, would show halves of heads; it studies models without it")
     check_head(model, cfg.layer, cfg.head)
     device = resolve_device(cfg.device, option="device")
     model = model.to(device).eval()

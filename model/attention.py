@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
+from model.differential import DifferentialHeads
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
 from model.masks import HeldKeys, Masks
 from model.masks import of_spec as masks_of
@@ -101,6 +102,11 @@ class AttentionSpec:
     sinks: bool = option(False, True)
     gate: str = option("none", "headwise")  # an output gate from the block's input: none | headwise | elementwise
     forget_gate: bool = option(False, True)  # the Forgetting Transformer's forget gate on the scores
+    # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
+    # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
+    differential: bool = option(False, True)
+    # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
+    lambda_init: float = option(0.8, 0.5, differential=True)
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     kv_latent: int | None = option(None, 8, per_layer=False)  # attention=mla's latent width
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
@@ -126,6 +132,16 @@ class AttentionSpec:
             raise ValueError(f"model.query_temperature={steps!r} must be a positive number of positions (the "
                              f"queries' temperature grows each time the position passes a multiple of it; Llama 4's "
                              f"8192), or null (off)")  # fmt: skip
+        if not finite_number(self.lambda_init) or not 0 < self.lambda_init < 1:
+            raise ValueError(f"model.lambda_init={self.lambda_init!r} must be a number between 0 and 1, both excluded "
+                             f"(the paper's 0.8, or 0.8 - 0.6 exp(-0.3 (l - 1)) at depth l)")  # fmt: skip
+        if self.lambda_init != 0.8 and not self.differential:
+            raise ValueError(f"model.lambda_init={self.lambda_init} is differential attention's lambda: set "
+                             f"model.differential=true, or leave model.lambda_init at 0.8")  # fmt: skip
+        if self.differential and self.n_head % 2:
+            raise ValueError(f"model.differential=true pairs heads 2h and 2h+1 into one, but model.n_head="
+                             f"{self.n_head} is odd; use an even number of heads (model.n_head={self.n_head + 1} "
+                             f"or {self.n_head - 1})")  # fmt: skip
         if chunk is not None and self.block_size is not None and chunk > self.block_size:
             raise ValueError(f"model.attention_chunk={chunk} is longer than the context (model.block_size="
                              f"{self.block_size}): set it to at most {self.block_size} (a chunk of the whole context "
@@ -612,11 +628,24 @@ class WrapperAttention(MultiHeadAttention):
 class SplitHeadsAttention(MultiHeadAttention):
     """Layouts that project full-width q, k, v, then split them into heads for one kernel call."""
 
+    # Differential attention pairs the heads of one kernel call (a wrapper's heads attend one by one: it refuses)
+    applies = MultiHeadAttention.applies | {"differential", "lambda_init"}
+
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self.kernel = spec.build_kernel()
         self.dropout = spec.dropout
         self.kv_width = spec.kv_heads * spec.head_dim
+        self.diff = DifferentialHeads(spec.head_dim, spec.lambda_init) if spec.differential else None
+
+    @classmethod
+    def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
+        return spec.n_embd, spec.n_embd * (2 if spec.differential else 1)  # each map reads its pair's values
+
+    @staticmethod
+    def initial_tensor(name: str, template: torch.Tensor) -> torch.Tensor | None:
+        """Its own initial draws (``GPT.reset_parameters``): differential attention's lambda vectors."""
+        return DifferentialHeads.initial(name, template)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, T, C), k and v (B, T, kv_width)."""
@@ -627,7 +656,12 @@ class SplitHeadsAttention(MultiHeadAttention):
         q, k, v = self.heads_qkv(x, positions)
         k, v, keys = remember(cache, 0, k, v)
         mods = self.score_mods(x, cache, k)
-        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions)
+        if self.diff is None:
+            y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions)
+        else:  # every map reads both halves of its pair's values; the pairs' differences are the heads
+            k, halves = repeat_kv(k, self.n_head), self.diff.value_halves(repeat_kv(v, self.n_head))
+            y = self.diff.combine(torch.cat([self.kernel(q, k, half, self.dropout, self.training, keys=keys, mods=mods,
+                                                         positions=positions) for half in halves], dim=-1))  # fmt: skip
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -80,6 +80,9 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     temperature = model.get("query_temperature")
     if temperature or "query_temperature" in show:  # Llama 4's temperature of the queries: -qtemp8192
         parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
+    if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
+        lam = model.get("lambda_init", 0.8)
+        parts.append(("diff" if lam == 0.8 else f"diff{lam:g}") if model.get("differential") else "nodiff")
     for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -123,6 +126,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
         (r"ropeorig\d+", "-ropeorig<trained length>"),
         (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
+        (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
     )  # fmt: skip
@@ -136,6 +140,7 @@ def label_grammar() -> str:
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
               "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
+              "differential", "lambda_init",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -163,6 +168,9 @@ class GPTConfig:
     attention_chunk: int | None = field(default=None, metadata={"reuse": "function"})
     # Llama 4's temperature of the queries at long context: 1 + 0.1 log(1 + floor((i + 1) / this)); None: off
     query_temperature: int | None = field(default=None, metadata={"reuse": "function"})
+    # differential attention (the Diff Transformer): heads paired, their softmax maps subtracted; lambda's start
+    differential: bool = field(default=False, metadata={"reuse": "weights"})
+    lambda_init: float = field(default=0.8, metadata={"reuse": "function"})
     # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
     sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
     # The position encoding (model.positions): learned | rope | alibi | none

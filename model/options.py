@@ -82,11 +82,11 @@ def refusal(layout, spec, name: str, value, offs: tuple) -> str:
     off = spelled(offs[0])
     who = takers(name)
     if not who:
-        return (f"model.{name}={value!r} is applied by no attention layer (an option no layer declares in its "
+        return (f"model.{name}={spelled(value)} is applied by no attention layer (an option no layer declares in its "
                 f"applies: a new option is refused until one does); set model.{name}={off}")  # fmt: skip
     layouts = [w for w in who if w.startswith("attention=")]
     here = f"attention={layout.name}" if layouts else f"model.position={spec.position}"
-    return (f"model.{name}={value!r} is an option of {' or '.join(who)}, but {here}; use {' or '.join(who)}, or "
+    return (f"model.{name}={spelled(value)} is an option of {' or '.join(who)}, but {here}; use {' or '.join(who)}, or "
             f"model.{name}={off}")  # fmt: skip
 
 

@@ -9,6 +9,8 @@
                    -> + sum_{l=j+1}^{i} log f_l,h, f_l = sigmoid(x_l w_f + b_f) (model.forget_gate)
                    for keys j <= i with i - j < window (every j <= i without one)
     out_h = softmax over the keys and the sink logit s_h (model.sinks; its weight dropped) of the scores, @ v_g;
+            (model.differential: heads 2h, 2h+1 one head, (A_2h - lambda A_2h+1) @ [v_2h, v_2h+1], RMSNorm,
+            times 1 - lambda_init)
             times sigmoid(x W_g) (model.gate: one gate per head, or one per element of out_h)
     the heads side by side, then the output projection c_proj
 
@@ -95,7 +97,8 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         window: int | None, position: str = "learned", rope_theta: float = 10000.0,
                         qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
                         gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
-                        query_temperature: int | None = None, seen: dict | None = None) -> torch.Tensor:  # fmt: skip
+                        query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
+                        seen: dict | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
@@ -139,12 +142,29 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
     else:
         weights = torch.softmax(scores, dim=-1)
-    out = weights @ v  # (B, H, T, d)
-    if gate != "none":  # sigmoid(x W_g): (B, T, H), one per head; (B, T, C), one per element of each head
+    if differential:
+        out = differential_heads(weights, v, p, lambda_init)
+    else:
+        out = (weights @ v).transpose(1, 2).reshape(B, T, C)  # (B, H, T, d): the heads side by side
+    if gate != "none":  # sigmoid(x W_g): (B, T, H), one per head's d dims; (B, T, C), one per element
         g = torch.sigmoid(x @ p["gate.weight"].T)
-        out = out * (g.transpose(1, 2)[..., None] if gate == "headwise" else g.view(B, T, n_head, d).transpose(1, 2))
-    out = out.transpose(1, 2).reshape(B, T, C)
+        out = (out.view(B, T, n_head, d) * g[..., None]).view(B, T, C) if gate == "headwise" else out * g
     return out @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
+
+
+def differential_heads(weights: torch.Tensor, v: torch.Tensor, p: dict, lambda_init: float) -> torch.Tensor:
+    """The Diff Transformer's heads (Ye et al. 2024, arXiv 2410.05258, eq. 1-3), from the n_head softmax maps
+    ``weights`` (B, H, T, T) and each query head's values ``v`` (B, H, T, d): head h weighs the keys by the maps'
+    difference, A_2h - lambda A_2h+1, with lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, over the pair's
+    values [v_2h, v_2h+1]; then RMSNorm (no scale; eps 1e-5) and (1 - lambda_init). -> (B, T, C), heads side by
+    side."""
+    lam = (torch.exp(p["diff.lambda_q1"] @ p["diff.lambda_k1"]) - torch.exp(p["diff.lambda_q2"] @ p["diff.lambda_k2"])
+           + lambda_init)  # fmt: skip
+    heads = []
+    for h in range(weights.size(1) // 2):
+        o = (weights[:, 2 * h] - lam * weights[:, 2 * h + 1]) @ torch.cat((v[:, 2 * h], v[:, 2 * h + 1]), dim=-1)
+        heads.append(o / torch.sqrt(o.pow(2).mean(dim=-1, keepdim=True) + 1e-5) * (1 - lambda_init))
+    return torch.cat(heads, dim=-1)
 
 
 def temperature(T: int, steps: int, device) -> torch.Tensor:
@@ -168,7 +188,8 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
     spec = block.spec
     return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
-                               spec.forget_gate, spec.query_temperature, seen=seen)  # fmt: skip
+                               spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
+                               seen=seen)  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):

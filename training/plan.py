@@ -187,6 +187,10 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
         "MLP": N * a + 2 * 4 * N * a,  # c_fc input, GELU input, c_proj input
         "query/key encodings": encoding_bytes(config, Activations(B, T, H, N, kv_share), a),
         "dropout masks": 2 * N if drop else 0,
+        # differential attention's two kernel calls (each pair's values read in halves): the second call's queries,
+        # keys, values and output, the outputs side by side (which the difference reads), and the difference its norm
+        # reads in float32 (measured: 6 widths at the matmuls' dtype and one in float32, float32 and bfloat16 alike)
+        "differential heads": (6 * N * a + 4 * N) if config.differential else 0,
     }
     own = getattr(registry.layout(config.attention), "activation_bytes", None)  # a linear layer's own parts
     if own is not None:

@@ -1,0 +1,118 @@
+"""Differential attention (``model.differential``, the Diff Transformer, arXiv 2410.05258).
+
+Its float64 formula is ``differential_heads`` in tests/attention_reference.py (written from the paper: the maps'
+difference taken on the weights, where the model takes it on the outputs), and the property grid holds every layout
+that applies it, in every kernel, with decoding (test_attention_properties.py's encoding cells, from the option's
+declaration). Here: its refusals, its label, lambda's parametrisation and initial draw, and conversion between the
+layouts that hold it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import run_script, tiny_run, train_losses
+from helpers import tiny_gpt_config as config
+
+from model import GPT, build_attention, convert_attention_layout, load_model
+from model.config import attention_label
+from model.differential import LAMBDA_STD
+from model.gpt2_export import what_gpt2_cannot_hold
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -0.2, 1.5, float("nan"), float("inf")])
+def test_a_lambda_init_outside_zero_to_one_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match=r"model.lambda_init=.* must be a number between 0 and 1"):
+        config(differential=True, lambda_init=bad)
+
+
+def test_what_cannot_hold_it_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="model.lambda_init=0.5 is differential attention's lambda: set "
+                                         "model.differential=true"):  # fmt: skip
+        config(lambda_init=0.5)
+    with pytest.raises(ValueError, match=r"model.n_head=3 is odd; use an even number of heads \(model.n_head=4 or 2\)"):
+        config(differential=True, n_head=3, n_embd=48)
+    for layout, extra in (("wrapper", {}), ("mla", {"kv_latent": 16}), ("gated_deltanet", {"position": "none"})):
+        with pytest.raises(
+            ValueError,
+            match=r"model.differential=true.*(does not apply it|is an option of "
+            r"attention=separate_qkv or attention=fused_qkv, but attention=)",
+        ):
+            config(attention=layout, differential=True, **extra)
+    assert any("model.differential=true" in p for p in what_gpt2_cannot_hold(config(differential=True)))
+
+
+def test_the_label_names_it_and_a_lambda_init_of_its_own():
+    assert attention_label(vars(config(differential=True))) == "fused_qkv-sdpa-diff"
+    assert attention_label(vars(config(differential=True, lambda_init=0.5))) == "fused_qkv-sdpa-diff0.5"
+
+
+def test_lambda_is_the_papers_and_its_vectors_start_drawn_so_that_they_learn():
+    torch.manual_seed(0)
+    model = GPT(config(differential=True, vocab_size=64, n_layer=2, n_head=4, n_embd=32, block_size=16))
+    diffs = [block.attn.diff for block in model.transformer.h]
+    for diff in diffs:
+        vectors = [diff.lambda_q1, diff.lambda_k1, diff.lambda_q2, diff.lambda_k2]
+        assert all(0.02 < v.std().item() < 5 * LAMBDA_STD for v in vectors), "N(0, 0.1), not zeros (which never move)"
+        with torch.no_grad():
+            want = math.exp(diff.lambda_q1 @ diff.lambda_k1) - math.exp(diff.lambda_q2 @ diff.lambda_k2) + 0.8
+        want = float(want)
+        assert abs(diff.weight().item() - want) < 1e-6
+    idx = torch.randint(0, 64, (2, 16))
+    model(idx, idx)[1].backward()
+    assert all(d.lambda_q1.grad is not None and d.lambda_q1.grad.abs().sum() > 0 for d in diffs)
+
+
+def test_fused_and_separate_start_from_the_same_weights_and_convert_exactly():
+    torch.manual_seed(3)
+    fused = GPT(config(differential=True, vocab_size=64, n_head=4, n_embd=32, block_size=16, kernel="manual"))
+    torch.manual_seed(3)
+    separate = GPT(config(differential=True, vocab_size=64, n_head=4, n_embd=32, block_size=16, kernel="manual",
+                          attention="separate_qkv"))  # fmt: skip
+    converted = convert_attention_layout(fused.state_dict(), "fused_qkv", "separate_qkv", n_head=4)
+    assert converted.keys() == separate.state_dict().keys()
+    assert all(torch.equal(converted[name], t) for name, t in separate.state_dict().items())
+    idx = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(idx, idx)[0], separate(idx, idx)[0], atol=1e-5, rtol=0)
+
+
+def test_a_block_with_two_identical_maps_per_pair_weighs_its_keys_by_one_minus_lambda():
+    """Heads 2h and 2h+1 with the same queries and keys (one map twice): the difference is (1 - lambda) A [v_2h,
+    v_2h+1], plain attention's over the pair's values scaled, then normalised and scaled by (1 - lambda_init)."""
+    torch.manual_seed(0)
+    block = build_attention("separate_qkv", 32, 4, "manual", differential=True, bias=False).eval()
+    with torch.no_grad():
+        for proj in (block.query, block.key):
+            w = proj.weight.view(4, 8, 32)
+            w[1::2] = w[0::2]
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(block.diff, name).zero_()  # lambda = lambda_init = 0.8
+    x = torch.randn(1, 9, 32)
+    q = block.query(x).view(1, 9, 4, 8).transpose(1, 2)
+    k = block.key(x).view(1, 9, 4, 8).transpose(1, 2)
+    v = block.value(x).view(1, 9, 4, 8).transpose(1, 2)
+    mask = torch.ones(9, 9).tril().bool()
+    weights = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~mask, float("-inf")), dim=-1)
+    heads = [weights[:, 2 * h] @ torch.cat((v[:, 2 * h], v[:, 2 * h + 1]), dim=-1) for h in range(2)]
+    heads = [torch.nn.functional.rms_norm((1 - 0.8) * o, (16,), eps=1e-5) * (1 - 0.8) for o in heads]
+    want = block.c_proj(torch.cat(heads, dim=-1))
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_short_run_lowers_the_loss_loads_samples_and_is_refused_by_heads_and_export(tmp_path, data_cache):
+    run = tiny_run(tmp_path / "run", data_cache, "model.differential=true", "model.n_head=2")
+    losses = train_losses(run)
+    assert sum(losses[s] for s in (18, 19, 20)) / 3 < losses[1] - 0.3, losses
+    loaded = load_model(str(run), attention="separate_qkv")  # converts exactly, lambda vectors and all
+    assert loaded.model.config.differential and loaded.model.transformer.h[0].attn.diff is not None
+    sampled = run_script("sample.py", f"source={run}", "max_new_tokens=5", cwd=tmp_path)
+    assert sampled.returncode == 0, sampled.stderr[-1000:]
+    heads = run_script("heads.py", f"source={run}", f"out={tmp_path / 'heads'}", cwd=tmp_path)
+    assert heads.returncode != 0 and not (tmp_path / "heads").exists()
+    assert "layer 0 is differential attention (model.differential)" in heads.stderr, heads.stderr[-1000:]
+    export = run_script("export.py", f"source={run}", f"out={tmp_path / 'hf'}", cwd=tmp_path)
+    assert export.returncode != 0 and "model.differential=true" in export.stderr and not (tmp_path / "hf").exists()
