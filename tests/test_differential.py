@@ -12,8 +12,9 @@ import math
 
 import pytest
 import torch
-from helpers import run_script, tiny_run, train_losses
+from helpers import CONFIGS, TINY, compose_train, run_script, tiny_run, train_losses
 from helpers import tiny_gpt_config as config
+from omegaconf import OmegaConf
 
 from model import GPT, build_attention, convert_attention_layout, load_model
 from model.config import attention_label
@@ -116,3 +117,15 @@ def test_a_short_run_lowers_the_loss_loads_samples_and_is_refused_by_heads_and_e
     assert "layer 0 is differential attention (model.differential)" in heads.stderr, heads.stderr[-1000:]
     export = run_script("export.py", f"source={run}", f"out={tmp_path / 'hf'}", cwd=tmp_path)
     assert export.returncode != 0 and "model.differential=true" in export.stderr and not (tmp_path / "hf").exists()
+
+
+def test_the_2026_presets_variants_are_the_baseline_llama4s_schedule_and_differential_attention():
+    models = {name: OmegaConf.to_object(compose_train(*TINY, "model.n_layer=4", f"attention_2026={name}")).model
+              for name in ("full", "llama4", "differential")}  # fmt: skip
+    labels = {name: attention_label(vars(m)) for name, m in models.items()}
+    assert labels == {"full": "fused_qkv-sdpa-rope", "llama4": "fused_qkv-sdpa-rope-RRRN_R.chunked8_N.nopos.qtemp8",
+                      "differential": "fused_qkv-sdpa-rope-diff"}  # fmt: skip
+    preset = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026.yaml").hydra.sweeper.params
+    gpu = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026_gpu.yaml").hydra.sweeper.params
+    assert preset.attention_2026 == gpu.attention_2026 == "full,llama4,differential"
+    assert preset["trainer.seed"] == gpu["trainer.seed"] == "1,2"

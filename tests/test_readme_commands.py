@@ -68,6 +68,7 @@ FEWER_JOBS = {
     # 5 jobs, not 10: one seed of each variant, at the 4 layers their schedules of 4 kinds tile (DDDG, LLLG, ...)
     "python train.py -m experiment=compare_hybrid": ["trainer.seed=1", "model.n_layer=4"],
     "python train.py -m experiment=compare_schedules": ["trainer.seed=1", "model.n_layer=4"],
+    "python train.py -m experiment=compare_attention_2026": ["trainer.seed=1", "model.n_layer=4"],
     # one run, at the 4 layers its RRRN tiles
     "python train.py schedule=llama4": ["model.n_layer=4"],
 }

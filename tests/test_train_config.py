@@ -152,7 +152,7 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
     # Each group's options are its files (configs/<group>/), as Hydra reads them: none listed here by hand, so a
     # new option file is in the help with no edit; the layouts' group names every registered layout.
     groups = ["attention", "kernel", "model", "logger", "experiment", "score_mods", "kv_cache", "length_variant",
-              "schedule", "mixing"]  # fmt: skip
+              "schedule", "mixing", "attention_2026"]  # fmt: skip
     expected = [f"{group}: {', '.join(sorted(p.stem for p in (CONFIGS / group).glob('*.yaml')))}" for group in groups]
     assert expected[0] == f"attention: {', '.join(sorted(ATTENTION_LAYOUTS))}"
     for line in expected:
