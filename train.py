@@ -270,7 +270,10 @@ def plan_every_variant(hydra_cfg) -> None:
     configs = {}
     for values in itertools.product(*params.values()):
         variant = [f"{k}={v}" for k, v in zip(params, values)]
-        configs[" ".join(variant)] = OmegaConf.to_object(compose(config_name="train", overrides=base + variant))
+        try:
+            configs[" ".join(variant)] = OmegaConf.to_object(compose(config_name="train", overrides=base + variant))
+        except ValueError as err:  # one variant the config refuses: named, in one line, before any plan
+            sys.exit(f"error: {' '.join(variant)}: {err}")
     print(f"python train.py -m {' '.join(sys.argv[1:])} would run {plan_variants(configs)}", flush=True)
 
 

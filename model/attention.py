@@ -132,6 +132,8 @@ class AttentionSpec:
             raise ValueError(f"model.query_temperature={steps!r} must be a positive number of positions (the "
                              f"queries' temperature grows each time the position passes a multiple of it; Llama 4's "
                              f"8192), or null (off)")  # fmt: skip
+        if not isinstance(self.differential, bool):
+            raise ValueError(f"model.differential={self.differential!r} must be true or false")
         if not finite_number(self.lambda_init) or not 0 < self.lambda_init < 1:
             raise ValueError(f"model.lambda_init={self.lambda_init!r} must be a number between 0 and 1, both excluded "
                              f"(the paper's 0.8, or 0.8 - 0.6 exp(-0.3 (l - 1)) at depth l)")  # fmt: skip
@@ -142,6 +144,10 @@ class AttentionSpec:
             raise ValueError(f"model.differential=true pairs heads 2h and 2h+1 into one, but model.n_head="
                              f"{self.n_head} is odd; use an even number of heads (model.n_head={self.n_head + 1} "
                              f"or {self.n_head - 1})")  # fmt: skip
+        if steps is not None and self.block_size is not None and steps > self.block_size:
+            raise ValueError(f"model.query_temperature={steps} is longer than the context (model.block_size="
+                             f"{self.block_size}): set it to at most {self.block_size} (Llama 4's 8192 is its chunk), "
+                             f"or null (off)")  # fmt: skip
         if chunk is not None and self.block_size is not None and chunk > self.block_size:
             raise ValueError(f"model.attention_chunk={chunk} is longer than the context (model.block_size="
                              f"{self.block_size}): set it to at most {self.block_size} (a chunk of the whole context "
@@ -660,8 +666,10 @@ class SplitHeadsAttention(MultiHeadAttention):
             y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions)
         else:  # every map reads both halves of its pair's values; the pairs' differences are the heads
             k, halves = repeat_kv(k, self.n_head), self.diff.value_halves(repeat_kv(v, self.n_head))
-            y = self.diff.combine(torch.cat([self.kernel(q, k, half, self.dropout, self.training, keys=keys, mods=mods,
-                                                         positions=positions) for half in halves], dim=-1))  # fmt: skip
+            # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
+            calls = [torch.cat(halves, dim=-1)] if self.dropout and self.training else halves
+            y = self.diff.combine(torch.cat([self.kernel(q, k, values, self.dropout, self.training, keys=keys,
+                                                         mods=mods, positions=positions) for values in calls], dim=-1))
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -82,7 +82,7 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
     if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
         lam = model.get("lambda_init", 0.8)
-        parts.append(("diff" if lam == 0.8 else f"diff{lam:g}") if model.get("differential") else "nodiff")
+        parts.append(("diff" if lam == 0.8 else f"diff{lam}") if model.get("differential") else "nodiff")
     for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -240,12 +240,15 @@ class GPTConfig:
     def model_spec(self) -> AttentionSpec:
         """The model's own fields as a spec, for its checks: in a schedule, its rotary base may serve some layers
         only (a kind with another encoding), which ``check_schedule`` holds to reach one."""
-        spec = self.attention_spec
         if self.layer_pattern is None:
-            return spec
+            return self.attention_spec
         mine = registry.position(self.position).fields
-        defaults = {name: f.default for name, f in type(spec).__dataclass_fields__.items()}
-        return replace(spec, **{name: defaults[name] for name in position_fields() if name not in mine})
+        defaults = {f.name: f.default for f in fields(AttentionSpec)}
+        values = {f.name: getattr(self, f.name) for f in fields(AttentionSpec)}
+        values |= {name: defaults[name] for name in position_fields() if name not in mine}
+        if not self.differential:  # its lambda_init may serve a kind's differential layers only
+            values["lambda_init"] = defaults["lambda_init"]
+        return AttentionSpec(**values)
 
     @property
     def attention_spec(self) -> AttentionSpec:
@@ -276,6 +279,9 @@ class GPTConfig:
         position = registry.position(fields_of_kind.get("position", self.position))
         unused |= {name: defaults[name] for name in position_fields()
                    if name not in position.fields and name not in fields_of_kind}  # fmt: skip
+        # So does the model's lambda_init: to the differential layers
+        if not fields_of_kind.get("differential", self.differential) and "lambda_init" not in fields_of_kind:
+            unused["lambda_init"] = defaults["lambda_init"]
         return replace(self, layer_pattern=None, layer_kinds={}, **fields_of_kind, **unused)
 
     def consumes(self, name: str) -> bool:
@@ -409,6 +415,10 @@ def check_schedule(config: GPTConfig) -> None:
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
     check_position_options_reach_a_layer(config)
+    if config.lambda_init != 0.8 and not config.in_any_layer("differential"):
+        raise ValueError(f"model.lambda_init={config.lambda_init} is differential attention's lambda, but no layer is "
+                         f"differential; set model.differential=true (or +model.layer_kinds.<kind>.differential=true), "
+                         f"or leave model.lambda_init at 0.8")  # fmt: skip
 
 
 def check_position_options_reach_a_layer(config: GPTConfig) -> None:
@@ -428,21 +438,22 @@ def check_position_options_reach_a_layer(config: GPTConfig) -> None:
 
 
 # The shares of the context configs/schedule writes as ${headlab_div:${model.block_size},N}: what 0 would leave.
-CONTEXT_SHARES = {"window": ("leaves each position no key to see", "the whole context"),
-                  "attention_chunk": ("leaves each position no chunk to see", "no chunks"),
-                  "query_temperature": ("scales the queries by a temperature of no positions", "off")}  # fmt: skip
+CONTEXT_SHARES = {"window": ("leaves each position no key to see", "the whole context", "windows"),
+                  "attention_chunk": ("leaves each position no chunk to see", "no chunks", "chunks"),
+                  "query_temperature": ("scales the queries by a temperature of no positions", "off",
+                                        "temperatures")}  # fmt: skip
 
 
 def check_no_window_left(config: GPTConfig, kind: str) -> None:
     """Refuse a kind's window (chunk, temperature's length) of 0 naming where it most likely comes from: a schedule's
     share of too short a context (configs/schedule's ``${headlab_div:${model.block_size},8}`` rounds down), not a
     value typed."""
-    for name, (problem, null) in CONTEXT_SHARES.items():
+    for name, (problem, null, shares) in CONTEXT_SHARES.items():
         value = config.layer_kinds[kind].get(name)
         if value == 0 and not isinstance(value, bool):
             raise ValueError(f"model.layer_kinds.{kind}.{name}=0 {kind_layers(config, kind)} {problem} (a schedule's "
                              f"share of the context rounds down to 0 at model.block_size={config.block_size}: "
-                             f"configs/schedule's windows are shares such as block_size/8); use a longer "
+                             f"configs/schedule's {shares} are shares such as block_size/8); use a longer "
                              f"model.block_size, or set model.layer_kinds.{kind}.{name} to at least 1 (null: "
                              f"{null})")  # fmt: skip
 

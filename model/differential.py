@@ -16,7 +16,8 @@ then the other (two calls, A_i v_2h and A_i v_2h+1, as transformers' DiffLlama r
 difference is taken on the outputs, the same function as taking it on the weights (the product is linear). One call
 over values twice as wide would compute the maps once, but SDPA's flash kernels take one head width only: on this
 CPU it fell back to the math kernel, which keeps every (T, T) map for backward. The model's FLOPs count the maps
-once and the value products twice as wide (``score_widths``).
+once and the value products twice as wide (``score_widths``). With attention dropout in training it is one call over
+the halves side by side, so that both halves lose the same weights.
 """
 
 from __future__ import annotations

@@ -88,9 +88,9 @@ def check_gpt2_holds(config) -> None:
         layouts = ", ".join(name for name, cls in registry.ATTENTION_LAYOUTS.items()
                             if getattr(cls, "function", None) == gpt2)  # fmt: skip
         raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(problems)}. Export a model trained "
-                         f"with GPT-2's attention (learned positions; no window, QK-norm, softcap or sinks; layout "
-                         f"{layouts}, grouped-query heads too); this checkpoint itself loads in sample.py, heads.py "
-                         f"and evaluate.py as it is")  # fmt: skip
+                         f"with GPT-2's attention (learned positions, none of the options above; layout "
+                         f"{layouts}, grouped-query heads too); this checkpoint itself loads in sample.py and "
+                         f"evaluate.py as it is")  # fmt: skip
 
 
 def gpt2_form(config):

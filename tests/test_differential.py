@@ -129,3 +129,40 @@ def test_the_2026_presets_variants_are_the_baseline_llama4s_schedule_and_differe
     gpu = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026_gpu.yaml").hydra.sweeper.params
     assert preset.attention_2026 == gpu.attention_2026 == "full,llama4,differential"
     assert preset["trainer.seed"] == gpu["trainer.seed"] == "1,2"
+
+
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+def test_attention_dropout_drops_the_same_weights_for_both_halves_of_a_pairs_values(kernel):
+    """With dropout every map must lose one set of weights: its outputs over v_2h and v_2h+1 are then the same
+    dropped map times each half. Values equal in both halves of a pair make the two halves of each output head equal
+    (before the norm, which keeps that) only if one mask served both."""
+    torch.manual_seed(0)
+    block = build_attention("separate_qkv", 32, 4, kernel, differential=True, dropout=0.5, bias=False).train()
+    with torch.no_grad():
+        w = block.value.weight.view(4, 8, 32)
+        w[1::2] = w[0::2]  # v_2h+1 = v_2h
+    captured = []
+    hook = block.c_proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    block(torch.randn(2, 10, 32))
+    hook.remove()
+    heads = captured[0].view(2, 10, 2, 16)
+    torch.testing.assert_close(heads[..., :8], heads[..., 8:], atol=1e-6, rtol=0)
+
+
+def test_a_kinds_differential_must_be_a_bool_and_the_models_lambda_init_reaches_its_differential_layers():
+    with pytest.raises(ValueError, match=r"model.layer_kinds.L \(layer 0\): model.differential='no' must be true or"):
+        config(n_layer=2, layer_pattern="LG", layer_kinds={"L": {"differential": "no"}, "G": {}})
+    mixed = config(n_layer=2, lambda_init=0.5, layer_pattern="LG", layer_kinds={"L": {"differential": True}, "G": {}})
+    assert [mixed.layer_config(i).lambda_init for i in (0, 1)] == [0.5, 0.8]
+    with pytest.raises(ValueError, match="model.lambda_init=0.5 is differential attention's lambda, but no layer is "
+                                         "differential"):  # fmt: skip
+        config(n_layer=2, lambda_init=0.5, layer_pattern="LG", layer_kinds={"L": {}, "G": {}})
+
+
+def test_a_presets_plan_names_the_variant_the_config_refuses_in_one_line(tmp_path):
+    result = run_script("train.py", "experiment=compare_attention_2026", "trainer.plan=true", "model.n_head=3",
+                        "model.n_embd=48", cwd=tmp_path)  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("error: attention_2026=differential trainer.seed=1: model.differential=true pairs "
+                                     "heads 2h and 2h+1 into one, but model.n_head=3 is odd; use an even number of "
+                                     "heads (model.n_head=4 or 2)")  # fmt: skip

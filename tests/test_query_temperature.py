@@ -50,6 +50,8 @@ def test_bad_values_and_the_layers_that_cannot_apply_it_are_refused():
     for bad in (0, -1, 2.5, True, "8"):
         with pytest.raises(ValueError, match="model.query_temperature=.* must be a positive number of positions"):
             config(query_temperature=bad)
+    with pytest.raises(ValueError, match=r"model.query_temperature=17 is longer than the context .*at most 16"):
+        config(block_size=16, query_temperature=17)
     with pytest.raises(ValueError, match="model.query_temperature=4 .*gated_deltanet"):
         config(attention="gated_deltanet", position="none", query_temperature=4)
     assert any("model.query_temperature=4" in p for p in what_gpt2_cannot_hold(config(query_temperature=4)))

@@ -339,7 +339,8 @@ class Plan:
         lines += self._eval_lines()
         capped = [f"{mask.field.replace('_', ' ')} {getattr(c, mask.field)}" for mask in registry.MASKS.values()
                   if mask.field and getattr(c, mask.field)]  # a window, a chunk: the cache holds what they see
-        window = f", {', '.join(capped)}: at most {c.cache_capacity} positions" if capped else ""
+        most = f"{c.cache_capacity} position{'s' if c.cache_capacity != 1 else ''}"
+        window = f", {', '.join(capped)}: at most {most}" if capped else ""
         lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
                      f"sample ({cache_kind(c)}; {cache_width(c):,} numbers per layer x {c.n_layer} layers{window}, "
                      f"{str(self.dtype).removeprefix('torch.')})")  # fmt: skip
