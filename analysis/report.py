@@ -18,6 +18,9 @@ FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get("n_head")),
               "kv_latent": lambda row: row.get("kv_latent") is not None,
               "window": lambda row: bool(row.get("window")),
+              "attention_chunk": lambda row: bool(row.get("attention_chunk")),
+              "query_temperature": lambda row: bool(row.get("query_temperature")),
+              "differential": lambda row: row.get("differential") is not None,
               "position": lambda row: row.get("position") not in (None, "learned"),
               "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
               "rope_fraction": lambda row: row.get("rope_fraction") not in (None, 1),
@@ -35,8 +38,10 @@ ROUND_OFF = 1e-4  # a loss difference below this is round-off (the layouts compu
 
 COLUMNS = [
     ("label", "label"), ("layout", "layout"), ("kernel", "kernel"), ("kv_heads", "kv heads"),
-    ("kv_latent", "kv latent"), ("window", "window"), ("position", "position"), ("rope_theta", "rope theta"),
-    ("rope_fraction", "rope fraction"), *((mod.field, mod.column) for mod in with_fields()), ("layers", "layers"),
+    ("kv_latent", "kv latent"), ("window", "window"), ("attention_chunk", "chunk"), ("position", "position"),
+    ("rope_theta", "rope theta"), ("rope_fraction", "rope fraction"), ("query_temperature", "query temperature"),
+    *((mod.field, mod.column) for mod in with_fields()), ("differential", "differential lambda_init"),
+    ("layers", "layers"),
     ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("state_bytes", "state B/sample"),
@@ -97,7 +102,9 @@ def identity(run: Run) -> dict:
     return {"label": run.variant, "layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
             "n_head": m.get("n_head"),
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
-            "kv_latent": latent, "window": m.get("window"), "position": m.get("position", "learned"),
+            "kv_latent": latent, "window": m.get("window"), "attention_chunk": m.get("attention_chunk"),
+            "query_temperature": m.get("query_temperature"), "position": m.get("position", "learned"),
+            "differential": m.get("lambda_init", 0.8) if m.get("differential") else None,
             "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
             "rope_fraction": m.get("rope_fraction", 1.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},

@@ -166,3 +166,12 @@ def test_a_presets_plan_names_the_variant_the_config_refuses_in_one_line(tmp_pat
     assert result.stderr.strip() == ("error: attention_2026=differential trainer.seed=1: model.differential=true pairs "
                                      "heads 2h and 2h+1 into one, but model.n_head=3 is odd; use an even number of "
                                      "heads (model.n_head=4 or 2)")  # fmt: skip
+
+
+def test_compare_shows_a_column_for_each_new_option_only_where_some_run_sets_it():
+    from analysis.report import shown_columns
+
+    plain = {"label": "fused_qkv-sdpa", "differential": None, "attention_chunk": None, "query_temperature": None}
+    assert not {"differential", "attention_chunk", "query_temperature"} & {k for k, _ in shown_columns([plain])}
+    rows = [plain, {**plain, "differential": 0.8}, {**plain, "attention_chunk": 32, "query_temperature": 32}]
+    assert {"differential", "attention_chunk", "query_temperature"} <= {k for k, _ in shown_columns(rows)}
