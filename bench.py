@@ -60,8 +60,16 @@ FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", "compile", "seq_len"
           "sdpa_backend", "compile_s", "others_cores", "warnings"]  # fmt: skip
 # The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
 # their defaults: a default grid's CSV has exactly FIELDS.
+# Issue 54's options, each an axis: (its flag, its default, its help); the flag's values as typed give the option's.
+AXES = {
+    "attention_chunk": ("--attention-chunk", None, "Llama 4's chunks (model.attention_chunk): positions, or none"),
+    "query_temperature": ("--query-temperature", None, "Llama 4's query temperature (model.query_temperature): "
+                                                       "positions, or none"),
+    "differential": ("--differential", False, "differential attention (model.differential): off and/or on"),
+}  # fmt: skip
 OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_fields()}, "kv_latent": None,
-                   "rope_head_dim": None, "layer_pattern": None, "layer_kinds": None}  # fmt: skip
+                   "rope_head_dim": None, "layer_pattern": None, "layer_kinds": None,
+                   **{field: default for field, (_, default, _) in AXES.items()}}  # fmt: skip
 DECODE_FIELDS = ["mode", "layout", "kernel", "kv_heads", "window", *OPTION_DEFAULTS, "decoding", "seq_len",
                  "context_multiple", "position_at", "batch", "n_embd", "n_head", "n_layer", "dtype", "ms_per_token",
                  "median_step_ms", "tokens_per_sec", "tokens_per_sec_min", "tokens_per_sec_max", "passes",
@@ -106,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rope-theta", type=float, default=10000.0, help="rotary's base (model.rope_theta)")
     for mod in with_fields():  # --qk-norm, --softcap, --sinks
         p.add_argument(f"--{mod.flag()}", nargs="+", default=[mod.bench_off], help=mod.bench_help)
+    for field, (flag, default, text) in AXES.items():  # --attention-chunk, --query-temperature, --differential
+        p.add_argument(flag, nargs="+", dest=field, default=["off" if default is False else "none"], help=text)
     p.add_argument("--kv-latent", nargs="+", type=int,
                    help="attention=mla's latent widths (model.kv_latent; default n_embd / 2)")
     p.add_argument("--rope-head-dim", type=int,
@@ -178,6 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, mod.field, [mod.bench_value(v) for v in getattr(args, mod.field)])
         except ValueError as err:
             p.error(str(err))
+    for field, (flag, default, _) in AXES.items():
+        setattr(args, field, [axis_value(p, flag, default, v) for v in getattr(args, field)])
     for position in args.position:
         if position not in registry.POSITIONS:
             p.error(f"--position: unknown position encoding {position!r}; choose from {', '.join(registry.POSITIONS)}")
@@ -190,6 +202,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as err:
         p.error(str(err))
     return args
+
+
+def axis_value(p: argparse.ArgumentParser, flag: str, default, typed: str):
+    """One value of an AXES flag as typed -> the option's: off/on for a switch, none or a positive number."""
+    if default is False:
+        if typed.lower() not in ("off", "on"):
+            p.error(f"{flag} {typed}: give off and/or on")
+        return typed.lower() == "on"
+    if typed.lower() == "none":
+        return None
+    if not (typed.isdigit() and int(typed) > 0):
+        p.error(f"{flag} {typed}: give a positive number of positions, or none")
+    return int(typed)
 
 
 def check_schedule_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -230,14 +255,15 @@ def attention_cells(args: argparse.Namespace) -> list[dict]:
     for layout, kernel in itertools.product(args.layouts, args.kernels):
         latent = takes_latent(layout)
         shared = [(None, k) for k in args.kv_latent] if latent else [(kv, None) for kv in args.kv_heads]
-        mods = with_fields()
+        mods = [*with_fields(), *AXES]  # the modifications' fields, then issue 54's
+        fields = [getattr(mod, "field", mod) for mod in mods]
         for (kv, k), window, position, *values in itertools.product(shared, args.window, args.position,
-                                                                    *(getattr(args, mod.field) for mod in mods)):
+                                                                    *(getattr(args, field) for field in fields)):
             rope_dim = None
             if latent and registry.position(position).turns_queries_keys:
                 rope_dim = args.rope_head_dim or max(2, args.n_embd // args.n_head // 4 * 2)
             cells.append(dict(layout=layout, kernel=kernel, kv_heads=kv, window=window, position=position,
-                              **{mod.field: value for mod, value in zip(mods, values)}, kv_latent=k,
+                              **dict(zip(fields, values)), kv_latent=k,
                               rope_head_dim=rope_dim, layer_pattern=args.layer_pattern,
                               layer_kinds=args.layer_kinds))
     return cells
@@ -250,6 +276,7 @@ def config_of(args: argparse.Namespace, cell: dict, seq_len: int) -> GPTConfig:
                      n_embd=args.n_embd, attention=cell["layout"], kernel=kernel, sdpa_backend=backend,
                      n_kv_head=cell["kv_heads"], window=cell["window"], position=cell["position"],
                      rope_theta=args.rope_theta, **{mod.field: cell[mod.field] for mod in with_fields()},
+                     **{field: cell[field] for field in AXES},
                      kv_latent=cell["kv_latent"], rope_head_dim=cell["rope_head_dim"],
                      layer_pattern=cell["layer_pattern"],
                      layer_kinds=json.loads(cell["layer_kinds"] or "{}"))  # fmt: skip
