@@ -72,6 +72,24 @@ def exported_tokenizer(source: str) -> str | None:
                          f"export.py, or remove {info.name} to read it with GPT-2's tokenizer") from None  # fmt: skip
 
 
+def check_holds(config: GPTConfig, attention: str) -> None:
+    """Refuse converting a checkpoint to a layout that does not apply an option its model sets (differential
+    attention to the wrapper), naming the layouts that do: the option is the checkpoint's, not the user's to drop."""
+    from model.options import spelled, takers, unapplied
+
+    target = registry.layout(attention)
+    for i in range(config.n_layer):
+        layer = config.layer_config(i)
+        if layer.attention != config.attention:  # a hybrid's linear layers keep their own layer
+            continue
+        for name, value, _ in unapplied(target, layer.attention_spec):
+            holders = [t for t in takers(name) if t.startswith("attention=")]
+            who = " or ".join(holders) or "its own layout"
+            raise ValueError(f"attention={attention} cannot hold this checkpoint: its model sets model.{name}="
+                             f"{spelled(value)}, which only {who} applies; load it as attention={config.attention} "
+                             f"(its own) or one of those")  # fmt: skip
+
+
 def model_from_checkpoint(
     ckpt: Checkpoint, attention: str | None = None, kernel: str | None = None, dropout: float | None = None
 ) -> GPT:
@@ -83,6 +101,7 @@ def model_from_checkpoint(
     config = ckpt.config
     if attention is not None:
         check_converts(config.attention, attention)  # attention=mla's weights are another function's
+        check_holds(config, attention)
     kernel = kernel or config.kernel
     if dropout is None:
         dropout = config.dropout if "dropout" in registry.kernel(kernel).applies else 0.0

@@ -110,6 +110,10 @@ def test_a_short_run_lowers_the_loss_loads_samples_and_is_refused_by_heads_and_e
     assert sum(losses[s] for s in (18, 19, 20)) / 3 < losses[1] - 0.3, losses
     loaded = load_model(str(run), attention="separate_qkv")  # converts exactly, lambda vectors and all
     assert loaded.model.config.differential and loaded.model.transformer.h[0].attn.diff is not None
+    with pytest.raises(ValueError, match=r"^attention=wrapper cannot hold this checkpoint: its model sets "
+                                         r"model.differential=true, which only attention=separate_qkv or "
+                                         r"attention=fused_qkv applies; load it as attention=fused_qkv"):  # fmt: skip
+        load_model(str(run), attention="wrapper")
     sampled = run_script("sample.py", f"source={run}", "max_new_tokens=5", cwd=tmp_path)
     assert sampled.returncode == 0, sampled.stderr[-1000:]
     heads = run_script("heads.py", f"source={run}", f"out={tmp_path / 'heads'}", cwd=tmp_path)
