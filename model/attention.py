@@ -29,7 +29,9 @@ from model import registry
 from model.differential import DifferentialHeads
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
 from model.masks import HeldKeys, Masks
+from model.masks import capacity as mask_capacity
 from model.masks import of_spec as masks_of
+from model.masks import options_set as masks_set
 from model.options import applied, check_applied, option_fields
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
@@ -246,8 +248,8 @@ class AttentionSpec:
     def kernel_effects(self) -> list[tuple[str, str, str]]:
         """What this attention needs its kernel to apply, each (effect, the option that asks for it, what it does):
         its masks and its modifications of the scores (``AttentionKernel.applies`` names the ones a kernel does)."""
-        effects = [(mask.name, f"model.{mask.field}={getattr(self, mask.field)}", "masks keys its queries do not see")
-                   for mask in registry.MASKS.values() if mask.field and getattr(self, mask.field)]  # fmt: skip
+        effects = [(mask.name, f"model.{mask.field}={value}", "masks keys its queries do not see")
+                   for mask, value in masks_set(self)]  # fmt: skip
         return effects + [(name, SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
@@ -387,9 +389,7 @@ class MultiHeadAttention(nn.Module):
         """Training FLOPs per token of the score and value matmuls: 6 x their widths (``score_widths``) x the keys
         each query sees at most (``seq_len``, or fewer under a mask the model sets that caps them: a window, a
         chunk)."""
-        caps = [mask.capacity(getattr(spec, mask.field)) for mask in registry.MASKS.values()
-                if mask.field and getattr(spec, mask.field)]  # fmt: skip
-        return 6 * sum(cls.score_widths(spec)) * min([seq_len, *(cap for cap in caps if cap is not None)])
+        return 6 * sum(cls.score_widths(spec)) * mask_capacity(masks_set(spec), seq_len)
 
     @classmethod
     def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from model.masks import HeldKeys, Masks, hidden, of_spec, ordinary_tensors, sees, sees_every_key, visible, visible_at
+from model.masks import options_set as masks_set
 from model.registry import KERNELS, MASKS, register
 from model.registry import kernel as kernel_class
 from model.score_mods import ScoreMods, softmax_with_sinks
@@ -391,7 +392,7 @@ class SDPAKernel(AttentionKernel):
         if error is None:
             return
         can = [b for b in cls.backends if _sdpa_error(config, device, dtype, training, b) is None]
-        masks = "".join(f", {mask.name} {value}" for mask, value in of_spec(config.attention_spec) if mask.field)
+        masks = "".join(f", {mask.name} {value}" for mask, value in masks_set(config))  # as the model sets them
         shape = f"{config.n_head} heads of {config.head_dim}, {config.kv_heads} key/value heads{masks}"
         raise ValueError(
             f"kernel=sdpa_{config.sdpa_backend} (model.sdpa_backend={config.sdpa_backend}) cannot run this model's "

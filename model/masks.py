@@ -168,6 +168,12 @@ def of_spec(spec) -> Masks:
     return tuple((mask, value) for mask in MASKS.values() if (value := mask.value(spec)) not in (None, False))
 
 
+def options_set(spec) -> Masks:
+    """The masks whose option ``spec`` (an AttentionSpec or a GPTConfig) sets, with the option's value as typed: a
+    window, a chunk; not causal, nor the context a model without a position table reads past (``of_spec`` has both)."""
+    return tuple((mask, value) for mask in MASKS.values() if mask.field and (value := getattr(spec, mask.field)))
+
+
 def capacity(masks: Masks, context: int | None = None) -> int | None:
     """The most recent positions a query needs under ``masks`` (at most ``context``); None: every earlier one."""
     needs = [n for n in (mask.capacity(value) for mask, value in masks) if n is not None]

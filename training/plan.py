@@ -26,6 +26,7 @@ from data.tokenizers import VOCAB_SIZES
 from model import registry
 from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
+from model.masks import options_set
 from model.score_mods import Activations
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
@@ -337,8 +338,8 @@ class Plan:
                          f"full ({str(self.dtype).removeprefix('torch.')})")  # fmt: skip
             return "\n".join([*lines, *self._state_lines()])
         lines += self._eval_lines()
-        capped = [f"{mask.field.replace('_', ' ')} {getattr(c, mask.field)}" for mask in registry.MASKS.values()
-                  if mask.field and getattr(c, mask.field)]  # a window, a chunk: the cache holds what they see
+        # a window, a chunk: the cache holds what they see
+        capped = [f"{mask.field.replace('_', ' ')} {value}" for mask, value in options_set(c)]
         most = f"{c.cache_capacity} position{'s' if c.cache_capacity != 1 else ''}"
         window = f", {', '.join(capped)}: at most {most}" if capped else ""
         lines.append(f"  sampling's KV cache: {self.kv_cache_bytes_per_token / 1024:,.1f} KiB per position and "
