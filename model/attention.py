@@ -122,18 +122,10 @@ class AttentionSpec:
             problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
             raise ValueError(f"model.n_kv_head={kv!r} {problem} model.n_head={self.n_head}; choose a divisor "
                              f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
-        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
-                                        or self.window < 1):  # fmt: skip
-            raise ValueError(f"model.window={self.window!r} must be a positive number of positions, or null (all)")
-        chunk = self.attention_chunk
-        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-            raise ValueError(f"model.attention_chunk={chunk!r} must be a positive number of positions per chunk, or "
-                             f"null (no chunks)")  # fmt: skip
-        steps = self.query_temperature
-        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-            raise ValueError(f"model.query_temperature={steps!r} must be a positive number of positions (the "
-                             f"queries' temperature grows each time the position passes a multiple of it; Llama 4's "
-                             f"8192), or null (off)")  # fmt: skip
+        check_positions("window", self.window, "", "all")
+        check_positions("attention_chunk", self.attention_chunk, " per chunk", "no chunks")
+        check_positions("query_temperature", self.query_temperature, " (the queries' temperature grows each time the "
+                        "position passes a multiple of it; Llama 4's 8192)", "off")  # fmt: skip
         if not isinstance(self.differential, bool):
             raise ValueError(f"model.differential={self.differential!r} must be true or false")
         if not finite_number(self.lambda_init) or not 0 < self.lambda_init < 1:
@@ -146,14 +138,10 @@ class AttentionSpec:
             raise ValueError(f"model.differential=true pairs heads 2h and 2h+1 into one, but model.n_head="
                              f"{self.n_head} is odd; use an even number of heads (model.n_head={self.n_head + 1} "
                              f"or {self.n_head - 1})")  # fmt: skip
-        if steps is not None and self.block_size is not None and steps > self.block_size:
-            raise ValueError(f"model.query_temperature={steps} is longer than the context (model.block_size="
-                             f"{self.block_size}): set it to at most {self.block_size} (Llama 4's 8192 is its chunk), "
-                             f"or null (off)")  # fmt: skip
-        if chunk is not None and self.block_size is not None and chunk > self.block_size:
-            raise ValueError(f"model.attention_chunk={chunk} is longer than the context (model.block_size="
-                             f"{self.block_size}): set it to at most {self.block_size} (a chunk of the whole context "
-                             f"cuts only past it, as Llama 4's does), or null (no chunks)")  # fmt: skip
+        check_within_context("query_temperature", self.query_temperature, self.block_size,
+                             "Llama 4's 8192 is its chunk", "off")  # fmt: skip
+        check_within_context("attention_chunk", self.attention_chunk, self.block_size,
+                             "a chunk of the whole context cuts only past it, as Llama 4's does", "no chunks")
         kernel = registry.kernel(self.kernel)
         lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
         if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
@@ -279,6 +267,20 @@ def remember(
     if cache is None:
         return k, v, None
     return cache.update(slot, k, v)
+
+
+def check_positions(name: str, value, unit: str, null: str) -> None:
+    """Refuse an option that counts positions unless it is a positive integer or None: ``model.<name>=<value> must be
+    a positive number of positions<unit>, or null (<null>)``."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"model.{name}={value!r} must be a positive number of positions{unit}, or null ({null})")
+
+
+def check_within_context(name: str, value: int | None, block_size: int | None, why: str, null: str) -> None:
+    """Refuse an option that counts positions past the model's context, where it would act only beyond it."""
+    if value is not None and block_size is not None and value > block_size:
+        raise ValueError(f"model.{name}={value} is longer than the context (model.block_size={block_size}): set it "
+                         f"to at most {block_size} ({why}), or null ({null})")
 
 
 def rms_normed(norm: nn.RMSNorm, t: torch.Tensor) -> torch.Tensor:
