@@ -83,6 +83,22 @@ def sharp_gpt(seed: int = 1, **overrides):
     return model
 
 
+def assert_steps_are_a_full_forward(model, idx: torch.Tensor, prompt: int, make_step, atol: float):
+    """Prefill a fresh KV cache with ``idx``'s first ``prompt`` positions, then decode the rest one position at a time
+    with ``make_step(model, cache)`` (a static, warmed-up or graphed step): each position's logits must be those of a
+    full forward over ``idx``. Returns the cache."""
+    from model import KVCache
+
+    with torch.inference_mode():
+        full, _ = model(idx, idx)
+        cache = KVCache(model.config.n_layer)
+        model(idx[:, :prompt], cache=cache)
+        step = make_step(model, cache)
+        for t in range(prompt, idx.size(1)):
+            torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], rtol=0, atol=atol, msg=f"position {t}")
+    return cache
+
+
 def save_tiny_hf_gpt2(folder: Path, n_layer: int = 2, n_positions: int = 64, seed: int = 0):
     """A small transformers GPT2LMHeadModel (GPT-2's vocabulary) written with save_pretrained."""
     import torch

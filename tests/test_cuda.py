@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY, compose_train, read_metrics
+from helpers import TINY, assert_steps_are_a_full_forward, compose_train, read_metrics
 from omegaconf import OmegaConf
 
 from model import GPT, GPTConfig
@@ -185,17 +185,11 @@ def test_compiled_decoding_is_captured_and_makes_graph_decodings_choices(dtype, 
 def test_cuda_graph_decoding_of_a_carried_state_is_a_full_recomputation(attention, fields):
     """A graph's warm-up runs its first step twice: a linear layer's state and a token bias's states are taken once
     (the cache is put back between the runs), so every replayed step's logits are a full forward's."""
-    from model import KVCache
     from model.decoding import GraphedStep
 
     torch.manual_seed(3)
     model = GPT(GPTConfig(vocab_size=300, block_size=32, n_layer=2, n_head=4, n_embd=64, attention=attention,
                           **fields)).cuda().eval()  # fmt: skip
     idx = torch.randint(0, 300, (2, 30), device="cuda")
-    with torch.inference_mode():
-        full, _ = model(idx, idx)
-        cache = KVCache(model.config.n_layer)
-        model(idx[:, :5], cache=cache)
-        step = GraphedStep(model, cache, 2, torch.device("cuda"))
-        for t in range(5, 30):
-            torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], rtol=0, atol=1e-4, msg=f"position {t}")
+    assert_steps_are_a_full_forward(
+        model, idx, 5, lambda model, cache: GraphedStep(model, cache, 2, torch.device("cuda")), atol=1e-4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import FLEX_ON_CPU_UNAVAILABLE, sharp_gpt
+from helpers import FLEX_ON_CPU_UNAVAILABLE, assert_steps_are_a_full_forward, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
 import model.decoding as decoding_module
@@ -37,13 +37,9 @@ def test_the_static_step_gives_the_logits_of_a_full_recomputation(attention, ker
         pytest.skip(FLEX_ON_CPU_UNAVAILABLE)
     model = sharp_model(n_kv, window, attention, kernel)
     idx = torch.randint(0, 50, (2, 14))
-    with torch.inference_mode():
-        full, _ = model(idx, idx)
-        cache = KVCache(model.config.n_layer)
-        model(idx[:, :4], cache=cache)  # the prompt, then one position at a time at a position given as a tensor
-        step = StaticStep(model, cache, 2, torch.device("cpu"))
-        for t in range(4, 14):
-            torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], rtol=0, atol=1e-5, msg=f"position {t}")
+    # the prompt, then one position at a time at a position given as a tensor
+    cache = assert_steps_are_a_full_forward(
+        model, idx, 4, lambda model, cache: StaticStep(model, cache, 2, torch.device("cpu")), atol=1e-5)
     assert cache.length == 14
 
 
@@ -64,13 +60,8 @@ def test_a_graphs_warm_up_advances_a_carried_state_by_its_token_once(attention, 
     wrong (0.02 apart on a CPU imitation). From the same cache each time, the logits are a full recomputation's."""
     model = sharp_gpt(block_size=16, n_layer=2, n_head=4, n_embd=64, attention=attention, **fields)
     idx = torch.randint(0, 50, (2, 14))
-    with torch.inference_mode():
-        full, _ = model(idx, idx)
-        cache = KVCache(model.config.n_layer)
-        model(idx[:, :4], cache=cache)
-        step = WarmedUpStep(model, cache, 2, torch.device("cpu"))
-        for t in range(4, 14):
-            torch.testing.assert_close(step(idx[:, t : t + 1], t), full[:, t], rtol=0, atol=1e-4, msg=f"position {t}")
+    assert_steps_are_a_full_forward(
+        model, idx, 4, lambda model, cache: WarmedUpStep(model, cache, 2, torch.device("cpu")), atol=1e-4)
 
 
 def test_compiled_decoding_makes_the_eager_choices_past_the_window_and_the_context(monkeypatch):
