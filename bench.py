@@ -177,12 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--kv-heads {kv} must be at least 1")
         if args.n_head % kv:
             p.error(f"--kv-heads {kv} does not divide --n-head {args.n_head}; choose a divisor (or set --n-head)")
-    windows = []
-    for w in args.window:
-        if w.lower() != "none" and not (w.isdigit() and int(w) > 0):
-            p.error(f"--window {w}: give a positive number of positions, or none")
-        windows.append(None if w.lower() == "none" else int(w))
-    args.window = windows
+    args.window = [axis_value(p, "--window", None, w) for w in args.window]
     for mod in with_fields():
         try:
             setattr(args, mod.field, [mod.bench_value(v) for v in getattr(args, mod.field)])
