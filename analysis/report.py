@@ -10,6 +10,7 @@ from dataclasses import asdict
 from analysis.runs import Run, natural_key
 from common.machine_load import busy_text, is_busy
 from model.config import GPTConfig, attention_label
+from model.differential import LAMBDA_INIT
 from model.score_mods import score_mod_fields, with_fields
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
@@ -104,7 +105,7 @@ def identity(run: Run) -> dict:
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
             "kv_latent": latent, "window": m.get("window"), "attention_chunk": m.get("attention_chunk"),
             "query_temperature": m.get("query_temperature"), "position": m.get("position", "learned"),
-            "differential": m.get("lambda_init", 0.8) if m.get("differential") else None,
+            "differential": m.get("lambda_init", LAMBDA_INIT) if m.get("differential") else None,
             "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
             "rope_fraction": m.get("rope_fraction", 1.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},

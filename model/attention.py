@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.differential import DifferentialHeads
+from model.differential import LAMBDA_INIT, DifferentialHeads
 from model.kernels import SDPA_BACKENDS, attention_probs, get_kernel, repeat_kv
 from model.masks import HeldKeys, Masks
 from model.masks import capacity as mask_capacity
@@ -108,7 +108,7 @@ class AttentionSpec:
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
     differential: bool = option(False, True)
     # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
-    lambda_init: float = option(0.8, 0.5, differential=True)
+    lambda_init: float = option(LAMBDA_INIT, 0.5, differential=True)
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     kv_latent: int | None = option(None, 8, per_layer=False)  # attention=mla's latent width
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
@@ -131,9 +131,9 @@ class AttentionSpec:
         if not finite_number(self.lambda_init) or not 0 < self.lambda_init < 1:
             raise ValueError(f"model.lambda_init={self.lambda_init!r} must be a number between 0 and 1, both excluded "
                              f"(the paper's 0.8, or 0.8 - 0.6 exp(-0.3 (l - 1)) at depth l)")  # fmt: skip
-        if self.lambda_init != 0.8 and not self.differential:
+        if self.lambda_init != LAMBDA_INIT and not self.differential:
             raise ValueError(f"model.lambda_init={self.lambda_init} is differential attention's lambda: set "
-                             f"model.differential=true, or leave model.lambda_init at 0.8")  # fmt: skip
+                             f"model.differential=true, or leave model.lambda_init at {LAMBDA_INIT}")  # fmt: skip
         if self.differential and self.n_head % 2:
             raise ValueError(f"model.differential=true pairs heads 2h and 2h+1 into one, but model.n_head="
                              f"{self.n_head} is odd; use an even number of heads (model.n_head={self.n_head + 1} "

@@ -17,6 +17,7 @@ from typing import Any
 from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
 from model.attention import AttentionSpec
+from model.differential import LAMBDA_INIT
 from model.masks import capacity as mask_capacity
 from model.score_mods import finite_number, score_mod_fields, spelled, with_fields
 
@@ -81,8 +82,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     if temperature or "query_temperature" in show:  # Llama 4's temperature of the queries: -qtemp8192
         parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
     if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
-        lam = model.get("lambda_init", 0.8)
-        parts.append(("diff" if lam == 0.8 else f"diff{lam}") if model.get("differential") else "nodiff")
+        lam = model.get("lambda_init", LAMBDA_INIT)
+        parts.append(("diff" if lam == LAMBDA_INIT else f"diff{lam}") if model.get("differential") else "nodiff")
     for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -170,7 +171,7 @@ class GPTConfig:
     query_temperature: int | None = field(default=None, metadata={"reuse": "function"})
     # differential attention (the Diff Transformer): heads paired, their softmax maps subtracted; lambda's start
     differential: bool = field(default=False, metadata={"reuse": "weights"})
-    lambda_init: float = field(default=0.8, metadata={"reuse": "function"})
+    lambda_init: float = field(default=LAMBDA_INIT, metadata={"reuse": "function"})
     # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
     sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
     # The position encoding (model.positions): learned | rope | alibi | none
@@ -415,10 +416,10 @@ def check_schedule(config: GPTConfig) -> None:
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
     check_position_options_reach_a_layer(config)
-    if config.lambda_init != 0.8 and not config.in_any_layer("differential"):
+    if config.lambda_init != LAMBDA_INIT and not config.in_any_layer("differential"):
         raise ValueError(f"model.lambda_init={config.lambda_init} is differential attention's lambda, but no layer is "
                          f"differential; set model.differential=true (or +model.layer_kinds.<kind>.differential=true), "
-                         f"or leave model.lambda_init at 0.8")  # fmt: skip
+                         f"or leave model.lambda_init at {LAMBDA_INIT}")  # fmt: skip
 
 
 def check_position_options_reach_a_layer(config: GPTConfig) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+LAMBDA_INIT = 0.8  # lambda_init by default: the constant the paper's ablation found as good as its depth rule
 LAMBDA_STD = 0.1  # the lambda vectors' initial draw (the paper's, DiffLlama's lambda_std_dev)
 NORM_EPS = 1e-5  # each output head's RMSNorm (the paper's code and DiffLlama's rms_norm_eps)
 LAMBDAS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
