@@ -289,11 +289,11 @@ def compare_generation(args, ours, hf, config, shape: str, prompt, n: int, weigh
     compiled), greedy at batch 1 and sampled at --batch, interleaved."""
     hf_extra = {"cache_implementation": "static"} if decoding == "compiled" else {}
 
-    def ours_run(batch: int, sampled: bool) -> dict:
+    def ours_run(batch: int, sampled: bool, read_ahead: bool | None = None) -> dict:
         generators = [torch.Generator(device=device).manual_seed(i) for i in range(batch)]
         start, times, tokens = time.perf_counter(), [], []
         for step in generate_batch(ours, prompt[0].tolist(), n, generators, 1.0 if sampled else 0.0, 200 if sampled
-                                   else None, decoding=decoding):  # fmt: skip
+                                   else None, decoding=decoding, read_ahead=read_ahead):  # fmt: skip
             times.append(time.perf_counter())  # each step syncs: its tokens are on the host
             tokens.append(step[0])
         return {"split": split_times(start, times, batch), "tokens": tokens}
@@ -310,10 +310,12 @@ def compare_generation(args, ours, hf, config, shape: str, prompt, n: int, weigh
         if batch == 1 and sampled:
             continue
         ours_run(batch, sampled), hf_run(batch, sampled)  # warm-up (and compilation)
-        mine, theirs = [], []
+        mine, theirs, unread = [], [], []  # unread: ours reading each step's tokens before launching the next
         for _ in range(args.rounds):  # interleaved
             mine.append(ours_run(batch, sampled))
             theirs.append(hf_run(batch, sampled))
+            if device.type == "cuda":  # the lever of reading ahead (the default on CUDA), measured against its absence
+                unread.append(ours_run(batch, sampled, read_ahead=False))
         equal = sum(p == q for p, q in zip(mine[-1]["tokens"], theirs[-1]["tokens"]))
         ratios = [t["split"][2] / m["split"][2] for m, t in zip(mine, theirs)]  # decode time, ours / theirs
         rate, their_rate = (statistics.median(r["split"][2] for r in runs) for runs in (mine, theirs))
@@ -332,12 +334,17 @@ def compare_generation(args, ours, hf, config, shape: str, prompt, n: int, weigh
               f"{their_share} after {their_first:.3f} s and {their_setup:.3f} s; decode time ratio headlab/reference: "
               f"median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}) over "
               f"{args.rounds} rounds")  # fmt: skip
+        ahead = [m["split"][2] / u["split"][2] for m, u in zip(mine, unread)]  # decode rate, ahead / not
+        if ahead:
+            print(f"  reading each step's tokens after launching the next: {statistics.median(ahead):.3f}x the "
+                  f"decode rate of reading them before (min {min(ahead):.3f}, max {max(ahead):.3f})")
         RESULTS.append({"comparison": "generate", "decoding": decoding, "batch": batch, "sampled": sampled,
                         "new_tokens": n, "dtype": weights_dtype, "headlab": rate, "reference": their_rate,
                         "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                         "limit": limit, "share": None if limit is None else rate / limit,
                         "greedy_equal": None if sampled else equal, "tokens": mine[-1]["tokens"],
-                        "first_token_s": first, "first_step_s": setup})  # fmt: skip
+                        "first_token_s": first, "first_step_s": setup,
+                        "read_ahead_gain": statistics.median(ahead) if ahead else None})  # fmt: skip
 
 
 def sample_process(args) -> None:

@@ -187,6 +187,8 @@ def read_decode(args: argparse.Namespace, out: Path) -> list[Check]:
         share = "" if r["share"] is None else f", {r['share']:.1%} of the bandwidth limit"
         measured = (f"{r['headlab']:,.0f} tokens/s{share} ({r['ratio']:.3f}x transformers' time"
                     + (f"; {r['greedy_equal']}/{r['new_tokens']} greedy tokens equal" if not r["sampled"] else "")
+                    + (f"; reading ahead {r['read_ahead_gain']:.3f}x the rate without"
+                       if r.get("read_ahead_gain") else "")
                     + ")")  # fmt: skip
         goal, verdict = "", "said"
         if r["decoding"] == "graph" and r["batch"] in DECODE_GOALS:

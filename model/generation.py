@@ -13,7 +13,15 @@ block size), and the cache stays that size forever (a ring).
 Sampling happens on the model's device for the whole batch. Each sample has its
 own random generator, drawing one uniform number per token (inverse-CDF
 sampling), so sample ``i`` of a batch equals the sample generated alone with the
-same generator, up to float round-off in the batched matmuls.
+same generator, up to float round-off in the batched matmuls. CPU generators draw
+all of a generation's numbers at the start (the same numbers: a CPU generator
+draws serially), copied to the device once, not once per token and sample: on a
+GPU each such copy waits for the device to finish its queue.
+
+On a GPU the host reads a step's tokens after it has launched the next step (which
+takes them from device memory): the device computes step t+1 while the host turns
+step t's tokens into text. The tokens are the same; they reach the caller when the
+next step is under way, and a generation that stops computes one step in vain.
 """
 
 from __future__ import annotations
@@ -108,6 +116,32 @@ def context_lengths(config: GPTConfig, prompt_len: int, new_tokens: int) -> list
     return lengths
 
 
+class Uniforms:
+    """The uniform numbers a generation samples with: row ``i``'s come from ``generators[i]``, one per token.
+
+    CPU generators (and None, torch's default one) draw ``steps`` numbers each at the start, the numbers they would
+    draw one per token (the CPU's generator is serial), copied to the device once: one copy per token and row would
+    make the host wait for the device at every one. Generators on the model's GPU draw there at each step, without
+    a copy. A greedy generation draws nothing.
+    """
+
+    def __init__(self, generators: list[torch.Generator | None], steps: int, device: torch.device,
+                 greedy: bool) -> None:  # fmt: skip
+        self.generators, self.device, self.greedy = generators, device, greedy
+        on_cpu = all(g is None or g.device.type == "cpu" for g in generators)
+        self.drawn = None
+        if not greedy and on_cpu:
+            self.drawn = torch.stack([torch.rand((steps,), generator=g) for g in generators]).to(device)
+
+    def at(self, step: int) -> torch.Tensor | None:
+        """(B,) the numbers of generation step ``step``; None when greedy."""
+        if self.greedy:
+            return None
+        if self.drawn is not None:
+            return self.drawn[:, step]
+        return torch.stack([uniform(g, self.device) for g in self.generators])
+
+
 @torch.inference_mode()
 def generate_batch(
     model: GPT,
@@ -120,12 +154,16 @@ def generate_batch(
     use_cache: bool = True,
     stop_id: int | None = None,
     decoding: str = "auto",
+    read_ahead: bool | None = None,
 ) -> Iterator[list[int | None]]:
     """``len(generators)`` continuations of ``prompt`` at once; yields each step's new token per sample.
 
     A sample that produced ``stop_id`` yields None from then on; generation ends when every
     sample has stopped or after ``max_new_tokens``. ``decoding`` is how a cached step runs
-    (``model.decoding``: auto is a CUDA graph on CUDA, eager on a CPU).
+    (``model.decoding``: auto is a CUDA graph on CUDA, eager on a CPU). ``read_ahead`` (default: on
+    CUDA) reads a decode step's tokens once the next step is launched, so that the device never
+    waits for the host between steps; on a CPU, which computes as it launches, it would only delay
+    every token by a step.
     """
     if not prompt:
         raise ValueError("the prompt is empty; start from at least one token (e.g. <|endoftext|>)")
@@ -133,21 +171,39 @@ def generate_batch(
     keep = max(1, block // 2)
     device = next(model.parameters()).device
     decoding = choose_decoding(decoding, device) if use_cache else "eager"
+    read_ahead = device.type == "cuda" if read_ahead is None else read_ahead
     tokens = torch.empty(n, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, device=device)
+    uniforms = Uniforms(generators, max_new_tokens, device, greedy=temperature == 0)
     slides = not model.config.runs_past_context  # a position table ends at block_size: re-encode from there
     length, start = len(prompt), max(0, len(prompt) - block) if slides else 0
     cache, step, refill = KVCache(model.config.n_layer), None, True  # the model sizes it: its context or window
     stopped = [False] * n
+    unread: int | None = None  # the position of tokens chosen on the device and not yet read
+
+    def read(position: int) -> list[int | None]:
+        """The tokens at ``position`` on the host (the one host sync of a step, for every sample); None for a
+        sample stopped before them."""
+        new = tokens[:, position].tolist()
+        out = [None if stopped[i] else token for i, token in enumerate(new)]
+        stopped[:] = [done or token == stop_id for done, token in zip(stopped, new)]
+        return out
+
     # Decoding multiplies n rows by every weight: on a CPU, weights packed for n rows are read faster, and the
     # head's product for a few rows is faster transposed where it is not packed.
     with ExitStack() as faster:
         packing = packed_linears(model, n, max_new_tokens) if use_cache and decoding == "eager" else nullcontext()
         faster.enter_context(packing)
         faster.enter_context(sampling_head(model.lm_head))
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             if slides and length - start > block:  # the context is full: slide the window
                 start, refill = length - keep, True
+            replays = use_cache and not refill and step is not None  # a decode step that only launches
+            if unread is not None and not (read_ahead and replays):  # the first token is not held back by set-up
+                yield read(unread)
+                unread = None
+                if all(stopped):
+                    return
             if not use_cache:
                 logits = model(tokens[:, start:length])[0][:, -1]
             elif refill:  # (re)fill the cache with the whole window, in place: a captured step keeps its buffers
@@ -157,13 +213,14 @@ def generate_batch(
             else:
                 step = step or make_step(decoding, model, cache, n, device)
                 logits = step(tokens[:, length - 1 : length], length - 1 - start)
-            tokens[:, length] = draw(logits, temperature, top_k, top_p, generators)
-            new = tokens[:, length].tolist()  # the one host sync of a step, for every sample
-            length += 1
-            yield [None if stopped[i] else token for i, token in enumerate(new)]
-            stopped = [done or token == stop_id for done, token in zip(stopped, new)]
-            if all(stopped):
-                return
+            tokens[:, length] = choose(logits, uniforms.at(i), temperature, top_k, top_p)
+            if unread is not None:  # read ahead: the step just launched computes while the host reads the last
+                yield read(unread)
+                if all(stopped):
+                    return
+            unread, length = length, length + 1
+        if unread is not None:
+            yield read(unread)
 
 
 def generate(

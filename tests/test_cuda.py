@@ -129,6 +129,33 @@ def test_cuda_graph_decoding_makes_the_eager_choices_with_generators_on_the_gpu(
     assert_same_choices(recorder.traces[1], recorder.traces[0])
 
 
+def test_graph_decoding_waits_for_the_device_once_per_token_whatever_the_batch():
+    """sample.py's CPU generators draw a generation's numbers at its start (one copy to the device, not one per
+    token and sample: each copy from pageable memory is a synchronisation), and reading a step's tokens is a token's
+    one wait. Counted by torch's sync debug mode: 40 more tokens, at most 40 more synchronisations (200 before)."""
+    import warnings
+
+    from model.generation import generate_batch
+
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(vocab_size=300, block_size=128, n_layer=2, n_head=4, n_embd=64)).cuda().eval()
+
+    def synchronisations(tokens: int) -> int:
+        generators = [torch.Generator().manual_seed(i) for i in range(4)]
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                list(generate_batch(model, [1, 2, 3], tokens, generators, 1.0, top_k=50, decoding="graph"))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    synchronisations(20)  # a first generation: lazy CUDA set-up
+    fewer, more = synchronisations(20), synchronisations(60)
+    assert more - fewer <= 40, f"{more - fewer} synchronisations for 40 more tokens of 4 samples"
+
+
 def test_cuda_graph_decoding_under_autocast_as_the_trainer_samples(monkeypatch):
     """float32 weights under bf16 autocast (the trainer's end-of-run sample): the graph casts weights itself."""
     import sys

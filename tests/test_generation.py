@@ -8,6 +8,7 @@ from helpers import CPU_KERNELS, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
 from model import GPT, KVCache, generate, same_function_layouts, sample_next
+from model.generation import generate_batch
 
 LAYOUTS, KERNEL_NAMES = same_function_layouts("fused_qkv"), CPU_KERNELS
 
@@ -84,6 +85,51 @@ def test_generation_stops_at_the_stop_token():
     stop = free[10]
     stopped = list(generate(model, [1], 30, temperature=0, stop_id=stop))
     assert stopped == free[: free.index(stop) + 1]
+
+
+def test_each_sample_draws_one_number_per_token_from_its_generator_as_if_drawn_token_by_token(monkeypatch):
+    """The numbers are drawn at the start of a generation, and are those the generator gives one call at a time:
+    a seed's text does not depend on how many tokens are asked for."""
+    model, n = tiny_gpt(), 30
+    recorder = record_choices(monkeypatch)
+    recorder.start()
+    list(generate_batch(model, [1, 2], n, [torch.Generator().manual_seed(5 + i) for i in range(3)], 1.0))
+    for i in range(3):
+        g = torch.Generator().manual_seed(5 + i)
+        one_by_one = torch.stack([torch.rand((), generator=g) for _ in range(n)])
+        assert torch.equal(torch.stack([step.u[i] for step in recorder.traces[0].steps]), one_by_one)
+    shorter = list(generate(model, [1, 2], 10, temperature=1.0, generator=torch.Generator().manual_seed(5)))
+    assert shorter == recorder.traces[0].tokens(0)[:10]
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("position", ["learned", "rope"])  # learned: the window slides and refills; rope: a ring
+def test_reading_ahead_gives_the_same_tokens_while_the_next_step_is_already_launched(position, use_cache):
+    """A GPU's default, proved on the CPU: the host reads a decode step's tokens only after launching the next step
+    (the first token and a refill are read before: they are not held back by a set-up), and stops alike."""
+    model = tiny_gpt(block_size=16)
+    if position == "rope":
+        model = sharp_gpt(1, block_size=16, n_layer=2, position="rope")
+    forwards = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+
+    def steps(read_ahead: bool, stop_id: int | None = None) -> list[tuple[list, int]]:
+        forwards.clear()
+        run = generate_batch(model, [1, 2, 3], 40, [torch.Generator().manual_seed(i) for i in range(3)], 1.0,
+                             use_cache=use_cache, stop_id=stop_id, read_ahead=read_ahead)  # fmt: skip
+        return [(step, len(forwards)) for step in run]
+
+    plain, ahead = steps(False), steps(True)
+    assert [s for s, _ in ahead] == [s for s, _ in plain]
+    assert all(calls == i + 1 for i, (_, calls) in enumerate(plain)), "without: a step's tokens before the next"
+    launched_first = [i for i, (_, calls) in enumerate(ahead) if calls == i + 2]
+    if use_cache:  # every decode step after the first but at a refill (learned positions slide every 8 tokens)
+        assert len(launched_first) >= (30 if position == "learned" else 38) and 0 not in launched_first
+    else:
+        assert not launched_first, "without the cache every step is a full forward: nothing to read ahead of"
+    stop = plain[20][0][1]
+    stopped_plain, stopped_ahead = steps(False, stop), steps(True, stop)
+    assert [s for s, _ in stopped_ahead] == [s for s, _ in stopped_plain]
 
 
 def test_top_k_and_top_p_never_emit_a_token_outside_the_allowed_set():
