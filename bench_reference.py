@@ -1,6 +1,7 @@
 """headlab against its references, side by side in one process, interleaved (printing numbers, not tests).
 
     python bench_reference.py train-step            # a training step vs transformers' GPT2LMHeadModel
+    python bench_reference.py loss-chunk --vocab 50257  # the head and loss in chunks vs the whole logits
     python bench_reference.py generate              # greedy / sampled generation vs transformers' generate
     python bench_reference.py sample-process        # sample.py num_samples=8 vs 1, whole process
     python bench_reference.py prepare               # data preparation with gpt2 vs tiktoken's batch encode
@@ -223,6 +224,58 @@ def train_step(args) -> None:
     report(f"training step ({args.attention}/{args.kernel}, batch {args.batch} x {args.seq}, {args.n_layer} layers x "
            f"{args.n_embd}, vocab {args.vocab}, {device_name(device)}, {str(dtype).removeprefix('torch.')}"
            f"{', compiled' if args.compile else ''})", a, b, tokens, "tokens/s", comparison="train-step")  # fmt: skip
+
+
+def loss_chunk_step(args) -> None:
+    """trainer.loss_chunk's lever: headlab's training step with the head and loss in chunks of --loss-chunk tokens
+    (the reference side is the same model computing the whole logits), interleaved; on CUDA each side's peak
+    memory too. The same weights, batch and optimizer as train-step."""
+    device = resolve_device(args.device, option="--device")
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, attention=args.attention, kernel=args.kernel)  # fmt: skip
+    models = [GPT(config).to(device) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    models[0].loss_chunk = args.loss_chunk
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    peaks = [0, 0]
+
+    def make_step(side: int):
+        model = models[side]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw(device))
+        run = torch.compile(model) if args.compile else model
+
+        def step():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(args.steps):
+                with autocast(device, dtype):
+                    loss = run(x, y)[1]
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                peaks[side] = max(peaks[side], torch.cuda.max_memory_allocated(device))
+
+        return step
+
+    if args.compile:
+        inductor_cache_per_cpu_capability()
+    chunked, whole = make_step(0), make_step(1)
+    chunked(), whole()  # warm-up (and compilation)
+    a, b = interleave(chunked, whole, args.rounds)
+    memory = (f"; peak memory {peaks[0] / 2**30:.2f} GiB against {peaks[1] / 2**30:.2f} GiB"
+              if device.type == "cuda" else "")
+    report(f"training step with the head and loss in chunks of {args.loss_chunk} tokens (reference: the whole "
+           f"logits; batch {args.batch} x {args.seq}, {args.n_layer} layers x {args.n_embd}, vocab {args.vocab}, "
+           f"{device_name(device)}, {str(dtype).removeprefix('torch.')}{', compiled' if args.compile else ''})"
+           f"{memory}", a, b, args.steps * args.batch * args.seq, "tokens/s", comparison="loss-chunk",
+           loss_chunk=args.loss_chunk, peak_bytes=peaks[0] or None, reference_peak_bytes=peaks[1] or None)  # fmt: skip
 
 
 class TokenTimes:
@@ -479,8 +532,8 @@ def decode_rounding(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["train-step", "generate", "sample-process", "prepare", "decode-positions",
-                                    "decode-rounding"])
+    p.add_argument("what", choices=["train-step", "loss-chunk", "generate", "sample-process", "prepare",
+                                    "decode-positions", "decode-rounding"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")
     p.add_argument("--batch", type=int, default=12, help="train-step: batch; generate/sample-process: samples")
@@ -506,14 +559,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", choices=["gpt2_small", "given"], default="gpt2_small",
                    help="generate: GPT-2 small's shape, or the one --n-layer, --n-head, --n-embd, --vocab and --seq "
                         "(the context) give")  # fmt: skip
+    p.add_argument("--loss-chunk", type=int, default=4096, help="loss-chunk: tokens per chunk of the head and loss")
     p.add_argument("--json", default=None, help="also write what each comparison measured to this JSON file")
     args = p.parse_args(argv)
-    for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads"):
+    for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads",
+                   "loss_chunk"):
         if getattr(args, option) < 1:
             p.error(f"--{option.replace('_', '-')} {getattr(args, option)} must be at least 1")
     device = resolve_device(args.device, option="--device")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
-    {"train-step": train_step, "generate": generation, "sample-process": sample_process,
+    {"train-step": train_step, "loss-chunk": loss_chunk_step, "generate": generation, "sample-process": sample_process,
      "prepare": prepare_speed, "decode-positions": decode_positions,
      "decode-rounding": decode_rounding}[args.what](args)  # fmt: skip
     if args.json:

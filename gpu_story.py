@@ -10,6 +10,8 @@ Each stage is a process of its own (a clean device for each), with its share of 
   ``compare.py``: each variant's tokens/s, MFU, micro-batch and compile time, and whether the layouts of one
   function agree in loss;
 - ``step``: ``bench_reference.py train-step``: headlab's training step against transformers' GPT-2, interleaved;
+- ``loss``: ``bench_reference.py loss-chunk``: the step with ``trainer.loss_chunk`` against the whole logits, time
+  and peak memory;
 - ``decode``: ``bench_reference.py generate``: eager, graph and compiled decoding against transformers' generate,
   tokens/s and their share of the memory-bandwidth limit, and how many greedy tokens agree;
 - ``plain``: ``bench.py --mode plain``: each attention block against its plainest code.
@@ -154,13 +156,17 @@ def read_plain(args: argparse.Namespace, out: Path) -> list[Check]:
                   "<= 1.05x", "ok" if float(r["step_ratio"]) <= 1.05 else "SHORT") for r in rows]  # fmt: skip
 
 
+def step_shape(args: argparse.Namespace) -> list[str]:
+    """The training step's shape, steps and rounds for bench_reference.py (GPT-2 small at batch 12; --quick a toy)."""
+    return (["--batch", "4", "--seq", "32", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--vocab", "300",
+             "--steps", "2", "--rounds", "2"] if args.quick else
+            ["--batch", "12", "--seq", "1024", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--vocab",
+             "50257", "--steps", "5", "--rounds", "3"])  # fmt: skip
+
+
 def step_command(args: argparse.Namespace, out: Path) -> list[str]:
-    shape = (["--batch", "4", "--seq", "32", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--vocab", "300",
-              "--steps", "2", "--rounds", "2"] if args.quick else
-             ["--batch", "12", "--seq", "1024", "--n-layer", "12", "--n-head", "12", "--n-embd", "768", "--vocab",
-              "50257", "--steps", "5", "--rounds", "3"])  # fmt: skip
-    return [sys.executable, str(ROOT / "bench_reference.py"), "train-step", *shape, "--device", args.device,
-            "--dtype", args.dtype, "--json", str(out / "step.json")]  # fmt: skip
+    return [sys.executable, str(ROOT / "bench_reference.py"), "train-step", *step_shape(args), "--device",
+            args.device, "--dtype", args.dtype, "--json", str(out / "step.json")]  # fmt: skip
 
 
 def read_step(args: argparse.Namespace, out: Path) -> list[Check]:
@@ -210,11 +216,27 @@ def read_decode(args: argparse.Namespace, out: Path) -> list[Check]:
     return checks
 
 
+def loss_command(args: argparse.Namespace, out: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "bench_reference.py"), "loss-chunk", *step_shape(args), "--loss-chunk",
+            "16" if args.quick else "4096", "--device", args.device, "--dtype", args.dtype, "--json",
+            str(out / "loss.json")]  # fmt: skip
+
+
+def read_loss(args: argparse.Namespace, out: Path) -> list[Check]:
+    (r,) = json.loads((out / "loss.json").read_text())["results"]
+    memory = (f"; peak {r['peak_bytes'] / 2**30:.2f} GiB vs {r['reference_peak_bytes'] / 2**30:.2f} GiB"
+              if r.get("peak_bytes") else "")
+    return [Check("loss", f"trainer.loss_chunk={r['loss_chunk']}: the step with the head and loss in chunks vs the "
+                          f"whole logits", f"{r['ratio']:.3f}x its time ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}); "
+                          f"{r['headlab']:,.0f} tokens/s{memory}", "", "said")]  # fmt: skip
+
+
 STAGES = [
     Stage("tests", 0.20, tests_command, read_tests, gpu_only=True),
-    Stage("sweep", 0.40, sweep_command, read_sweep),
+    Stage("sweep", 0.35, sweep_command, read_sweep),
     Stage("decode", 0.20, decode_command, read_decode),
     Stage("step", 0.10, step_command, read_step),
+    Stage("loss", 0.05, loss_command, read_loss),
     Stage("plain", 0.10, plain_command, read_plain),
 ]
 

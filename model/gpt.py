@@ -11,6 +11,7 @@ from torch import nn
 
 from model import registry
 from model.attention import attention_of
+from model.chunked_loss import head_loss, token_losses
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout, initial_form
 from model.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
@@ -91,6 +92,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying
         self.cache_capacities = config.cache_capacities  # each layer's, asked once: a decode step reads them
+        # Tokens per chunk of the LM head and loss computed together (model/chunked_loss.py; the trainer's
+        # trainer.loss_chunk); 0: the whole (B, T, V) logits at once
+        self.loss_chunk = 0
         self.reset_parameters()
 
     @torch.no_grad()
@@ -134,13 +138,22 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits over the real vocabulary (padding cropped) and the loss.
 
         Without targets only the last position's logits are computed (B, 1, V).
         Targets of -1 are ignored by the loss. With a ``cache``, ``idx`` holds the
         positions after those already cached, and the cache is extended by them.
+        With ``loss_chunk`` set, the loss comes without logits (None): none were kept.
         """
+        x = self.hidden_states(idx, cache)
+        if targets is None:
+            h = self.transformer.ln_f(x[:, -1, :])
+            return self.lm_head(h).unsqueeze(1)[..., : self.config.vocab_size], None
+        return self.logits_and_loss(x, targets)
+
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T) token ids -> the last block's (B, T, C) output (before the final norm); extends ``cache``."""
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
         positions = self.positions_of(idx, cache)
@@ -151,10 +164,16 @@ class GPT(nn.Module):
             x = block(x, positions, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.advance(idx.size(1))
-        if targets is None:
-            h = self.transformer.ln_f(x[:, -1, :])
-            return self.lm_head(h).unsqueeze(1)[..., : self.config.vocab_size], None
-        return self.logits_and_loss(x, targets)
+        return x
+
+    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(B, T) float32: each position's cross-entropy against ``targets`` (0 where -1), without gradients, the
+        logits made ``loss_chunk`` tokens at a time (all at once when it is 0)."""
+        with torch.no_grad():
+            h = self.transformer.ln_f(self.hidden_states(idx)).flatten(0, 1)
+            losses = token_losses(h, self.lm_head.weight, targets.flatten(), self.config.vocab_size,
+                                  self.loss_chunk or h.size(0))  # fmt: skip
+        return losses.view_as(targets)
 
     def positions_of(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """The absolute positions of ``idx``'s tokens, computed once for the embedding and every block:
@@ -171,10 +190,14 @@ class GPT(nn.Module):
             return torch.arange(idx.size(1), device=idx.device)
         return cache.positions(idx.size(1), idx.device, self.cache_capacities)
 
-    def logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def logits_and_loss(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The last block's output -> final norm -> logits over the real vocabulary, and the mean
-        cross-entropy. Training keeps only the loss, so these (B, T, V) logits die with the step."""
+        cross-entropy. Training keeps only the loss, so these (B, T, V) logits die with the step. With
+        ``loss_chunk``, the head and loss a chunk of tokens at a time (``model.chunked_loss``): no logits."""
         vocab = self.config.vocab_size
+        if self.loss_chunk:
+            h = self.transformer.ln_f(x).flatten(0, 1)
+            return None, head_loss(h, self.lm_head.weight, targets.flatten(), vocab, self.loss_chunk)
         logits = self.lm_head(self.transformer.ln_f(x))[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
         return logits, loss

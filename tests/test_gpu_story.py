@@ -18,7 +18,7 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     story = json.loads((out / "gpu_story.json").read_text())
     checks = story["checks"]
     stages = {c["stage"] for c in checks}
-    assert stages == {"tests", "sweep", "decode", "step", "plain"}, stages
+    assert stages == {"tests", "sweep", "decode", "step", "loss", "plain"}, stages
     assert {c["verdict"] for c in checks} <= {"ok", "SHORT", "FAILED", "NOT RUN", "said"}
     assert not [c for c in checks if c["verdict"] == "FAILED"], [c for c in checks if c["verdict"] == "FAILED"]
     sweep = [c["check"] for c in checks if c["stage"] == "sweep"]
@@ -26,6 +26,8 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     assert next(c for c in checks if c["check"] == "losses of one function agree")["verdict"] == "ok"
     decode = {c["check"] for c in checks if c["stage"] == "decode"}
     assert {"eager decoding, batch 1, greedy", "compiled decoding, batch 1, greedy"} <= decode
+    loss = next(c for c in checks if c["stage"] == "loss")
+    assert loss["check"].startswith("trainer.loss_chunk=16: ") and "x its time" in loss["measured"]
     if not torch.cuda.is_available():
         assert next(c for c in checks if c["stage"] == "tests")["verdict"] == "NOT RUN"
     table = (out / "gpu_story.md").read_text()

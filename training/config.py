@@ -54,6 +54,9 @@ class TrainerConfig:
     dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False
     compile_scope: str = "block"  # block: each transformer block compiled once and reused | model: one graph
+    # tokens per chunk of the LM head and loss computed together, gradients made in the forward pass
+    # (model/chunked_loss.py): never the whole (tokens, vocab) float32 logits; 0: the whole logits at once
+    loss_chunk: int = 0
     seed: int = field(default=1337, metadata={"reuse": "training"})
     resume: str | None = None  # a run directory or checkpoint file to continue from
     init_from: str | None = None  # start a NEW run from these weights: run dir, .pt, gpt2[-medium|...], HF folder
@@ -127,6 +130,9 @@ def validate(cfg: TrainConfig) -> None:
         )
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ValueError(f"trainer.stop_at_step={t.stop_at_step} must be in 1..max_steps={t.max_steps}")
+    if t.loss_chunk < 0:  # a whole number already (the schema's type)
+        raise ValueError(f"trainer.loss_chunk={t.loss_chunk!r}: tokens per chunk of the head and loss, a whole number "
+                         f">= 1 (e.g. 4096), or 0 for the whole logits at once")  # fmt: skip
     if t.compile_scope not in COMPILE_SCOPES:
         raise ValueError(f"trainer.compile_scope={t.compile_scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
     if t.dtype not in DTYPES:

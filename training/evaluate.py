@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from data.loader import validation_starts, windows
 from model import registry
@@ -101,8 +100,7 @@ class LengthEvaluator:
                           disable=not progress, leave=False):  # fmt: skip
             x, y = windows(self.tokens, self.starts[first : first + self.batch], self.length, self.device)
             with autocast(self.device, self.dtype), out_of_memory_named(model, x.shape, "lengths"):
-                logits = model(x, y)[0]
-            losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").double().cpu()
+                losses = model.token_losses(x, y).double().cpu()
             for row, i in enumerate(range(first, first + len(x))):
                 keep = self.scored(i)
                 sums[keep] += losses[row, keep]

@@ -190,6 +190,7 @@ class Trainer:
 
         torch.manual_seed(t.seed)  # the same initial weights on every rank, and in every layout
         self.model = GPT(model_config)
+        self.model.loss_chunk = t.loss_chunk
         if init_weights is not None:
             self.model.load_weights(init_weights)
         self.model.to(device)

@@ -245,6 +245,7 @@ class Plan:
     activations: dict[str, int]
     logits_transient_bytes: int
     cpu_flops: float | None = None  # a plan for this CPU: its measured matmul rate (cpu_matmul_flops)
+    loss_chunk: int = 0  # trainer.loss_chunk: the head and loss in chunks of this many tokens (0: whole)
     eval_lengths: list[int] = field(default_factory=list)  # trainer.eval_lengths, in tokens (see eval_bytes)
 
     @property
@@ -360,7 +361,6 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
     micro = micro_batch or micro_batch_for(t, world_size)
     params, flops = model_counts(model_config)
     a = torch.finfo(dtype).bits // 8
-    V = model_config.padded_vocab_size
     return Plan(
         config=model_config,
         world_size=world_size,
@@ -372,11 +372,35 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
         flops_per_token=flops,
         dtype=dtype,
         static_bytes=params * (16 + (4 if world_size > 1 else 0)),
-        activations=activation_bytes(model_config, micro, dtype),
-        # the LM head's output, its cropped copy and its float32 cast live together for a moment
-        logits_transient_bytes=micro * model_config.block_size * V * (2 * a + (4 if a < 4 else 0)),
+        activations=loss_activations(activation_bytes(model_config, micro, dtype), model_config, micro, t.loss_chunk),
+        logits_transient_bytes=logits_in_flight(model_config, micro, a, t.loss_chunk),
         eval_lengths=read_lengths(t, model_config),
+        loss_chunk=t.loss_chunk,
     )
+
+
+LOSS_PARTS = ("log-softmax of the logits", "loss gradients (chunked head and loss)")  # what trainer.loss_chunk changes
+
+
+def loss_activations(parts: dict[str, int], config: GPTConfig, micro_batch: int, loss_chunk: int) -> dict[str, int]:
+    """``activation_bytes``' parts with the loss as trainer.loss_chunk computes it: in chunks, the log-softmax of
+    every logit is not kept; the gradients of the hidden states and of the head's weight are (float32)."""
+    if not loss_chunk:
+        return parts
+    parts = {name: value for name, value in parts.items() if name != "log-softmax of the logits"}
+    parts["loss gradients (chunked head and loss)"] = 4 * config.n_embd * (micro_batch * config.block_size
+                                                                             + config.padded_vocab_size)
+    return parts
+
+
+def logits_in_flight(config: GPTConfig, micro_batch: int, a: int, loss_chunk: int) -> int:
+    """Bytes of logits alive together for a moment, ``a`` bytes per element in the products. Whole: the LM head's
+    output, its cropped copy and its float32 cast. In chunks of ``loss_chunk`` tokens: a chunk's product, its float32
+    copy, the log-sum-exp's float32 scratch and the gradient cast back for the products (float32: the two float32)."""
+    V, tokens = config.padded_vocab_size, micro_batch * config.block_size
+    if not loss_chunk:
+        return tokens * V * (2 * a + (4 if a < 4 else 0))
+    return min(loss_chunk, tokens) * V * (8 + (2 * a if a < 4 else 0))
 
 
 def read_lengths(trainer, config: GPTConfig) -> list[int]:
@@ -474,10 +498,15 @@ def local_ranks() -> int:
 
 
 def _with_micro(plan: Plan, micro: int) -> Plan:
+    """``plan`` at another micro-batch: the model's activations scale with it; the loss's terms are made anew (in
+    chunks, the head's weight gradient and a chunk's logits do not grow with the batch)."""
     scale = micro / plan.micro_batch
+    model_parts = {k: int(v * scale) for k, v in plan.activations.items() if k not in LOSS_PARTS}
+    loss_parts = {k: v for k, v in activation_bytes(plan.config, micro, plan.dtype).items() if k in LOSS_PARTS}
+    a = torch.finfo(plan.dtype).bits // 8
     return Plan(**{**plan.__dict__, "micro_batch": micro,
-                   "activations": {k: int(v * scale) for k, v in plan.activations.items()},
-                   "logits_transient_bytes": int(plan.logits_transient_bytes * scale)})  # fmt: skip
+                   "activations": loss_activations({**model_parts, **loss_parts}, plan.config, micro, plan.loss_chunk),
+                   "logits_transient_bytes": logits_in_flight(plan.config, micro, a, plan.loss_chunk)})  # fmt: skip
 
 
 def planned_model(cfg: TrainConfig) -> GPTConfig:
