@@ -2,6 +2,7 @@
 DeltaNet, its kernels, one loader."""
 
 from model import deltanet as _deltanet  # noqa: F401  (registers attention=gated_deltanet)
+from model import kda as _kda  # noqa: F401  (registers attention=kda)
 from model import latent as _latent  # noqa: F401  (registers attention=mla)
 from model.attention import ATTENTION_LAYOUTS, CausalAttentionHead, MultiHeadAttention, build_attention
 from model.checkpoint import Checkpoint, load_checkpoint

@@ -32,7 +32,7 @@ from model.masks import HeldKeys, Masks
 from model.masks import capacity as mask_capacity
 from model.masks import of_spec as masks_of
 from model.masks import options_set as masks_set
-from model.options import applied, check_applied, option_fields
+from model.options import applied, check_applied, option_fields, takers
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
 from model.score_mods import ScoreMods, finite_number, on_the_scores
@@ -110,7 +110,7 @@ class AttentionSpec:
     # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
     lambda_init: float = option(LAMBDA_INIT, 0.5, differential=True)
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
-    kv_latent: int | None = option(None, 8, per_layer=False)  # attention=mla's latent width
+    kv_latent: int | None = option(None, 8)  # attention=mla's latent width (a schedule's kinds may set it)
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
     # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
     linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False)
@@ -424,7 +424,8 @@ class MultiHeadAttention(nn.Module):
             offs = (option.default, spec.n_head) if option.name == "n_kv_head" else (option.default,)
             if option.name in option_fields() and option.metadata["per_layer"] and option.name not in mine:
                 if value not in offs:
-                    found.append((option.name, value, offs[:1], f"attention={cls.name} does not apply it"))
+                    who = " or ".join(takers(option.name)) or "no layer"
+                    found.append((option.name, value, offs[:1], f"it is an option of {who}, not attention={cls.name}"))
         return found
 
     @classmethod

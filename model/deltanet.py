@@ -146,11 +146,11 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         unapplied = cls.unapplied(spec)
         if unapplied:
             name, value, offs, why = unapplied[0]
-            raise ValueError(f"model.{name}={spelled(value)} with attention=gated_deltanet: {why}; set "
+            raise ValueError(f"model.{name}={spelled(value)} with attention={cls.name}: {why}; set "
                              f"model.{name}={' or '.join(map(spelled, offs))}")  # fmt: skip
         if spec.sdpa_backend != "auto":
             raise ValueError(f"model.sdpa_backend={spec.sdpa_backend} chooses softmax attention's implementation; "
-                             f"attention=gated_deltanet runs its own chunked form: set model.sdpa_backend=auto")
+                             f"attention={cls.name} runs its own chunked form: set model.sdpa_backend=auto")
         check_applied(cls, spec)
 
     @classmethod
@@ -269,8 +269,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         return (o * F.silu(gate)).reshape(B, T, C)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise ValueError("attention=gated_deltanet has no attention weights: its heads read a state, not a "
-                         "softmax over keys")  # fmt: skip
+        raise ValueError(f"attention={self.name} has no attention weights: its heads read a state, not a "
+                         f"softmax over keys")  # fmt: skip
 
 
 def remember_state(cache: LayerCache, mixed: torch.Tensor, state: torch.Tensor, past: torch.Tensor | None,

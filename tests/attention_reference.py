@@ -297,10 +297,58 @@ def deltanet_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch
     return y @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
 
 
+def recurrent_kda(q, k, v, log_decay, beta, state=None):
+    """Kimi Delta Attention's rule one token at a time (Kimi Linear, arXiv 2510.26692, eq. 1): decay each key
+    channel's row of the state by its own alpha_t, erase what it holds for k_t and write v_t there by beta_t, read it
+    with q_t. ``log_decay`` is (B, H, T, dk)."""
+    B, H, T, dk = q.shape
+    S = torch.zeros(B, H, dk, v.size(-1), dtype=q.dtype, device=q.device) if state is None else state
+    out = []
+    for t in range(T):
+        S = S * log_decay[:, :, t].exp()[..., :, None]
+        erase_write = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k[:, :, t], S))
+        S = S + k[:, :, t, :, None] * erase_write[:, :, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(out, dim=2), S
+
+
+def kda_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:
+    """Kimi Delta Attention's layer (arXiv 2510.26692) from the block's weights, step by step in float64: the
+    projections, the causal depthwise convolution and SiLU, L2-normalised queries (scaled) and keys, beta, the
+    decays per channel from the low-rank projection (alpha = exp(-A softplus(f + dt_bias)), A per head), the
+    recurrence, the output's RMSNorm gated by a sigmoid of the second low-rank projection, c_proj."""
+    import torch.nn.functional as F
+
+    from model.deltanet import CONV_SIZE
+
+    p = {k: v.double() for k, v in block.named_parameters()}
+    x = x.double()
+    B, T, C = x.shape
+    H, hd = block.n_head, block.head_dim
+    mixed, b = (x @ p["qkvb_proj.weight"].T).split([3 * C, H], dim=-1)
+    w = p["conv_weight"][:, 0]
+    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
+                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
+    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+    q = q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd)
+    k = k / k.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(b).transpose(1, 2)
+    f = x @ p["decay_down.weight"].T @ p["decay_up.weight"].T + p["dt_bias"]  # (B, T, C): a decay per channel
+    A = torch.exp(p["A_log"]).repeat_interleave(hd)
+    log_decay = (-A * F.softplus(f)).view(B, T, H, hd).transpose(1, 2)
+    o, _ = recurrent_kda(q, k, v, log_decay, beta)
+    o = o.transpose(1, 2)
+    o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + block.o_norm.eps) * p["o_norm.weight"]
+    g = x @ p["gate_down.weight"].T @ p["gate_up.weight"].T + p["gate_up.bias"]
+    y = (o * torch.sigmoid(g.view(B, T, H, hd))).reshape(B, T, C)
+    return y @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
+
+
 # Every function a registered layer computes (its layout class's ``function``) -> its float64 formula, written from
 # its paper: (block, layout, x, keys seen) -> the block's output. A registered function without one fails
 # test_attention_properties.py: a new layer is held to its formula by the grid, with no test of its own to write.
-REFERENCES = {"mha": softmax_reference, "mla": latent_reference, "gated_deltanet": deltanet_reference}
+REFERENCES = {"mha": softmax_reference, "mla": latent_reference, "gated_deltanet": deltanet_reference,
+              "kda": kda_reference}
 
 
 def reference(block, x: torch.Tensor, seen: dict | None = None) -> torch.Tensor:

@@ -274,7 +274,8 @@ BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attent
     ({"position": "alibi"}, "model.position=alibi with attention=gated_deltanet in every layer: it is linear "
                             "attention, with no attention scores or softmax"),
     ({"sdpa_backend": "math"}, "model.sdpa_backend=math chooses softmax attention's implementation"),
-    ({"kv_latent": 8}, "model.kv_latent=8 is an option of attention=mla, but attention=gated_deltanet"),
+    ({"kv_latent": 8}, "model.kv_latent=8 with attention=gated_deltanet in every layer: it is an option of "
+                       "attention=mla, not attention=gated_deltanet"),
     ({"kernel": "manual"}, "model.kernel=manual chooses softmax attention's kernel, but every layer is "
                            "attention=gated_deltanet, which runs its own form, no kernel; leave model.kernel=sdpa"),
     ({"kernel": "flex", "dropout": 0.1}, "model.kernel=flex chooses softmax attention's kernel, but every layer is "
@@ -282,8 +283,8 @@ BASE = dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16, attent
     ({"linear_chunk": 0}, "model.linear_chunk=0 must be a positive number of positions per chunk"),
     ({"linear_chunk": True}, "model.linear_chunk=True must be a positive number"),
     ({"linear_chunk": 16, "attention": "fused_qkv", "position": "rope"}, "model.linear_chunk=16 is an option of "
-                                                                         "attention=gated_deltanet, but "
-                                                                         "attention=fused_qkv"),
+                                                                         "attention=gated_deltanet or attention=kda, "
+                                                                         "but attention=fused_qkv"),
 ])  # fmt: skip
 def test_each_bad_value_is_refused_in_one_line_naming_it_and_the_fix(fields, says):
     with pytest.raises(ValueError) as err:
