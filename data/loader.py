@@ -99,6 +99,18 @@ class PreparedData:
                     f"block_size + 1 = {block_size + 1}; use a smaller block_size or more data"
                 )
 
+    def check_documents(self) -> None:
+        """Refuse document masking on a source whose training split is one document (no end-of-text between
+        documents to mask at), before training starts."""
+        documents = self.meta["splits"]["train"].get("documents")
+        if documents is not None and documents <= 1:
+            raise ValueError(
+                f"model.document_masking=true, but the train split of {source_label(self.meta['config'])} is "
+                f"{documents} document (no end-of-text between documents): nothing to mask; use a source of "
+                f"several documents (data=pystdlib, data=tinystories, data=fineweb_edu), or "
+                f"model.document_masking=false"
+            )
+
     def _too_short_to_split(self, split: str, block_size: int) -> str:
         """A text split by position that cannot give each side a window: what it has and what it needs."""
         total = sum(len(self.tokens[s]) for s in SPLITS)

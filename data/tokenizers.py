@@ -65,6 +65,8 @@ GPT2_IDS = ("gpt2", "r50k_base")  # two names of one tokenizer: GPT-2's token id
 
 # Vocabulary sizes (tiktoken's n_vocab), so a run can be planned before any rank file is downloaded.
 VOCAB_SIZES = {"bytes": 257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277, "o200k_base": 200019}
+# Each one's end-of-text id (tiktoken's <|endoftext|>): what ends a document, for document masking's plan
+EOT_IDS = {"bytes": 256, "gpt2": 50256, "r50k_base": 50256, "cl100k_base": 100257, "o200k_base": 199999}
 
 
 class Tokenizer:

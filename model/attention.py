@@ -114,6 +114,8 @@ class AttentionSpec:
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
     # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
     linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False)
+    # document masking: a query sees no key before its document's start (after the last end-of-text token)
+    document_masking: bool = option(False, True, per_layer=False)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -238,6 +240,8 @@ class AttentionSpec:
         its masks and its modifications of the scores (``AttentionKernel.applies`` names the ones a kernel does)."""
         effects = [(mask.name, f"model.{mask.field}={value}", "masks keys its queries do not see")
                    for mask, value in masks_set(self)]  # fmt: skip
+        if self.document_masking:
+            effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
         return effects + [(name, SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
@@ -316,9 +320,11 @@ class CausalAttentionHead(nn.Module):
         return self.query(x).unsqueeze(1)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None = None,
-                mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
+                document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """This head's (encoded) queries over its group's keys and values -> (B, T, hd)."""
-        return self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions).squeeze(1)
+        return self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
+                           document_starts=document_starts).squeeze(1)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This head's group's keys and values, (B, 1, T, hd) each."""
@@ -342,7 +348,8 @@ class MultiHeadAttention(nn.Module):
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
     # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer of this layout
     # applies; its position encoding's own come with "position". Any other set away from its off value is refused.
-    applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "attention_chunk", "position",
+    applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "attention_chunk", "document_masking",
+                                                   "position",
                                                    "query_temperature", "qk_norm", "softcap", "sinks", "gate",
                                                    "forget_gate", "dropout"})  # fmt: skip
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
@@ -492,11 +499,14 @@ class MultiHeadAttention(nn.Module):
         return mods if mods is None or cache is None else mods.kept(cache, keys_like)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None,
+        document_starts: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C). ``document_starts`` (B, T): the absolute position where each token's document
+        starts (model.document_masking; None: one document): a query sees no key before it."""
         if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature):
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
-        y = self.attend(x, positions, cache)
+        y = self.attend(x, positions, cache, document_starts if self.spec.document_masking else None)
         y = self.c_proj(y if self.gate is None else self.gated(y, x))
         return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
 
@@ -507,7 +517,8 @@ class MultiHeadAttention(nn.Module):
             return y * gate
         return (y.unflatten(-1, (gate.size(-1), -1)) * gate.unsqueeze(-1)).flatten(-2)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
+               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute
         positions, computed once by the GPT: a learned encoding was added to the embeddings; rotary turns the
         queries and keys here (``encode_queries``/``encode_keys``), ALiBi biases the scores (``score_mods``)."""
@@ -570,7 +581,8 @@ class WrapperAttention(MultiHeadAttention):
             for h in range(spec.n_head)
         )
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
+               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         group, heads = self.n_head // self.n_kv_head, list(self.heads)  # not heads[h]: slow
         outputs = []
         for g in range(self.n_kv_head):
@@ -580,7 +592,8 @@ class WrapperAttention(MultiHeadAttention):
                 mods = self.score_mods(x, cache, k)
             for h in range(g * group, (g + 1) * group):
                 q = self.encode_queries(heads[h].queries(x), positions)
-                outputs.append(heads[h](q, k, v, keys, None if mods is None else mods.head(h), positions))
+                outputs.append(heads[h](q, k, v, keys, None if mods is None else mods.head(h), positions,
+                                        document_starts))  # fmt: skip
         return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -660,19 +673,23 @@ class SplitHeadsAttention(MultiHeadAttention):
         """q (B, T, C), k and v (B, T, kv_width)."""
         raise NotImplementedError
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
+               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         B, T, C = x.shape
         q, k, v = self.heads_qkv(x, positions)
         k, v, keys = remember(cache, 0, k, v)
         mods = self.score_mods(x, cache, k)
         if self.diff is None:
-            y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions)
+            y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
+                            document_starts=document_starts)
         else:  # every map reads both halves of its pair's values; the pairs' differences are the heads
             k, halves = repeat_kv(k, self.n_head), self.diff.value_halves(repeat_kv(v, self.n_head))
             # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
             calls = [torch.cat(halves, dim=-1)] if self.dropout and self.training else halves
             y = self.diff.combine(torch.cat([self.kernel(q, k, values, self.dropout, self.training, keys=keys,
-                                                         mods=mods, positions=positions) for values in calls], dim=-1))
+                                                         mods=mods, positions=positions,
+                                                         document_starts=document_starts)
+                                             for values in calls], dim=-1))  # fmt: skip
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 
     def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -81,6 +81,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     temperature = model.get("query_temperature")
     if temperature or "query_temperature" in show:  # Llama 4's temperature of the queries: -qtemp8192
         parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
+    if model.get("document_masking") or "document_masking" in show:  # each token within its document: -docs
+        parts.append("docs" if model.get("document_masking") else "nodocs")
     if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
         lam = model.get("lambda_init", LAMBDA_INIT)
         parts.append(("diff" if lam == LAMBDA_INIT else f"diff{lam}") if model.get("differential") else "nodiff")
@@ -127,6 +129,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
         (r"ropeorig\d+", "-ropeorig<trained length>"),
         (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
+        (r"(no)?docs", "-docs (document masking)"),
         (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
@@ -141,7 +144,7 @@ def label_grammar() -> str:
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
               "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
-              "differential", "lambda_init",
+              "document_masking", "differential", "lambda_init",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -194,6 +197,10 @@ class GPTConfig:
     rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})
     # attention=gated_deltanet: the positions per chunk of its chunked form (null: 64); the same function
     linear_chunk: int | None = field(default=None, metadata={"reuse": "implementation"})
+    # Document masking: each token attends only within its own document of a packed window (a document ends with
+    # the token document_end, the tokenizer's end-of-text, which training fills in)
+    document_masking: bool = field(default=False, metadata={"reuse": "function"})
+    document_end: int | None = field(default=None, metadata={"reuse": "function"})
     # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
     # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
@@ -217,6 +224,7 @@ class GPTConfig:
                                  f"{{window: 128}}, or {{}} for none")  # fmt: skip
         self.layer_kinds = {str(kind): dict(values) for kind, values in (self.layer_kinds or {}).items()}
         # Before the kernel's checks, which do not concern a layer that runs none: the kernel is not their fix.
+        check_document_end(self)
         check_linear_layers(self)
         self.check_kernel_is_used()
         layout.check_spec(self.model_spec)  # every attention option, checked where attention is declared
@@ -398,6 +406,19 @@ def window_notes(window: int | None, block_size: int, kind: str | None = None, l
                 f"schedule's share of the context rounds down to 1 at model.block_size={block_size}: too short for "
                 f"the schedule's local attention)"]  # fmt: skip
     return []
+
+
+def check_document_end(config: GPTConfig) -> None:
+    """Refuse an end-of-text token that ends no document (without document masking) or is outside the vocabulary."""
+    end = config.document_end
+    if end is None:
+        return  # with document masking: the tokenizer's end-of-text, filled in by training (GPT refuses none)
+    if not config.document_masking:
+        raise ValueError(f"model.document_end={end!r} is document masking's end-of-text token, but "
+                         f"model.document_masking=false; set model.document_masking=true, or model.document_end=null")
+    if not isinstance(end, int) or isinstance(end, bool) or end < 0 or (config.vocab_size and end >= config.vocab_size):
+        raise ValueError(f"model.document_end={end!r} must be a token id in 0..{(config.vocab_size or 1) - 1} (the "
+                         f"tokenizer's end-of-text; null: training fills it in)")  # fmt: skip
 
 
 def check_schedule(config: GPTConfig) -> None:

@@ -40,9 +40,10 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None,
+        document_starts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), positions, cache)
+        x = x + self.attn(self.ln_1(x), positions, cache, document_starts)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -79,6 +80,10 @@ def score_flops(layout: type, spec, seq_len: int) -> int:
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        if config.document_masking and config.document_end is None:
+            raise ValueError("model.document_masking=true needs the token that ends a document: model.document_end="
+                             "<its id> (training fills in the tokenizer's end-of-text; a GPTConfig built by hand "
+                             "says it)")  # fmt: skip
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(
@@ -157,14 +162,28 @@ class GPT(nn.Module):
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, seq) token ids, got shape {tuple(idx.shape)}")
         positions = self.positions_of(idx, cache)
+        starts = self.document_starts(idx, positions, cache) if self.config.document_masking else None
         x = self.transformer.wte(idx)
         added = self.transformer.wpe.to_add(positions)  # the learned table's vectors; None for the others
         x = self.transformer.drop(x if added is None else x + added)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, positions, cache.layers[i] if cache is not None else None)
+            x = block(x, positions, cache.layers[i] if cache is not None else None, starts)
         if cache is not None:
             cache.advance(idx.size(1))
         return x
+
+    def document_starts(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """(B, T): the absolute position where each token's document starts (document masking), the position after
+        the last end-of-text token (``config.document_end``) before it, among these tokens or, with a ``cache``, those
+        before them (the cache carries it); 0 where there is none. An end-of-text token ends its own document."""
+        ends = torch.where(idx == self.config.document_end, positions, -1)  # each end's position, -1 elsewhere
+        starts = F.pad(ends[:, :-1], (1, 0), value=-1).cummax(dim=1).values + 1  # after the last end before
+        if cache is None:
+            return starts
+        carried = cache.next_document_starts(idx.size(0), idx.device)
+        starts = torch.maximum(starts, carried[:, None])
+        carried.copy_(torch.maximum(carried, ends.max(dim=1).values + 1))  # the next token's, in place
+        return starts
 
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """(B, T) float32: each position's cross-entropy against ``targets`` (0 where -1), without gradients, the

@@ -154,7 +154,8 @@ class KimiDeltaAttention(GatedDeltaNet):
         return (q, k, v, log_decay.view(B, T, H, hd).transpose(1, 2), b.sigmoid().transpose(1, 2),
                 gate.view(B, T, H, hd), mixed)  # fmt: skip
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
+               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         B, T, C = x.shape
         held = cache.slots.get(0) if cache is not None else None
         past = held if held is not None and (cache.owner.in_static_step or cache.owner.length) else (None, None)

@@ -31,7 +31,18 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from model.masks import HeldKeys, Masks, hidden, of_spec, ordinary_tensors, sees, sees_every_key, visible, visible_at
+from model.masks import (
+    HeldKeys,
+    Masks,
+    hidden,
+    of_spec,
+    ordinary_tensors,
+    sees,
+    sees_every_key,
+    visible,
+    visible_at,
+    within_documents,
+)
 from model.masks import options_set as masks_set
 from model.registry import KERNELS, MASKS, register
 from model.registry import kernel as kernel_class
@@ -50,20 +61,32 @@ def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: HeldKeys | None = None,
-                    mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
+                    document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """softmax(Q K^T / sqrt(d_k)) under the block's ``masks`` (keys in position order, or at the positions ``keys``
-    gives), with its score modifications (``model.score_mods``; ``positions`` are the queries', for ALiBi): the
-    weights every kernel applies to V."""
+    gives) and within each query's document (``document_starts``), with its score modifications
+    (``model.score_mods``; ``positions`` are the queries', for ALiBi): the weights every kernel applies to V."""
     k = repeat_kv(k, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
     q_len, k_len = q.size(-2), k.size(-2)
     if mods is not None:
         scores = mods.modify(scores, *positions_of(q_len, k_len, keys, positions, q.device))
-    if keys is None:
+    if document_starts is not None:
+        masked = ~seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
+    elif keys is None:
         masked = hidden(q_len, k_len, masks, q.device)
     else:
         masked = ~visible_at(query_positions(positions, q_len, k_len, q.device), keys.positions, masks)
     return softmax_with_sinks(scores.masked_fill(masked, float("-inf")), mods)
+
+
+def seen_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
+              document_starts: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # fmt: skip
+    """True where a query sees a key: under the masks, (q_len, k_len), and within its document with
+    ``document_starts``, (B, 1, q_len, k_len). Keys in position order or at the positions ``keys`` gives."""
+    queries, held = positions_of(q_len, k_len, keys, positions, device)
+    keep = visible(q_len, k_len, masks, device) if keys is None else visible_at(queries, held, masks)
+    return within_documents(keep, document_starts, held)
 
 
 def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
@@ -79,9 +102,10 @@ def positions_of(q_len: int, k_len: int, keys: HeldKeys | None, positions: torch
 
 
 def manual_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
-                     mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The textbook formula: matmul, (score modifications,) the masks, softmax, dropout, matmul."""
-    probs = attention_probs(q, k, masks, keys, mods, positions)
+                     mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
+                     document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The textbook formula: matmul, (score modifications,) the masks and documents, softmax, dropout, matmul."""
+    probs = attention_probs(q, k, masks, keys, mods, positions, document_starts)
     if dropout and training:  # a call that would return its input costs a small block a few percent
         probs = F.dropout(probs, p=dropout)
     return probs @ repeat_kv(v, q.size(1))
@@ -89,7 +113,7 @@ def manual_attention(q, k, v, dropout: float, training: bool, masks: Masks = (),
 
 def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
                    mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                   backend: str = "auto") -> torch.Tensor:  # fmt: skip
+                   document_starts: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:  # fmt: skip
     """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``).
 
     ALiBi, the token biases and sinks go in as a float mask (the biases, -inf where a key is
@@ -97,18 +121,22 @@ def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
     rules out the flash implementation, so PyTorch picks the memory-efficient one on a GPU (which computes the
     gradient of a token bias through its mask). It cannot cap scores (softcap).
     Without a modification, the masks choose the fast path: causal alone (no mask narrows it among these keys)
-    is ``is_causal``; a new query that sees every key needs no mask; else a boolean mask from the masks."""
+    is ``is_causal``; a new query that sees every key needs no mask; else a boolean mask from the masks. Documents
+    (``document_starts``) take no fast path: a (B, 1, q_len, k_len) mask, per row."""
     p = dropout if training else 0.0
     q_len, k_len = q.size(-2), k.size(-2)
     gqa = k.size(1) != q.size(1)
     with sdpa_backend(backend):
         if mods is not None and mods.needs_float_mask:
-            bias = score_bias(q_len, k_len, masks, keys, mods, positions, q.dtype, q.device)
+            bias = score_bias(q_len, k_len, masks, keys, mods, positions, q.dtype, q.device, document_starts)
             if mods.sinks is not None:
                 bias = bias.expand(*q.shape[:2], q_len, k_len)
                 bias = torch.cat((mods.sink_logits(q), bias), dim=-1)
                 k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))  # the sink's key and value: zeros
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, enable_gqa=gqa)
+        if document_starts is not None:
+            seen = seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=p, enable_gqa=gqa)
         if keys is not None:  # a ring that has wrapped, or a static step's whole cache
             if sees_every_key(q_len, k_len, masks, keys.full):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa)
@@ -127,7 +155,8 @@ _last_bias: list = [None]  # ((positions, keys, key), bias): the float mask the 
 
 
 def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods: ScoreMods,
-               positions: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # fmt: skip
+               positions: torch.Tensor | None, dtype: torch.dtype, device: torch.device,
+               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """SDPA's float mask: 0 where a query sees a key, -inf where it does not, plus ALiBi's bias; (H, q_len,
     k_len), or (q_len, k_len) without ALiBi.
 
@@ -135,13 +164,13 @@ def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods
     in eager mode it is built once per forward and kept while the same positions tensor comes back, as Rotary
     keeps its angles (a forward's positions tensor is made once and never written)."""
     known = (not mods.biased or mods.bias_key is not None) and not mods.token_biased  # a token bias: each layer its own
-    remembered = positions is not None and known and not torch.compiler.is_compiling()
+    remembered = positions is not None and known and not torch.compiler.is_compiling() and document_starts is None
     key = (k_len, masks, dtype, device, mods.bias_key if mods.biased else None, mods.bias_dtypes())
     last = _last_bias[0]
     if remembered and last is not None and last[0][0] is positions and last[0][1] is keys and last[0][2] == key:
         return last[1]
     queries, held = positions_of(q_len, k_len, keys, positions, device)
-    keep = visible(q_len, k_len, masks, device) if keys is None else visible_at(queries, held, masks)
+    keep = seen_keys(q_len, k_len, masks, keys, positions, document_starts, device)
     bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
     biases = mods.bias(queries, held)
     bias = bias if biases is None else bias + biases.to(dtype)  # (H, q_len, k_len), (B, H, ...) or broadcastable
@@ -160,7 +189,8 @@ def sdpa_backend(name: str):
 
 
 def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
-                   mods: ScoreMods | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                   mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
+                   document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """torch.nn.attention.flex_attention with the block's masks in a block mask, compiled as flex requires.
 
     No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
@@ -180,24 +210,32 @@ def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
     prompt length).
     """
     q_len, k_len = q.size(-2), k.size(-2)
-    if keys is not None or sees_every_key(q_len, k_len, masks):
+    if keys is not None or (document_starts is None and sees_every_key(q_len, k_len, masks)):
         if mods is not None:
-            return manual_attention(q, k, v, 0.0, False, masks, keys, mods, positions)
-        return sdpa_attention(q, k, v, 0.0, False, masks, keys, positions=positions)
+            return manual_attention(q, k, v, 0.0, False, masks, keys, mods, positions, document_starts)
+        return sdpa_attention(q, k, v, 0.0, False, masks, keys, positions=positions, document_starts=document_starts)
     check_flex_runs_on(q.device)
     sink = mods is not None and mods.sinks is not None
     if sink:  # the sink is key 0: zeros (it attends to nothing), seen by every query
         k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))
-    block_mask = _block_mask(q_len, k_len, masks, q.device, sink)
+    # Documents in the block mask (blocks wholly in other documents skipped): a GPU's. torch 2.13's CPU flex fails
+    # to compile a mask_mod that reads a tensor (a C++ error in its template), so there the score_mod hides them
+    in_block_mask = document_starts is not None and q.device.type != "cpu"
+    if in_block_mask:  # the rows' documents: a block mask of this batch's own
+        block_mask = _build_block_mask(q_len, k_len, masks, q.device, sink, document_starts)
+    else:
+        block_mask = _block_mask(q_len, k_len, masks, q.device, sink)
     q_pad, k_pad = block_mask.seq_lengths
     if (q_pad, k_pad) != (q_len, k.size(-2)):
         q = F.pad(q, (0, 0, 0, q_pad - q_len))
         k, v = (F.pad(t, (0, 0, 0, k_pad - t.size(-2))) for t in (k, v))
     gqa = k.size(1) != q.size(1)
     score_mod = None if mods is None else _score_mod(mods, q_len, k_len, q_pad, k_pad)
+    if document_starts is not None and not in_block_mask:
+        score_mod = _within_documents(score_mod, F.pad(document_starts, (0, q_pad - q_len)), int(sink))
     if q.device.type != "cpu" or torch.compiler.is_compiling():  # inside a compiled model, its compilation decides
         # A GPU: with a score_mod one graph per shape, else a second shape compiles a graph for every later one
-        flex = _compiled_flex(dynamic=False if mods is not None else None)
+        flex = _compiled_flex(dynamic=False if score_mod is not None else None)
         return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
     # A CPU: one memory layout whatever the layout's projection gave, and one graph for every size; with a
     # score_mod, one for every batch size (torch 2.13 fails to build some CPU graphs of a score_mod whose lengths
@@ -211,12 +249,12 @@ def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
         q, k, v = ((t.clone(memory_format=torch.contiguous_format) if t.is_inference() else t.contiguous())
                    .view(t.shape) for t in (q, k, v))  # fmt: skip
         batch_only = contextlib.nullcontext()
-        if mods is not None:
+        if score_mod is not None:
             for t in (q, k, v):
                 torch._dynamo.mark_dynamic(t, 0)
             batch_only = torch._dynamo.config.patch(automatic_dynamic_shapes=False)
         with _sizes_of_one_in_general(), batch_only:
-            flex = _compiled_flex(dynamic=None if mods is not None else True)
+            flex = _compiled_flex(dynamic=None if score_mod is not None else True)
             return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)[..., :q_len, :]
 
 
@@ -256,6 +294,19 @@ def _score_mod(mods: ScoreMods, q_len: int, k_len: int, q_pad: int, k_pad: int):
     return score_mod
 
 
+def _within_documents(score_mod, starts: torch.Tensor, first: int):
+    """``score_mod`` (or none) with every key before its query's document start (``starts``, (B, padded queries)
+    absolute positions) at -inf: document masking in flex's score_mod, where its block mask cannot hold it. Key j is
+    position j - ``first`` (a sink first)."""
+
+    def within(score, b, h, q_idx, kv_idx):
+        score = score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
+        hidden = (kv_idx - first < starts[b, q_idx]) & (kv_idx >= first)
+        return torch.where(hidden, torch.full_like(score, float("-inf")), score)
+
+    return within
+
+
 FLEX_BLOCK = 128  # FlexAttention's block size (its default): what CPU lengths are padded to
 
 
@@ -293,6 +344,13 @@ def _block_mask(q_len: int, k_len: int, masks: Masks, device: torch.device, sink
     key 0 that every query sees, with ``sink``) under ``masks``; on a CPU for lengths padded to a multiple of
     FLEX_BLOCK, with the padded keys masked. Every registered mask is in it, a mask the block does not set at a value
     that hides nothing (``Mask.everything``), its values tensors: one compiled graph serves every model and length."""
+    return _build_block_mask(q_len, k_len, masks, device, sink)
+
+
+def _build_block_mask(q_len: int, k_len: int, masks: Masks, device: torch.device, sink: bool = False,
+                      document_starts: torch.Tensor | None = None):  # fmt: skip
+    """``_block_mask``, uncached; with ``document_starts`` (B, q_len), one per row of the batch: a query sees no key
+    before its document's start."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     first = int(sink)
@@ -310,12 +368,17 @@ def _block_mask(q_len: int, k_len: int, masks: Masks, device: torch.device, sink
         every = tuple((mask, torch.tensor(given.get(mask, mask.everything(k_pad + q_pad)), device=device))
                       for mask in MASKS.values())  # fmt: skip
 
+        starts = None if document_starts is None else F.pad(document_starts, (0, q_pad - q_len))  # padded rows: 0
+
         def mask_mod(b, h, q_idx, kv_idx):
             position, key = q_idx + offset, kv_idx - first  # query i is position offset + i; key j: slot j + first
             seen = sees(every, position, key) & (key < keys) & (key >= 0)
+            if starts is not None:
+                seen = seen & (key >= starts[b, q_idx])
             return (kv_idx == 0) | seen if sink else seen
 
-        return create_block_mask(mask_mod, None, None, q_pad, k_pad, device=device)
+        rows = None if starts is None else starts.size(0)
+        return create_block_mask(mask_mod, rows, None, q_pad, k_pad, device=device)
 
 
 class AttentionKernel:
@@ -328,7 +391,7 @@ class AttentionKernel:
     # (model.registry.SCORE_MODS' names) and attention dropout, each kernel its own: a spec that needs another
     # (AttentionSpec.kernel_effects) is refused naming the kernels that apply it, so a new mask or modification is
     # refused by every kernel until the kernel applies it and says so.
-    applies: ClassVar[frozenset[str]] = frozenset({"window", "chunked", "dropout"})
+    applies: ClassVar[frozenset[str]] = frozenset({"window", "chunked", "documents", "dropout"})
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
     compiles: ClassVar[bool] = False  # compiles itself on its first call (seconds of silence)
@@ -406,7 +469,7 @@ class FlexKernel(AttentionKernel):
     name = "flex"
     attend = staticmethod(flex_attention)
     # in its block mask (every registered mask) and score_mod (a sink: a key; a token bias: a tensor it reads)
-    applies = frozenset({"window", "chunked", "alibi", "softcap", "sinks", "forget_gate"})
+    applies = frozenset({"window", "chunked", "documents", "alibi", "softcap", "sinks", "forget_gate"})
     trains_on_cpu = False
     compiles = True
     line_style, line_name = ":", "dotted"

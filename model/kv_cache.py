@@ -89,6 +89,8 @@ class KVCache:
         self.held: dict[int, HeldKeys] = {}
         self.slot_ids: torch.Tensor | None = None  # 0 .. capacity-1: the slots whose positions a static step computes
         self.rings: dict[int, HeldKeys] = {}  # a wrapped ring's positions at the current length, per capacity
+        # Document masking: (B,) where the next token's document starts, carried from call to call, written in place
+        self.document_starts: torch.Tensor | None = None
 
     def size_layers(self, capacity: int | list[int]) -> None:
         """Each layer's capacity: one number for all, or one per layer."""
@@ -122,6 +124,16 @@ class KVCache:
     def reset(self) -> None:
         """Empty the cache, keeping its buffers (a captured decode step refers to them): refilled in place."""
         self.length, self.rings = 0, {}
+        if self.document_starts is not None:
+            self.document_starts.zero_()
+
+    def next_document_starts(self, batch: int, device: torch.device) -> torch.Tensor:
+        """(B,): where the document of the token after the cached ones starts (``GPT.document_starts`` updates it in
+        place: a captured decode step reads and writes this one tensor; its update is idempotent, so a graph's
+        warm-up that runs a step twice leaves it as once)."""
+        if self.document_starts is None:
+            self.document_starts = torch.zeros(batch, dtype=torch.long, device=device)
+        return self.document_starts
 
     def ring(self, capacity: int, device: torch.device) -> HeldKeys:
         """The positions a wrapped ring of ``capacity`` slots holds as the new position (``length``) is written:

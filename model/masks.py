@@ -252,6 +252,19 @@ def sees_every_key(q_len: int, k_len: int, masks: Masks, full_cache: bool = True
     return q_len == 1 and full_cache and all(mask.sees_whole_cache(value, k_len) for mask, value in masks)
 
 
+def within_documents(keep: torch.Tensor, document_starts: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+    """Document masking (``model.document_masking``): ``keep`` (q_len, k_len) ANDed, row by row, with each query's
+    document: a key at a position of ``keys`` (k_len,) before the query's document start (``document_starts``,
+    (B, q_len) absolute positions) is hidden -> (B, 1, q_len, k_len). Without starts (one document), ``keep``.
+
+    Not a registered mask: those are predicates over positions alone, the same for every row of a batch; where a
+    document starts is in the tokens (after each end-of-text), so the model computes it per row and forward
+    (``GPT.document_starts``) and the kernels AND it in beside the masks."""
+    if document_starts is None:
+        return keep
+    return keep & (keys[None, None, None, :] >= document_starts[:, None, :, None])
+
+
 @contextlib.contextmanager
 def ordinary_tensors():
     """Outside inference mode, in the caller's grad mode (leaving inference mode would turn gradients on): what is

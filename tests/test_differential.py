@@ -37,8 +37,8 @@ def test_what_cannot_hold_it_is_refused_in_one_line():
     for layout, extra in (("wrapper", {}), ("mla", {"kv_latent": 16}), ("gated_deltanet", {"position": "none"})):
         with pytest.raises(
             ValueError,
-            match=r"model.differential=true.*(does not apply it|is an option of "
-            r"attention=separate_qkv or attention=fused_qkv, but attention=)",
+            match=r"model.differential=true.*is an option of attention=separate_qkv or attention=fused_qkv"
+            r"(, but|, not) attention=",
         ):
             config(attention=layout, differential=True, **extra)
     assert any("model.differential=true" in p for p in what_gpt2_cannot_hold(config(differential=True)))
@@ -125,13 +125,15 @@ def test_a_short_run_lowers_the_loss_loads_samples_and_is_refused_by_heads_and_e
 
 def test_the_2026_presets_variants_are_the_baseline_llama4s_schedule_and_differential_attention():
     models = {name: OmegaConf.to_object(compose_train(*TINY, "model.n_layer=4", f"attention_2026={name}")).model
-              for name in ("full", "llama4", "differential")}  # fmt: skip
+              for name in ("full", "llama4", "differential", "kimi_linear", "documents")}  # fmt: skip
     labels = {name: attention_label(vars(m)) for name, m in models.items()}
     assert labels == {"full": "fused_qkv-sdpa-rope", "llama4": "fused_qkv-sdpa-rope-RRRN_R.chunked8_N.nopos.qtemp8",
-                      "differential": "fused_qkv-sdpa-rope-diff"}  # fmt: skip
+                      "differential": "fused_qkv-sdpa-rope-diff",
+                      "kimi_linear": "mla-sdpa-latent64-nopos-KKKM_K.kda_M",
+                      "documents": "fused_qkv-sdpa-rope-docs"}  # fmt: skip
     preset = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026.yaml").hydra.sweeper.params
     gpu = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026_gpu.yaml").hydra.sweeper.params
-    assert preset.attention_2026 == gpu.attention_2026 == "full,llama4,differential"
+    assert preset.attention_2026 == gpu.attention_2026 == "full,llama4,differential,kimi_linear,documents"
     assert preset["trainer.seed"] == gpu["trainer.seed"] == "1,2"
 
 

@@ -68,9 +68,13 @@ def buildable(layout: str, kernel: str, never: str | None = None, **options):
 
 
 def output(block, x: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    """The block's output at ``x``: two documents, the second from the middle (what document masking reads; a block
+    without it sees one)."""
     torch.manual_seed(seed)  # dropout draws the same masks for both blocks compared
+    starts = torch.zeros(x.shape[:2], dtype=torch.long)
+    starts[:, x.size(1) // 2 :] = x.size(1) // 2
     with torch.no_grad():
-        return block.train()(x)
+        return block.train()(x, None, None, starts)
 
 
 def same_weights(target, source) -> None:

@@ -27,7 +27,7 @@ class PositionsSeen:
             block.attn.register_forward_pre_hook(lambda _, args: self.record_attention(args))
 
     def record_attention(self, args: tuple) -> None:
-        x, positions, _cache = args
+        x, positions, *_ = args  # and the cache, the documents' starts
         assert positions is not None and positions.shape == (x.size(1),), "one position per token processed"
         if not self.attention or len(self.attention[-1]) == self.n_layer:
             self.attention.append([])

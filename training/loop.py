@@ -15,7 +15,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ from training.evaluate import Evaluator, length_rows
 from training.lengths import resolve_lengths
 from training.memory import MemoryMeter, release_memory
 from training.optim import lr_at, make_optimizer
-from training.plan import read_lengths
+from training.plan import for_tokenizer, read_lengths
 from training.preflight import RunSetup, preflight, with_micro_batch
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
 from training.run_log import RunDirClaim, claim_run_dir, open_run_log, record_failure, run_name
@@ -71,7 +71,7 @@ def run(setup: RunSetup) -> dict:
     then the steps. A run out of memory is recorded as failed in its directory."""
     config, dist, device = setup.config, setup.dist, setup.device
     tokenizer = get_tokenizer(config.data.tokenizer)
-    model_config = replace(config.model, vocab_size=config.model.vocab_size or tokenizer.vocab_size)
+    model_config = for_tokenizer(config.model, tokenizer.vocab_size, tokenizer.eot_id)
     try:
         data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare
     except PreparationInterrupted:
@@ -81,6 +81,8 @@ def run(setup: RunSetup) -> dict:
             return {"step": 0, "stopped_by": "SIGTERM", "requeued": True}
         raise
     data.check_fits(model_config.block_size, model_config.vocab_size)
+    if model_config.document_masking:
+        data.check_documents()
     init_distributed(dist, device)
     finished, claim = False, None
     try:

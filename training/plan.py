@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from data.tokenizers import VOCAB_SIZES
+from data.tokenizers import EOT_IDS, VOCAB_SIZES
 from model import registry
 from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
@@ -511,7 +511,14 @@ def _with_micro(plan: Plan, micro: int) -> Plan:
 
 def planned_model(cfg: TrainConfig) -> GPTConfig:
     """The model as it will be built: the vocabulary, unset, is the tokenizer's."""
-    return replace(cfg.model, vocab_size=cfg.model.vocab_size or VOCAB_SIZES[cfg.data.tokenizer])
+    return for_tokenizer(cfg.model, VOCAB_SIZES[cfg.data.tokenizer], EOT_IDS[cfg.data.tokenizer])
+
+
+def for_tokenizer(model: GPTConfig, vocab_size: int, eot_id: int) -> GPTConfig:
+    """The model as the tokenizer makes it: its vocabulary where unset, and with document masking, its end-of-text
+    as what ends a document where unset."""
+    end = model.document_end if model.document_end is not None or not model.document_masking else eot_id
+    return replace(model, vocab_size=model.vocab_size or vocab_size, document_end=end)
 
 
 def plan_of(cfg: TrainConfig, planned: GPTConfig, world_size: int):
