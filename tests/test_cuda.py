@@ -220,3 +220,25 @@ def test_cuda_graph_decoding_of_a_carried_state_is_a_full_recomputation(attentio
     idx = torch.randint(0, 300, (2, 30), device="cuda")
     assert_steps_are_a_full_forward(
         model, idx, 5, lambda model, cache: GraphedStep(model, cache, 2, torch.device("cuda")), atol=1e-4)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_flex_masks_documents_in_its_block_mask_as_sdpa_does_forward_and_backward(sinks, monkeypatch):
+    """A GPU's flex puts the documents in its block mask (a CPU's in its score_mod, tests/test_document_masking.py):
+    the same function and gradients as sdpa's (B, 1, T, T) mask, in float32, with boundaries anywhere."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # a training test before may have set it
+    grads, outputs = {}, {}
+    idx = torch.randint(1, 300, (3, 200), device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+    idx[0, 17], idx[0, 150], idx[1, 99], idx[2, 0] = 0, 0, 0, 0
+    for kernel in ("sdpa", "flex"):
+        torch.manual_seed(0)
+        config = GPTConfig(vocab_size=300, block_size=256, n_layer=2, n_head=4, n_embd=64, kernel=kernel,
+                           position="rope", document_masking=True, document_end=0, sinks=sinks)  # fmt: skip
+        model = GPT(config).cuda()
+        logits, loss = model(idx, idx)
+        loss.backward()
+        outputs[kernel] = logits.detach()
+        grads[kernel] = {name: p.grad for name, p in model.named_parameters()}
+    torch.testing.assert_close(outputs["flex"], outputs["sdpa"], atol=2e-4, rtol=1e-4)
+    for name, g in grads["sdpa"].items():
+        torch.testing.assert_close(grads["flex"][name], g, atol=2e-4, rtol=1e-3, msg=name)
