@@ -64,19 +64,31 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_de
     So each chunk is matmuls and one triangular solve; only the chunk-to-chunk state is sequential. A length
     that is not a multiple of ``chunk`` is padded with positions that change nothing (k = v = 0, a = 1).
     """
-    work = torch.promote_types(q.dtype, torch.float32)  # at least float32: the solve and the state's sums
+    return run_rule(_one_step, _chunked, q, k, v, log_decay, beta, chunk, state)
+
+
+def run_rule(one_step, chunked, q, k, v, log_decay, beta, chunk: int, state):
+    """A delta rule's forms run in at least float32 with autocast off (the solve and the state's sums): one position
+    by ``one_step`` (the recurrence itself, a decode step), more by ``chunked``; the outputs in the values' dtype."""
+    work = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
         inputs = [t.to(work) for t in (q, k, v, log_decay, beta)]
         state = None if state is None else state.to(work)
-        o, state = _one_step(*inputs, state) if q.size(2) == 1 else _chunked(*inputs, chunk, state)
+        o, state = one_step(*inputs, state) if q.size(2) == 1 else chunked(*inputs, chunk, state)
     return o.to(v.dtype), state
 
 
 def _one_step(q, k, v, log_decay, beta, S):
     """One position (a decode step): the recurrence itself, no chunk to solve."""
+    return delta_step(q, k, v, log_decay.exp().unsqueeze(-1), beta, S)  # (B, H, 1, 1): one decay per head
+
+
+def delta_step(q, k, v, decay, beta, S):
+    """One position of a delta rule from state ``S`` (None: zeros): decay it (``decay`` broadcast over its rows: one
+    per head, or one per key channel), erase what it holds for k and write v there by beta, read it with q."""
     B, H, _, dk = q.shape
     S = q.new_zeros(B, H, dk, v.size(-1)) if S is None else S
-    S = S * log_decay.exp().unsqueeze(-1)  # (B, H, 1, 1) broadcasts over the state
+    S = S * decay
     k_col = k.transpose(-1, -2)  # (B, H, dk, 1)
     S = S + k_col @ (beta.unsqueeze(-1) * (v - k @ S))
     return q @ S, S
@@ -134,6 +146,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     # Its own chunk and positions' fields (learned or none: refused otherwise, below); dropout on its output
     applies = frozenset({"linear_chunk", "position", "dropout"})
     has_attention_maps, takes_kernel = False, False
+    rule = staticmethod(chunked_delta_rule)  # its state's update: (q, k, v, log decays, betas, chunk, state)
+    gate_activation = staticmethod(F.silu)  # of the output gate over its RMSNorm
 
     @classmethod
     def check_spec(cls, spec: AttentionSpec) -> None:
@@ -263,11 +277,11 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         # step is asked first: its length, a Python number, would be a guard of the compiled step (one graph a token)
         past = held if held is not None and (cache.owner.in_static_step or cache.owner.length) else (None, None)
         q, k, v, log_decay, beta, gate, mixed = self.inputs(x, past[0])
-        o, state = chunked_delta_rule(q, k, v, log_decay, beta, min(self.chunk, T), past[1])
+        o, state = self.rule(q, k, v, log_decay, beta, min(self.chunk, T), past[1])
         if cache is not None:
             remember_state(cache, mixed, state, past[0], held)
         o = F.rms_norm(o.transpose(1, 2), (self.head_dim,), self.o_norm.weight.to(o.dtype), self.o_norm.eps)
-        return (o * F.silu(gate)).reshape(B, T, C)
+        return (o * self.gate_activation(gate)).reshape(B, T, C)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"attention={self.name} has no attention weights: its heads read a state, not a "

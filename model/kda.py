@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from model.attention import AttentionSpec
-from model.deltanet import GatedDeltaNet, causal_conv, remember_state
+from model.deltanet import GatedDeltaNet, causal_conv, delta_step, run_rule
 from model.registry import ATTENTION_LAYOUTS, register
-
-if TYPE_CHECKING:
-    from model.kv_cache import LayerCache
 
 
 def chunked_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
@@ -50,22 +46,12 @@ def chunked_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: to
     for j < i. A length that is not a multiple of ``chunk`` is padded with positions that change nothing (k = v = 0,
     alpha = 1).
     """
-    work = torch.promote_types(q.dtype, torch.float32)  # at least float32: the solve and the state's sums
-    with torch.autocast(q.device.type, enabled=False):
-        inputs = [t.to(work) for t in (q, k, v, log_decay, beta)]
-        state = None if state is None else state.to(work)
-        o, state = _one_step(*inputs, state) if q.size(2) == 1 else _chunked(*inputs, chunk, state)
-    return o.to(v.dtype), state
+    return run_rule(_one_step, _chunked, q, k, v, log_decay, beta, chunk, state)
 
 
 def _one_step(q, k, v, log_decay, beta, S):
     """One position (a decode step): the recurrence itself."""
-    B, H, _, dk = q.shape
-    S = q.new_zeros(B, H, dk, v.size(-1)) if S is None else S
-    S = S * log_decay.exp().transpose(-1, -2)  # (B, H, dk, 1): each key channel's row of the state its own decay
-    k_col = k.transpose(-1, -2)
-    S = S + k_col @ (beta.unsqueeze(-1) * (v - k @ S))
-    return q @ S, S
+    return delta_step(q, k, v, log_decay.exp().transpose(-1, -2), beta, S)  # (B, H, dk, 1): a decay per key channel
 
 
 def _chunked(q, k, v, log_decay, beta, chunk, state):
@@ -107,6 +93,8 @@ class KimiDeltaAttention(GatedDeltaNet):
     QKV_KEY = re.compile(r"(?P<proj>qkvb_proj)\.(?P<kind>weight|bias)$")  # its own names: a state dict says which
     QKV_EXAMPLE = "qkvb_proj"
     chunk = 16  # the chunked form's positions per chunk by default: its pairwise decays are chunk x chunk x head_dim
+    rule = staticmethod(chunked_kda)
+    gate_activation = staticmethod(torch.sigmoid)
 
     @classmethod
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
@@ -153,15 +141,3 @@ class KimiDeltaAttention(GatedDeltaNet):
         gate = self.gate_up(self.gate_down(x))
         return (q, k, v, log_decay.view(B, T, H, hd).transpose(1, 2), b.sigmoid().transpose(1, 2),
                 gate.view(B, T, H, hd), mixed)  # fmt: skip
-
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        B, T, C = x.shape
-        held = cache.slots.get(0) if cache is not None else None
-        past = held if held is not None and (cache.owner.in_static_step or cache.owner.length) else (None, None)
-        q, k, v, log_decay, beta, gate, mixed = self.inputs(x, past[0])
-        o, state = chunked_kda(q, k, v, log_decay, beta, min(self.chunk, T), past[1])
-        if cache is not None:
-            remember_state(cache, mixed, state, past[0], held)
-        o = F.rms_norm(o.transpose(1, 2), (self.head_dim,), self.o_norm.weight.to(o.dtype), self.o_norm.eps)
-        return (o * torch.sigmoid(gate)).reshape(B, T, C)

@@ -269,25 +269,35 @@ def recurrent_delta_rule(q, k, v, log_decay, beta, state=None):
     return torch.stack(out, dim=2), S
 
 
+def convolved_qkv(weight: torch.Tensor, mixed: torch.Tensor, H: int, hd: int):
+    """The delta rule layers' queries, keys and values, (B, H, T, hd) each: the causal depthwise convolution of
+    ``mixed`` (B, T, 3C) written tap by tap (tap i reads the input CONV_SIZE - 1 - i positions back), a SiLU, then
+    queries and keys L2-normalised per head, the queries scaled by 1/sqrt(hd)."""
+    import torch.nn.functional as F
+
+    from model.deltanet import CONV_SIZE
+
+    B, T, _ = mixed.shape
+    w = weight[:, 0]  # (3C, CONV_SIZE)
+    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
+                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
+    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
+    return q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd), k / k.norm(dim=-1, keepdim=True), v
+
+
 def deltanet_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:
     """Gated DeltaNet's layer (arXiv 2412.06464) from the block's weights, step by step in float64: projections, the
     causal depthwise convolution and SiLU, L2-normalised queries (scaled) and keys, beta and the decay, the
     recurrence, the output's RMSNorm gated by SiLU, c_proj. It has no masks: its state is its memory."""
     import torch.nn.functional as F
 
-    from model.deltanet import CONV_SIZE
 
     p = {k: v.double() for k, v in block.named_parameters()}
     x = x.double()
     B, T, C = x.shape
     H, hd = block.n_head, block.head_dim
     mixed, gate, b, a = (x @ p["in_proj.weight"].T).split([3 * C, C, H, H], dim=-1)
-    w = p["conv_weight"][:, 0]  # (3C, CONV_SIZE): tap i reads the input CONV_SIZE - 1 - i positions back
-    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
-                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
-    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
-    q = q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd)
-    k = k / k.norm(dim=-1, keepdim=True)
+    q, k, v = convolved_qkv(p["conv_weight"], mixed, H, hd)
     beta = torch.sigmoid(b).transpose(1, 2)
     log_decay = (-torch.exp(p["A_log"]) * F.softplus(a + p["dt_bias"])).transpose(1, 2)
     o, _ = recurrent_delta_rule(q, k, v, log_decay, beta)
@@ -319,19 +329,13 @@ def kda_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tens
     recurrence, the output's RMSNorm gated by a sigmoid of the second low-rank projection, c_proj."""
     import torch.nn.functional as F
 
-    from model.deltanet import CONV_SIZE
 
     p = {k: v.double() for k, v in block.named_parameters()}
     x = x.double()
     B, T, C = x.shape
     H, hd = block.n_head, block.head_dim
     mixed, b = (x @ p["qkvb_proj.weight"].T).split([3 * C, H], dim=-1)
-    w = p["conv_weight"][:, 0]
-    conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
-                            if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
-    q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
-    q = q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd)
-    k = k / k.norm(dim=-1, keepdim=True)
+    q, k, v = convolved_qkv(p["conv_weight"], mixed, H, hd)
     beta = torch.sigmoid(b).transpose(1, 2)
     f = x @ p["decay_down.weight"].T @ p["decay_up.weight"].T + p["dt_bias"]  # (B, T, C): a decay per channel
     A = torch.exp(p["A_log"]).repeat_interleave(hd)
