@@ -1,7 +1,8 @@
 """headlab against its references, side by side in one process, interleaved (printing numbers, not tests).
 
     python bench_reference.py train-step            # a training step vs transformers' GPT2LMHeadModel
-    python bench_reference.py loss-chunk --vocab 50257  # the head and loss in chunks vs the whole logits
+    python bench_reference.py levers --vocab 50257 --loss-chunk 4096  # the head and loss in chunks vs whole logits
+    python bench_reference.py levers --compile-mode reduce-overhead  # a compiled step replayed as CUDA graphs
     python bench_reference.py generate              # greedy / sampled generation vs transformers' generate
     python bench_reference.py sample-process        # sample.py num_samples=8 vs 1, whole process
     python bench_reference.py prepare               # data preparation with gpt2 vs tiktoken's batch encode
@@ -36,6 +37,7 @@ from tqdm import tqdm
 from cli import OneLineErrorParser
 from common.run_files import write_text
 from model import GPT, Checkpoint, GPTConfig, KVCache
+from model.compiling import COMPILE_MODES, compile_for_training
 from model.decoding import (
     DECODINGS,
     GraphedStep,
@@ -226,10 +228,11 @@ def train_step(args) -> None:
            f"{', compiled' if args.compile else ''})", a, b, tokens, "tokens/s", comparison="train-step")  # fmt: skip
 
 
-def loss_chunk_step(args) -> None:
-    """trainer.loss_chunk's lever: headlab's training step with the head and loss in chunks of --loss-chunk tokens
-    (the reference side is the same model computing the whole logits), interleaved; on CUDA each side's peak
-    memory too. The same weights, batch and optimizer as train-step."""
+def lever_step(args) -> None:
+    """A lever of issue 53 measured on headlab's own training step (forward, backward, clipping, AdamW; train-step's
+    weights, batch and optimizer): the step with ``--loss-chunk`` (the head and loss in chunks) and/or compiled in
+    ``--compile-mode`` against the same step without them (the whole logits; compiled in the default mode where
+    either side compiles), interleaved; on CUDA each side's peak memory too."""
     device = resolve_device(args.device, option="--device")
     dtype = resolve_dtype(args.dtype, device, option="--dtype")
     if device.type == "cuda":
@@ -240,6 +243,8 @@ def loss_chunk_step(args) -> None:
     models = [GPT(config).to(device) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     models[0].loss_chunk = args.loss_chunk
+    compiled = args.compile or args.compile_mode != "default"
+    modes = (args.compile_mode, "default")
     idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
     peaks = [0, 0]
@@ -247,12 +252,14 @@ def loss_chunk_step(args) -> None:
     def make_step(side: int):
         model = models[side]
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw(device))
-        run = torch.compile(model) if args.compile else model
+        run = compile_for_training(model, "model", modes[side]) if compiled else model
 
         def step():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for _ in range(args.steps):
+                if modes[side] == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()
                 with autocast(device, dtype):
                     loss = run(x, y)[1]
                 loss.backward()
@@ -264,18 +271,21 @@ def loss_chunk_step(args) -> None:
 
         return step
 
-    if args.compile:
-        inductor_cache_per_cpu_capability()
-    chunked, whole = make_step(0), make_step(1)
-    chunked(), whole()  # warm-up (and compilation)
-    a, b = interleave(chunked, whole, args.rounds)
+    levers, plain = make_step(0), make_step(1)
+    levers(), plain()  # warm-up (and compilation)
+    a, b = interleave(levers, plain, args.rounds)
+    said = [(f"the head and loss in chunks of {args.loss_chunk} tokens", "the whole logits")] if args.loss_chunk else []
+    said += [(f"inductor's mode {args.compile_mode}", "the default mode")] if args.compile_mode != "default" else []
+    lever = " and ".join(w for w, _ in said) or "no lever (the same step twice)"
+    against = " and ".join(a for _, a in said) or "itself"
     memory = (f"; peak memory {peaks[0] / 2**30:.2f} GiB against {peaks[1] / 2**30:.2f} GiB"
               if device.type == "cuda" else "")
-    report(f"training step with the head and loss in chunks of {args.loss_chunk} tokens (reference: the whole "
-           f"logits; batch {args.batch} x {args.seq}, {args.n_layer} layers x {args.n_embd}, vocab {args.vocab}, "
-           f"{device_name(device)}, {str(dtype).removeprefix('torch.')}{', compiled' if args.compile else ''})"
-           f"{memory}", a, b, args.steps * args.batch * args.seq, "tokens/s", comparison="loss-chunk",
-           loss_chunk=args.loss_chunk, peak_bytes=peaks[0] or None, reference_peak_bytes=peaks[1] or None)  # fmt: skip
+    report(f"training step with {lever} (reference: {against}; batch {args.batch} x {args.seq}, {args.n_layer} "
+           f"layers x {args.n_embd}, vocab {args.vocab}, {device_name(device)}, {str(dtype).removeprefix('torch.')}"
+           f"{', compiled' if compiled else ''}){memory}", a, b, args.steps * args.batch * args.seq, "tokens/s",
+           comparison="levers", lever=lever, against=against, loss_chunk=args.loss_chunk,
+           compile_mode=args.compile_mode,
+           peak_bytes=peaks[0] or None, reference_peak_bytes=peaks[1] or None)  # fmt: skip
 
 
 class TokenTimes:
@@ -532,7 +542,7 @@ def decode_rounding(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["train-step", "loss-chunk", "generate", "sample-process", "prepare",
+    p.add_argument("what", choices=["train-step", "levers", "generate", "sample-process", "prepare",
                                     "decode-positions", "decode-rounding"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")
@@ -559,16 +569,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", choices=["gpt2_small", "given"], default="gpt2_small",
                    help="generate: GPT-2 small's shape, or the one --n-layer, --n-head, --n-embd, --vocab and --seq "
                         "(the context) give")  # fmt: skip
-    p.add_argument("--loss-chunk", type=int, default=4096, help="loss-chunk: tokens per chunk of the head and loss")
+    p.add_argument("--loss-chunk", type=int, default=0, help="levers: tokens per chunk of the head and loss (0: whole)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="levers: inductor's mode for the step with the levers (compiled as one graph)")
     p.add_argument("--json", default=None, help="also write what each comparison measured to this JSON file")
     args = p.parse_args(argv)
-    for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads",
-                   "loss_chunk"):
+    if args.loss_chunk < 0:
+        p.error(f"--loss-chunk {args.loss_chunk} must be at least 0 (0: the whole logits)")
+    for option in ("rounds", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "vocab", "new_tokens", "threads"):
         if getattr(args, option) < 1:
             p.error(f"--{option.replace('_', '-')} {getattr(args, option)} must be at least 1")
     device = resolve_device(args.device, option="--device")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
-    {"train-step": train_step, "loss-chunk": loss_chunk_step, "generate": generation, "sample-process": sample_process,
+    {"train-step": train_step, "levers": lever_step, "generate": generation, "sample-process": sample_process,
      "prepare": prepare_speed, "decode-positions": decode_positions,
      "decode-rounding": decode_rounding}[args.what](args)  # fmt: skip
     if args.json:

@@ -10,8 +10,8 @@ Each stage is a process of its own (a clean device for each), with its share of 
   ``compare.py``: each variant's tokens/s, MFU, micro-batch and compile time, and whether the layouts of one
   function agree in loss;
 - ``step``: ``bench_reference.py train-step``: headlab's training step against transformers' GPT-2, interleaved;
-- ``loss``: ``bench_reference.py loss-chunk``: the step with ``trainer.loss_chunk`` against the whole logits, time
-  and peak memory;
+- ``loss`` and ``mode``: ``bench_reference.py levers``: the step with ``trainer.loss_chunk`` against the whole logits,
+  and compiled in mode reduce-overhead (CUDA graphs) against the default mode, time and peak memory;
 - ``decode``: ``bench_reference.py generate``: eager, graph and compiled decoding against transformers' generate,
   tokens/s and their share of the memory-bandwidth limit, and how many greedy tokens agree;
 - ``plain``: ``bench.py --mode plain``: each attention block against its plainest code.
@@ -217,26 +217,43 @@ def read_decode(args: argparse.Namespace, out: Path) -> list[Check]:
 
 
 def loss_command(args: argparse.Namespace, out: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "bench_reference.py"), "loss-chunk", *step_shape(args), "--loss-chunk",
-            "16" if args.quick else "4096", "--device", args.device, "--dtype", args.dtype, "--json",
-            str(out / "loss.json")]  # fmt: skip
+    return lever_command(args, out / "loss.json", "--loss-chunk", "16" if args.quick else "4096")
+
+
+def mode_command(args: argparse.Namespace, out: Path) -> list[str]:
+    return lever_command(args, out / "mode.json", "--compile-mode", "reduce-overhead")
+
+
+def lever_command(args: argparse.Namespace, json_path: Path, *lever: str) -> list[str]:
+    """bench_reference.py levers: headlab's step with ``lever`` against the same step without it."""
+    return [sys.executable, str(ROOT / "bench_reference.py"), "levers", *step_shape(args), *lever, "--device",
+            args.device, "--dtype", args.dtype, "--json", str(json_path)]  # fmt: skip
 
 
 def read_loss(args: argparse.Namespace, out: Path) -> list[Check]:
-    (r,) = json.loads((out / "loss.json").read_text())["results"]
+    return read_lever(out / "loss.json", "loss", "trainer.loss_chunk={loss_chunk}")
+
+
+def read_mode(args: argparse.Namespace, out: Path) -> list[Check]:
+    return read_lever(out / "mode.json", "mode", "trainer.compile_mode={compile_mode}")
+
+
+def read_lever(path: Path, stage: str, option: str) -> list[Check]:
+    (r,) = json.loads(path.read_text())["results"]
     memory = (f"; peak {r['peak_bytes'] / 2**30:.2f} GiB vs {r['reference_peak_bytes'] / 2**30:.2f} GiB"
               if r.get("peak_bytes") else "")
-    return [Check("loss", f"trainer.loss_chunk={r['loss_chunk']}: the step with the head and loss in chunks vs the "
-                          f"whole logits", f"{r['ratio']:.3f}x its time ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}); "
-                          f"{r['headlab']:,.0f} tokens/s{memory}", "", "said")]  # fmt: skip
+    return [Check(stage, f"{option.format(**r)}: the step with {r['lever']} vs {r['against']}",
+                  f"{r['ratio']:.3f}x its time ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}); {r['headlab']:,.0f} "
+                  f"tokens/s{memory}", "", "said")]  # fmt: skip
 
 
 STAGES = [
     Stage("tests", 0.20, tests_command, read_tests, gpu_only=True),
-    Stage("sweep", 0.35, sweep_command, read_sweep),
+    Stage("sweep", 0.30, sweep_command, read_sweep),
     Stage("decode", 0.20, decode_command, read_decode),
     Stage("step", 0.10, step_command, read_step),
     Stage("loss", 0.05, loss_command, read_loss),
+    Stage("mode", 0.05, mode_command, read_mode),
     Stage("plain", 0.10, plain_command, read_plain),
 ]
 

@@ -27,19 +27,26 @@ if TYPE_CHECKING:
     from model.gpt import GPT
 
 COMPILE_SCOPES = ("block", "model")
+# inductor's modes (torch.compile's ``mode``): default; reduce-overhead replays each compiled graph as a CUDA graph
+# (inductor's graph trees: the launches of a small model's step at once; nothing on a CPU); max-autotune-no-cudagraphs
+# tunes the matmuls' kernels (minutes of compilation)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
-def compile_for_training(model: GPT, scope: str = "block") -> nn.Module:
-    """Compile ``model`` for training steps; returns the module to call (``model`` itself for ``block``)."""
+def compile_for_training(model: GPT, scope: str = "block", mode: str = "default") -> nn.Module:
+    """Compile ``model`` for training steps, in inductor's ``mode``; returns the module to call (``model`` itself for
+    ``block``)."""
     if scope not in COMPILE_SCOPES:
         raise ValueError(f"compile scope {scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode {mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
     inductor_cache_per_cpu_capability()
     torch._dynamo.reset()  # a multirun's previous job may have left compiled graphs
     if scope == "model":
-        return torch.compile(model)
+        return torch.compile(model, mode=mode)
     for block in model.transformer.h:
-        block.compile()
-    model.logits_and_loss = torch.compile(model.logits_and_loss)
+        block.compile(mode=mode)
+    model.logits_and_loss = torch.compile(model.logits_and_loss, mode=mode)
     return model
 
 

@@ -82,3 +82,30 @@ def test_a_model_with_compiled_blocks_counts_as_compiled():
     assert not is_compiled(model)
     model.transformer.h[0].compile()
     assert is_compiled(model), "packing for batched sampling must stay off"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_a_compile_mode_compiles_the_same_function_with_its_loss_in_chunks(mode):
+    """trainer.compile_mode (on a CPU reduce-overhead has no CUDA graphs to replay: the same kernels) with the loss in
+    chunks (trainer.loss_chunk) traced in the compiled region: the eager loss and gradients up to round-off."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = tiny_gpt_config(vocab_size=64, block_size=16, n_embd=32, n_layer=2)
+    eager_model, model = GPT(config), GPT(config)
+    model.load_state_dict(eager_model.state_dict())
+    model.loss_chunk = 7
+    idx = torch.randint(0, 64, (2, 16))
+    loss = compile_for_training(model, "block", mode)(idx, idx)[1]
+    loss.backward()
+    eager_loss = eager_model(idx, idx)[1]
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_unknown_compile_mode_is_refused_naming_the_modes():
+    with pytest.raises(ValueError, match=r"^compile mode 'fast'; choose one of: default, reduce-overhead, "
+                                         r"max-autotune-no-cudagraphs$"):  # fmt: skip
+        compile_for_training(small_gpt("fused_qkv"), "block", "fast")

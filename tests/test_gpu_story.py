@@ -18,7 +18,7 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     story = json.loads((out / "gpu_story.json").read_text())
     checks = story["checks"]
     stages = {c["stage"] for c in checks}
-    assert stages == {"tests", "sweep", "decode", "step", "loss", "plain"}, stages
+    assert stages == {"tests", "sweep", "decode", "step", "loss", "mode", "plain"}, stages
     assert {c["verdict"] for c in checks} <= {"ok", "SHORT", "FAILED", "NOT RUN", "said"}
     assert not [c for c in checks if c["verdict"] == "FAILED"], [c for c in checks if c["verdict"] == "FAILED"]
     sweep = [c["check"] for c in checks if c["stage"] == "sweep"]
@@ -27,7 +27,11 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     decode = {c["check"] for c in checks if c["stage"] == "decode"}
     assert {"eager decoding, batch 1, greedy", "compiled decoding, batch 1, greedy"} <= decode
     loss = next(c for c in checks if c["stage"] == "loss")
-    assert loss["check"].startswith("trainer.loss_chunk=16: ") and "x its time" in loss["measured"]
+    assert loss["check"].startswith("trainer.loss_chunk=16: the step with the head and loss in chunks of 16 tokens")
+    assert "x its time" in loss["measured"]
+    mode = next(c for c in checks if c["stage"] == "mode")
+    assert mode["check"] == ("trainer.compile_mode=reduce-overhead: the step with inductor's mode reduce-overhead vs "
+                             "the default mode")
     if not torch.cuda.is_available():
         assert next(c for c in checks if c["stage"] == "tests")["verdict"] == "NOT RUN"
     table = (out / "gpu_story.md").read_text()

@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from data.config import DataConfig, check_data_config
-from model.compiling import COMPILE_SCOPES
+from model.compiling import COMPILE_MODES, COMPILE_SCOPES
 from model.config import GPTConfig
 from model.context import check_past_context
 from model.device import DTYPES
@@ -54,6 +54,8 @@ class TrainerConfig:
     dtype: str = "auto"  # auto (bf16 on Ampere+, fp16 on older GPUs, float32 on CPU) | float32 | bfloat16 | float16
     compile: bool = False
     compile_scope: str = "block"  # block: each transformer block compiled once and reused | model: one graph
+    # inductor's mode: default | reduce-overhead (each graph replayed as a CUDA graph) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     # tokens per chunk of the LM head and loss computed together, gradients made in the forward pass
     # (model/chunked_loss.py): never the whole (tokens, vocab) float32 logits; 0: the whole logits at once
     loss_chunk: int = 0
@@ -135,6 +137,8 @@ def validate(cfg: TrainConfig) -> None:
                          f">= 1 (e.g. 4096), or 0 for the whole logits at once")  # fmt: skip
     if t.compile_scope not in COMPILE_SCOPES:
         raise ValueError(f"trainer.compile_scope={t.compile_scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
+    if t.compile_mode not in COMPILE_MODES:
+        raise ValueError(f"trainer.compile_mode={t.compile_mode!r}; choose one of: {', '.join(COMPILE_MODES)}")
     if t.dtype not in DTYPES:
         raise ValueError(f"trainer.dtype={t.dtype!r}; choose one of: {', '.join(DTYPES)}")
     if o.lr <= 0 or not 0 <= o.min_lr <= o.lr:

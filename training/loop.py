@@ -215,13 +215,14 @@ class Trainer:
 
         if t.profile and t.compile and device.type == "cpu":
             name_cpu_kernels()
-        forward = compile_for_training(self.model, t.compile_scope) if t.compile else self.model
+        forward = compile_for_training(self.model, t.compile_scope, t.compile_mode) if t.compile else self.model
         if dist.enabled:
             forward = DistributedDataParallel(forward, device_ids=[device.index] if device.type == "cuda" else None)
         loader = BatchLoader(data.tokens["train"], model_config.block_size, t.batch_size, t.seed, dist.rank,
                              dist.world_size, device, t.micro_batch_size)  # fmt: skip
         self.step = TrainStep(self.model, forward, self.optimizer, loader, grad_accum, cfg.optim.grad_clip,
-                              t.seed, dtype, dist, self.scaler)  # fmt: skip
+                              t.seed, dtype, dist, self.scaler,
+                              graphs_replayed=t.compile and t.compile_mode == "reduce-overhead")  # fmt: skip
         self.evaluate = Evaluator(data.tokens["val"], model_config.block_size, t.eval_windows, t.micro_batch_size,
                                   data.bytes_per_token("val"), device, dtype, dist)  # fmt: skip
         self.val_tokens, self.val_bytes_per_token = data.tokens["val"], data.bytes_per_token("val")
@@ -376,10 +377,12 @@ class Trainer:
         """Compile before the clock starts: one forward+backward, gradients discarded. Its time is
         logged as perf/compile_s and kept out of every speed and time-to-target figure."""
         if self.dist.is_main:
-            log.info("compiling (trainer.compile_scope=%s): the first forward and backward pass, untimed",
-                     self.cfg.trainer.compile_scope)
+            log.info("compiling (trainer.compile_scope=%s, compile_mode=%s): the first forward and backward pass, "
+                     "untimed", self.cfg.trainer.compile_scope, self.cfg.trainer.compile_mode)
         start, cache = time.perf_counter(), compile_cache_counts()
         x, y = self.step.loader.batch(step, 0)
+        if self.step.graphs_replayed:
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast(self.device, self.dtype):
             loss = self.step.forward(x, y)[1]
         loss.backward()

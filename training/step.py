@@ -21,10 +21,14 @@ class TrainStep:
 
     def __init__(self, model: torch.nn.Module, forward: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loader: BatchLoader, grad_accum: int, grad_clip: float, seed: int, dtype: torch.dtype,
-                 dist: Distributed, scaler: torch.amp.GradScaler | None = None) -> None:  # fmt: skip
+                 dist: Distributed, scaler: torch.amp.GradScaler | None = None,
+                 graphs_replayed: bool = False) -> None:  # fmt: skip
         self.model, self.forward, self.optimizer, self.loader = model, forward, optimizer, loader
         self.grad_accum, self.grad_clip, self.seed = grad_accum, grad_clip, seed
         self.device, self.dtype, self.dist, self.scaler = loader.device, dtype, dist, scaler
+        # compile_mode=reduce-overhead: each forward begins a new step of inductor's CUDA graph trees, whose outputs of
+        # the last replay (a micro-step's loss, already summed) may then be overwritten
+        self.graphs_replayed = graphs_replayed
 
     def __call__(self, step: int) -> tuple[float, float]:
         torch.manual_seed(step_seed(self.seed, self.dist.rank, step))
@@ -35,6 +39,8 @@ class TrainStep:
             # DDP all-reduces gradients on the last micro-step only.
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.forward.no_sync()
             with sync:
+                if self.graphs_replayed:
+                    torch.compiler.cudagraph_mark_step_begin()
                 with autocast(self.device, self.dtype):
                     loss = self.forward(x, y)[1]  # not the logits: (B, T, V) floats would outlive the step
                 scaled = loss / self.grad_accum
