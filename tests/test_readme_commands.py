@@ -69,8 +69,9 @@ FEWER_JOBS = {
     "python train.py -m experiment=compare_hybrid": ["trainer.seed=1", "model.n_layer=4"],
     "python train.py -m experiment=compare_schedules": ["trainer.seed=1", "model.n_layer=4"],
     "python train.py -m experiment=compare_attention_2026": ["trainer.seed=1", "model.n_layer=4"],
-    # one run, at the 4 layers its RRRN tiles
+    # one run, at the 4 layers its RRRN (KKKM) tiles
     "python train.py schedule=llama4": ["model.n_layer=4"],
+    "python train.py mixing=kimi_linear": ["model.n_layer=4"],
 }
 # The benchmarks' smallest cell: one layout and kernel (test_bench.py runs the default grid), the shapes of
 # test_bench.py's compiled cell (a compiled line reuses its inductor cache in a full run).
