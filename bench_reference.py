@@ -281,7 +281,8 @@ def lever_step(args) -> None:
     memory = (f"; peak memory {peaks[0] / 2**30:.2f} GiB against {peaks[1] / 2**30:.2f} GiB"
               if device.type == "cuda" else "")
     report(f"training step with {lever} (reference: {against}; batch {args.batch} x {args.seq}, {args.n_layer} "
-           f"layers x {args.n_embd}, vocab {args.vocab}, {device_name(device)}, {str(dtype).removeprefix('torch.')}"
+           f"layer{'s' if args.n_layer > 1 else ''} x {args.n_embd}, vocab {args.vocab}, {device_name(device)}, "
+           f"{str(dtype).removeprefix('torch.')}"
            f"{', compiled' if compiled else ''}){memory}", a, b, args.steps * args.batch * args.seq, "tokens/s",
            comparison="levers", lever=lever, against=against, loss_chunk=args.loss_chunk,
            compile_mode=args.compile_mode,
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("what", choices=["train-step", "levers", "generate", "sample-process", "prepare",
                                     "decode-positions", "decode-rounding"])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10, help="train-step: steps per round")
+    p.add_argument("--steps", type=int, default=10, help="train-step, levers: steps per round")
     p.add_argument("--batch", type=int, default=12, help="train-step: batch; generate/sample-process: samples")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--n-layer", type=int, default=4)

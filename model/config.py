@@ -417,8 +417,9 @@ def check_document_end(config: GPTConfig) -> None:
         raise ValueError(f"model.document_end={end!r} is document masking's end-of-text token, but "
                          f"model.document_masking=false; set model.document_masking=true, or model.document_end=null")
     if not isinstance(end, int) or isinstance(end, bool) or end < 0 or (config.vocab_size and end >= config.vocab_size):
-        raise ValueError(f"model.document_end={end!r} must be a token id in 0..{(config.vocab_size or 1) - 1} (the "
-                         f"tokenizer's end-of-text; null: training fills it in)")  # fmt: skip
+        raise ValueError(f"model.document_end={end!r} must be a token id of the vocabulary, 0 to "
+                         f"{(config.vocab_size or 1) - 1}: the token that ends a document (null: training fills in "
+                         f"the tokenizer's end-of-text)")  # fmt: skip
 
 
 def check_schedule(config: GPTConfig) -> None:

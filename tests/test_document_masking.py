@@ -158,7 +158,8 @@ def test_a_reused_cache_starts_with_one_document():
     ({"document_masking": False}, r"^model.document_end=0 is document masking's end-of-text token, but "
                                   r"model.document_masking=false; set model.document_masking=true, or "
                                   r"model.document_end=null$"),
-    ({"document_end": 50}, r"^model.document_end=50 must be a token id in 0..49"),
+    ({"document_end": 50}, r"^model.document_end=50 must be a token id of the vocabulary, 0 to 49: the token that "
+                           r"ends a document"),
 ])  # fmt: skip
 def test_each_bad_value_is_refused_in_one_line(fields, says):
     with pytest.raises(ValueError, match=says):
@@ -186,7 +187,8 @@ def test_a_run_masks_its_documents_names_it_and_refuses_a_source_of_one_document
     from model import load_checkpoint
 
     assert load_checkpoint(run).config.document_end == 256, "the bytes tokenizer's end-of-text, filled in and kept"
-    assert "-docs" in json.loads((run / "run.json").read_text())["name"]
+    info = json.loads((run / "run.json").read_text())
+    assert "-docs" in info["name"] and info["model"]["document_end"] == 256, "run.json records what was used"
     corpus = write_text_corpus(tmp_path / "one", 1, "one long document, " * 400)
     with pytest.raises(ValueError, match=r"model.document_masking=true, but the train split of .* is 1 document"):
         train(compose_train(*TINY, "logger=none", "model.document_masking=true", "data=files",

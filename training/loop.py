@@ -83,6 +83,10 @@ def run(setup: RunSetup) -> dict:
     data.check_fits(model_config.block_size, model_config.vocab_size)
     if model_config.document_masking:
         data.check_documents()
+        if model_config.document_end != tokenizer.eot_id and dist.is_main:
+            log.warning("model.document_end=%s is not the tokenizer's end-of-text (%s): a document ends where token %s "
+                        "is, which the prepared data's documents do not end with", model_config.document_end,
+                        tokenizer.eot_id, model_config.document_end)  # fmt: skip
     init_distributed(dist, device)
     finished, claim = False, None
     try:
@@ -96,7 +100,9 @@ def run(setup: RunSetup) -> dict:
         resume = setup.resume
         earlier = continuation.earlier_run_dirs(t.resume, run_dir, setup.in_place) if resume is not None else []
         container = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+        # what the tokenizer filled in: the vocabulary, and document masking's end-of-text
         container["model"]["vocab_size"] = model_config.vocab_size
+        container["model"]["document_end"] = model_config.document_end
         try:
             summary = Trainer(config, container, model_config, data, tokenizer, dist, device, setup.dtype,
                               grad_accum_steps(t, dist.world_size), run_dir, resume, setup.init_weights,
