@@ -159,3 +159,50 @@ def run_script(script: str, *args: str, cwd: Path = ROOT, env: dict | None = Non
     target = ["-m", *script.split()[1:]] if script.startswith("-m ") else [str(ROOT / script)]
     return run_python([*target, *args], cwd=cwd, env=user_env() if env is None else env, input=input,
                       timeout=timeout, umask=umask)  # fmt: skip
+
+
+def assert_chunked_form_is_the_recurrence(chunked, recurrent, inputs: list, chunk: int, where: str) -> None:
+    """A delta rule's chunked form against its float64 step-by-step recurrence on ``inputs`` (queries, keys, values,
+    log decays, betas, a starting state or None): the outputs, the final state and every input's gradient."""
+    import torch
+
+    got = chunked(*inputs[:5], chunk, inputs[5])
+    want = recurrent(*inputs)
+    for g, w, what in zip(got, want, ("outputs", "state")):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=f"{what}: {where}")
+    weights = [torch.randn_like(t) for t in want]
+    leaves = [t for t in inputs if t is not None]
+    got_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(got, weights)), leaves)
+    want_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(want, weights)), leaves)
+    for name, g, w in zip("q k v log_decay beta state".split(), got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: {where}")
+
+
+def random_linear_layer(layout: str, n_embd: int, n_head: int, seed: int):
+    """A linear-attention layer (gated_deltanet, kda) in float64 and eval mode, every parameter drawn anew for
+    ``seed`` (matrices N(0, 0.3^2), vectors N(0, 0.5^2)): far from the init, so a wrong formula shows."""
+    import torch
+
+    from model import build_attention
+
+    block = build_attention(layout, n_embd, n_head, "sdpa", position="none").double().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * (0.3 if p.dim() > 1 else 0.5))
+    return block
+
+
+def assert_layer_is_its_formula(block, reference, lengths) -> None:
+    """``block`` against ``reference(block, x)`` (its paper's formula in float64) at each of ``lengths``: the outputs,
+    and the gradient of every parameter."""
+    import torch
+
+    for T in lengths:
+        x = torch.randn(2, T, block.spec.n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(T))
+        got, want = block(x), reference(block, x)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=f"T={T}")
+        params, weight = dict(block.named_parameters()), torch.randn_like(got)
+        for name, g, w in zip(params, torch.autograd.grad((got * weight).sum(), list(params.values())),
+                              torch.autograd.grad((want * weight).sum(), list(params.values()))):  # fmt: skip
+            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T}")

@@ -15,14 +15,21 @@ import torch.nn.functional as F
 import yaml
 
 from analysis.plots import legend_title, tick_label
-from model import GPT, GPTConfig, KVCache, build_attention, convert_attention_layout, load_model
+from model import GPT, GPTConfig, KVCache, convert_attention_layout, load_model
 from model.config import attention_label
 from model.decoding import StaticStep
 from model.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
 from model.registry import KERNELS, SCORE_MODS
 from model.score_mods import spelled
 from tests.attention_reference import deltanet_reference, recurrent_delta_rule
-from tests.helpers import run_script, tiny_run, train_losses
+from tests.helpers import (
+    assert_chunked_form_is_the_recurrence,
+    assert_layer_is_its_formula,
+    random_linear_layer,
+    run_script,
+    tiny_run,
+    train_losses,
+)
 
 
 def delta_inputs(B, H, T, dk, dv, seed, state=True):
@@ -48,16 +55,8 @@ def test_the_chunked_form_is_the_recurrence_at_every_length_and_chunk_with_gradi
     for i, T in enumerate(LENGTHS):
         B, H, dk, dv = SHAPES[i % len(SHAPES)]
         inputs = delta_inputs(B, H, T, dk, dv, seed=T * 100 + chunk, state=i % 2 == 0)
-        got = chunked_delta_rule(*inputs[:5], chunk, inputs[5])
-        want = recurrent_delta_rule(*inputs)
-        for g, w, what in zip(got, want, ("outputs", "state")):
-            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=f"{what}: T={T} chunk={chunk}")
-        weights = [torch.randn_like(t) for t in want]
-        leaves = [t for t in inputs if t is not None]
-        got_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(got, weights)), leaves)
-        want_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(want, weights)), leaves)
-        for name, g, w in zip("q k v log_decay beta state".split(), got_grads, want_grads):
-            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T} chunk={chunk}")
+        assert_chunked_form_is_the_recurrence(chunked_delta_rule, recurrent_delta_rule, inputs, chunk,
+                                              f"T={T} chunk={chunk}")
 
 
 def test_a_sequence_in_pieces_carries_the_state_to_the_whole_sequences_result():
@@ -77,26 +76,10 @@ def reference_layer(block: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
     return deltanet_reference(block, "gated_deltanet", x, {})
 
 
-def random_deltanet(n_embd: int, n_head: int, seed: int) -> GatedDeltaNet:
-    block = build_attention("gated_deltanet", n_embd, n_head, "sdpa", position="none").double().eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * (0.3 if p.dim() > 1 else 0.5))
-    return block
-
-
 @pytest.mark.parametrize("n_embd,n_head", [(16, 1), (24, 3), (32, 4)])
 def test_the_layer_is_the_papers_formula_at_every_length_with_gradients(n_embd, n_head):
-    block = random_deltanet(n_embd, n_head, seed=n_head)
-    for T in (1, 2, 3, 4, 5, 17, 64, 65, 130):
-        x = torch.randn(2, T, n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(T))
-        got, want = block(x), reference_layer(block, x)
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=f"T={T}")
-        params, weight = dict(block.named_parameters()), torch.randn_like(got)
-        for name, g, w in zip(params, torch.autograd.grad((got * weight).sum(), list(params.values())),
-                              torch.autograd.grad((want * weight).sum(), list(params.values()))):  # fmt: skip
-            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T}")
+    block = random_linear_layer("gated_deltanet", n_embd, n_head, seed=n_head)
+    assert_layer_is_its_formula(block, reference_layer, (1, 2, 3, 4, 5, 17, 64, 65, 130))
 
 
 def deltanet_gpt(position: str = "none", n_layer: int = 2, seed: int = 0, **fields) -> GPT:

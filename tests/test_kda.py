@@ -11,10 +11,17 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from model import GPT, GPTConfig, KVCache, build_attention, convert_attention_layout
-from model.kda import KimiDeltaAttention, chunked_kda
+from model import GPT, GPTConfig, KVCache, convert_attention_layout
+from model.kda import chunked_kda
 from tests.attention_reference import kda_reference, recurrent_kda
-from tests.helpers import CONFIGS, tiny_run, train_losses
+from tests.helpers import (
+    CONFIGS,
+    assert_chunked_form_is_the_recurrence,
+    assert_layer_is_its_formula,
+    random_linear_layer,
+    tiny_run,
+    train_losses,
+)
 
 LENGTHS = [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 47, 64, 65]
 CHUNKS = [1, 2, 3, 4, 7, 16, 32]
@@ -39,16 +46,7 @@ def test_the_chunked_form_is_the_recurrence_at_every_length_and_chunk_with_gradi
     for i, T in enumerate(LENGTHS):
         B, H, dk, dv = SHAPES[i % len(SHAPES)]
         inputs = kda_inputs(B, H, T, dk, dv, seed=T * 100 + chunk, state=i % 2 == 0)
-        got = chunked_kda(*inputs[:5], chunk, inputs[5])
-        want = recurrent_kda(*inputs)
-        for g, w, what in zip(got, want, ("outputs", "state")):
-            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=f"{what}: T={T} chunk={chunk}")
-        weights = [torch.randn_like(t) for t in want]
-        leaves = [t for t in inputs if t is not None]
-        got_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(got, weights)), leaves)
-        want_grads = torch.autograd.grad(sum((g * w).sum() for g, w in zip(want, weights)), leaves)
-        for name, g, w in zip("q k v log_decay beta state".split(), got_grads, want_grads):
-            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T} chunk={chunk}")
+        assert_chunked_form_is_the_recurrence(chunked_kda, recurrent_kda, inputs, chunk, f"T={T} chunk={chunk}")
 
 
 def test_a_decay_per_channel_is_not_one_per_head():
@@ -71,26 +69,10 @@ def test_a_sequence_in_pieces_carries_the_state_to_the_whole_sequences_result():
     torch.testing.assert_close(state, s_whole, rtol=1e-10, atol=1e-12)
 
 
-def random_kda(n_embd: int, n_head: int, seed: int) -> KimiDeltaAttention:
-    block = build_attention("kda", n_embd, n_head, "sdpa", position="none").double().eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * (0.3 if p.dim() > 1 else 0.5))
-    return block
-
-
 @pytest.mark.parametrize("n_embd,n_head", [(16, 1), (24, 3), (32, 4)])
 def test_the_layer_is_the_papers_formula_at_every_length_with_gradients(n_embd, n_head):
-    block = random_kda(n_embd, n_head, seed=n_head)
-    for T in (1, 2, 5, 16, 17, 40):
-        x = torch.randn(2, T, n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(T))
-        got, want = block(x), kda_reference(block, "kda", x, {})
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=f"T={T}")
-        params, weight = dict(block.named_parameters()), torch.randn_like(got)
-        for name, g, w in zip(params, torch.autograd.grad((got * weight).sum(), list(params.values())),
-                              torch.autograd.grad((want * weight).sum(), list(params.values()))):  # fmt: skip
-            torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T}")
+    block = random_linear_layer("kda", n_embd, n_head, seed=n_head)
+    assert_layer_is_its_formula(block, lambda b, x: kda_reference(b, "kda", x, {}), (1, 2, 5, 16, 17, 40))
 
 
 def kimi_linear(**fields) -> GPTConfig:
