@@ -80,13 +80,34 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: H
     return softmax_with_sinks(scores.masked_fill(masked, float("-inf")), mods)
 
 
+_last_seen: list = [None]  # ((document_starts, keys, key), mask): the documents' mask the last forward's layers shared
+
+
+def forget_forward_masks() -> None:
+    """Drop the masks the last forward's layers shared (``score_bias``'s, ``seen_keys``'): a finished job leaves no
+    tensor of its own held here."""
+    _last_bias[0] = _last_seen[0] = None
+
+
 def seen_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
               document_starts: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # fmt: skip
     """True where a query sees a key: under the masks, (q_len, k_len), and within its document with
-    ``document_starts``, (B, 1, q_len, k_len). Keys in position order or at the positions ``keys`` gives."""
+    ``document_starts``, (B, 1, q_len, k_len). Keys in position order or at the positions ``keys`` gives.
+
+    With documents, every layer (and every head of the wrapper) of a forward asks for the same (B, 1, q_len, k_len)
+    mask: in eager mode it is built once and kept while the forward's own starts tensor comes back, as
+    ``score_bias`` keeps its float mask (a forward's starts are made once and never written)."""
+    remembered = document_starts is not None and not torch.compiler.is_compiling()
+    key = (q_len, k_len, masks, device)
+    last = _last_seen[0]
+    if remembered and last is not None and last[0][0] is document_starts and last[0][1] is keys and last[0][2] == key:
+        return last[1]
     queries, held = positions_of(q_len, k_len, keys, positions, device)
     keep = visible(q_len, k_len, masks, device) if keys is None else visible_at(queries, held, masks)
-    return within_documents(keep, document_starts, held)
+    keep = within_documents(keep, document_starts, held)
+    if remembered:
+        _last_seen[0] = ((document_starts, keys, key), keep)
+    return keep
 
 
 def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:

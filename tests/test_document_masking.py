@@ -194,3 +194,25 @@ def test_a_run_masks_its_documents_names_it_and_refuses_a_source_of_one_document
         train(compose_train(*TINY, "logger=none", "model.document_masking=true", "data=files",
                             f"data.path={corpus}", f"trainer.run_dir={tmp_path / 'r2'}",
                             f"data.cache_dir={tmp_path / 'cache'}"))  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+def test_a_forwards_layers_and_heads_share_one_documents_mask_which_a_finished_job_lets_go(kernel, monkeypatch):
+    import model.kernels as kernels
+    from model.masks import within_documents
+    from training.memory import release_memory
+
+    built = []
+    monkeypatch.setattr(kernels, "within_documents", lambda *a: built.append(1) or within_documents(*a))
+    gpt = model(kernel, attention="wrapper")  # 2 layers x 4 heads: 8 kernel calls a forward
+    idx = packed(2, 20, seed=9)
+    with torch.no_grad():
+        first = gpt(idx, idx)[0]
+        assert len(built) == 1, "one mask for every layer and head of the forward"
+        gpt(idx, idx)
+        assert len(built) == 2, "a new forward, new documents: a new mask"
+    with torch.no_grad():
+        assert_each_document_as_alone(gpt, idx)  # the shared mask is each layer's
+        torch.testing.assert_close(gpt(idx, idx)[0], first)
+    release_memory(torch.device("cpu"))
+    assert kernels._last_seen[0] is None and kernels._last_bias[0] is None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from model.kernels import forget_forward_masks
+
 _STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
 
@@ -56,6 +58,7 @@ def release_memory(device: torch.device, compiled: bool = False) -> None:
     unreachable objects (collected), its ``compiled`` graphs, and on a GPU the allocator's cached blocks and
     cuBLAS's workspaces (allocated through the caching allocator, they count as memory in use: 33 MiB on a
     Hopper GPU). A job's plan then reads the memory it would read alone, and its figures start from zero."""
+    forget_forward_masks()  # the masks a forward's layers shared, kept until the next forward
     gc.collect()
     if compiled:  # compiled graphs and their guards hold the job's code and constants
         torch._dynamo.reset()
