@@ -36,6 +36,7 @@ from model.options import applied, check_applied, option_fields, takers
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
 from model.score_mods import ScoreMods, finite_number, on_the_scores
+from model.sparse import INDEXER_DIM, INDEXER_HEADS, LightningIndexer, check_sparse, index_flops
 
 if TYPE_CHECKING:
     from model.kv_cache import LayerCache
@@ -116,6 +117,11 @@ class AttentionSpec:
     linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False)
     # document masking: a query sees no key before its document's start (after the last end-of-text token)
     document_masking: bool = option(False, True, per_layer=False)
+    # DeepSeek Sparse Attention (model.sparse): each query attends the keys a lightning indexer of this many heads of
+    # this width scores highest, this many of them; None: dense
+    sparse_topk: int | None = option(None, 2, per_layer=False)
+    indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
+    indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -156,6 +162,7 @@ class AttentionSpec:
                              f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
         self.check_rope_scaling()
         self.check_rope_fraction()
+        check_sparse(self)
         for mod in SCORE_MODS.values():
             mod.check(getattr(self, mod.field))
 
@@ -242,6 +249,8 @@ class AttentionSpec:
                    for mask, value in masks_set(self)]  # fmt: skip
         if self.document_masking:
             effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
+        if self.sparse_topk is not None:
+            effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
         return effects + [(name, SCORE_MODS[name].option(getattr(self, SCORE_MODS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
@@ -321,10 +330,11 @@ class CausalAttentionHead(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None = None,
                 mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+                ) -> torch.Tensor:  # fmt: skip
         """This head's (encoded) queries over its group's keys and values -> (B, T, hd)."""
         return self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
-                           document_starts=document_starts).squeeze(1)
+                           document_starts=document_starts, selected=selected).squeeze(1)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This head's group's keys and values, (B, 1, T, hd) each."""
@@ -349,7 +359,7 @@ class MultiHeadAttention(nn.Module):
     # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer of this layout
     # applies; its position encoding's own come with "position". Any other set away from its off value is refused.
     applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "attention_chunk", "document_masking",
-                                                   "position",
+                                                   "position", "sparse_topk", "indexer_heads", "indexer_dim",
                                                    "query_temperature", "qk_norm", "softcap", "sinks", "gate",
                                                    "forget_gate", "dropout"})  # fmt: skip
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
@@ -397,8 +407,11 @@ class MultiHeadAttention(nn.Module):
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
         """Training FLOPs per token of the score and value matmuls: 6 x their widths (``score_widths``) x the keys
         each query sees at most (``seq_len``, or fewer under a mask the model sets that caps them: a window, a
-        chunk)."""
-        return 6 * sum(cls.score_widths(spec)) * mask_capacity(masks_set(spec), seq_len)
+        chunk); with sparse attention, the keys it selects at most, and its indexer's scores over every key."""
+        keys = mask_capacity(masks_set(spec), seq_len)
+        if getattr(spec, "sparse_topk", None) is None:
+            return 6 * sum(cls.score_widths(spec)) * keys
+        return 6 * sum(cls.score_widths(spec)) * min(spec.sparse_topk, keys) + index_flops(spec, keys)
 
     @classmethod
     def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
@@ -411,8 +424,9 @@ class MultiHeadAttention(nn.Module):
         """Numbers a KV cache keeps per token per layer: its keys and values (``kv_width``) and what a modification
         keeps per key (``ScoreMod.cache_width``); the plan's and the reports' cache bytes per token are this times
         the layers and the dtype's bytes."""
-        return cls.kv_width(spec) + sum(mod.cache_width(spec) for mod in SCORE_MODS.values()
-                                        if mod.used(getattr(spec, mod.field)))  # fmt: skip
+        indexer = spec.indexer_dim if getattr(spec, "sparse_topk", None) is not None else 0  # its key per token
+        return cls.kv_width(spec) + indexer + sum(mod.cache_width(spec) for mod in SCORE_MODS.values()
+                                                  if mod.used(getattr(spec, mod.field)))  # fmt: skip
 
     @classmethod
     def kv_width(cls, spec: AttentionSpec) -> int:
@@ -453,6 +467,7 @@ class MultiHeadAttention(nn.Module):
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
         self.build_encodings(spec, spec.head_dim)
+        self.indexer = LightningIndexer(spec) if spec.sparse_topk is not None else None  # DeepSeek's sparse attention
 
     def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
         """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).
@@ -506,9 +521,26 @@ class MultiHeadAttention(nn.Module):
         starts (model.document_masking; None: one document): a query sees no key before it."""
         if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature):
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
-        y = self.attend(x, positions, cache, document_starts if self.spec.document_masking else None)
+        documents = document_starts if self.spec.document_masking else None
+        selected = None
+        if self.indexer is not None:
+            selected, index = self.indexer(x, positions, cache, self.masks, documents)
+            if self.training and torch.is_grad_enabled() and cache is None:
+                self.indexer.loss = self.indexer_loss(x, index, selected, positions, documents)
+        y = self.attend(x, positions, cache, documents, selected)
         y = self.c_proj(y if self.gate is None else self.gated(y, x))
         return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
+
+    def indexer_loss(self, x: torch.Tensor, index: torch.Tensor, selected: torch.Tensor | None,
+                     positions: torch.Tensor | None, documents: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """The indexer's KL (``model.sparse.indexer_kl``) to this layer's attention weights at ``x``, summed over its
+        heads: over the ``selected`` keys, or (dense: the warm-up) every key a query sees. The weights are taken
+        without gradients, from the queries and keys projected again (``queries_keys``)."""
+        with torch.no_grad():
+            q, k = self.queries_keys(x)
+            probs = attention_probs(q, k, self.masks, mods=self.score_mods(x), positions=positions,
+                                    document_starts=documents, selected=selected)
+        return self.indexer.kl(index, probs.to(index.dtype).sum(dim=1), selected, self.masks, positions, documents)
 
     def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' outputs (B, T, C) times sigmoid(x W_g): per element, or per head over its dims."""
@@ -518,10 +550,12 @@ class MultiHeadAttention(nn.Module):
         return (y.unflatten(-1, (gate.size(-1), -1)) * gate.unsqueeze(-1)).flatten(-2)
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+               ) -> torch.Tensor:  # fmt: skip
         """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute
         positions, computed once by the GPT: a learned encoding was added to the embeddings; rotary turns the
-        queries and keys here (``encode_queries``/``encode_keys``), ALiBi biases the scores (``score_mods``)."""
+        queries and keys here (``encode_queries``/``encode_keys``), ALiBi biases the scores (``score_mods``).
+        ``selected`` (B, 1, T, keys): the keys sparse attention chose for each query (``model.sparse``), else None."""
         raise NotImplementedError
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -537,7 +571,9 @@ class MultiHeadAttention(nn.Module):
         The manual kernel applies exactly these; sdpa and flex fuse the same formula, so they describe a
         model run with any kernel.
         """
-        return attention_probs(*self.queries_keys(x), self.masks, mods=self.score_mods(x))
+        positions = torch.arange(x.size(1), device=x.device)
+        selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
+        return attention_probs(*self.queries_keys(x), self.masks, mods=self.score_mods(x), selected=selected)
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:
@@ -582,7 +618,8 @@ class WrapperAttention(MultiHeadAttention):
         )
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+               ) -> torch.Tensor:  # fmt: skip
         group, heads = self.n_head // self.n_kv_head, list(self.heads)  # not heads[h]: slow
         outputs = []
         for g in range(self.n_kv_head):
@@ -593,7 +630,7 @@ class WrapperAttention(MultiHeadAttention):
             for h in range(g * group, (g + 1) * group):
                 q = self.encode_queries(heads[h].queries(x), positions)
                 outputs.append(heads[h](q, k, v, keys, None if mods is None else mods.head(h), positions,
-                                        document_starts))  # fmt: skip
+                                        document_starts, selected))  # fmt: skip
         return torch.cat(outputs, dim=-1)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -674,21 +711,22 @@ class SplitHeadsAttention(MultiHeadAttention):
         raise NotImplementedError
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+               ) -> torch.Tensor:  # fmt: skip
         B, T, C = x.shape
         q, k, v = self.heads_qkv(x, positions)
         k, v, keys = remember(cache, 0, k, v)
         mods = self.score_mods(x, cache, k)
         if self.diff is None:
             y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
-                            document_starts=document_starts)
+                            document_starts=document_starts, selected=selected)
         else:  # every map reads both halves of its pair's values; the pairs' differences are the heads
             k, halves = repeat_kv(k, self.n_head), self.diff.value_halves(repeat_kv(v, self.n_head))
             # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
             calls = [torch.cat(halves, dim=-1)] if self.dropout and self.training else halves
             y = self.diff.combine(torch.cat([self.kernel(q, k, values, self.dropout, self.training, keys=keys,
                                                          mods=mods, positions=positions,
-                                                         document_starts=document_starts)
+                                                         document_starts=document_starts, selected=selected)
                                              for values in calls], dim=-1))  # fmt: skip
         return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
 

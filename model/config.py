@@ -20,6 +20,7 @@ from model.attention import AttentionSpec
 from model.differential import LAMBDA_INIT
 from model.masks import capacity as mask_capacity
 from model.score_mods import finite_number, score_mod_fields, spelled, with_fields
+from model.sparse import INDEXER_DIM, INDEXER_HEADS
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -86,6 +87,10 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
         lam = model.get("lambda_init", LAMBDA_INIT)
         parts.append(("diff" if lam == LAMBDA_INIT else f"diff{lam}") if model.get("differential") else "nodiff")
+    if model.get("sparse_topk") or "sparse_topk" in show:  # DeepSeek's sparse attention: -top64, -top64idx2x16
+        shape = (model.get("indexer_heads", INDEXER_HEADS), model.get("indexer_dim", INDEXER_DIM))
+        indexer = "" if shape == (INDEXER_HEADS, INDEXER_DIM) else f"idx{shape[0]}x{shape[1]}"
+        parts.append(f"top{model['sparse_topk']}{indexer}" if model.get("sparse_topk") else "dense")
     for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -131,6 +136,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
         (r"(no)?docs", "-docs (document masking)"),
         (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
+        (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
     )  # fmt: skip
@@ -144,7 +150,7 @@ def label_grammar() -> str:
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
               "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
-              "document_masking", "differential", "lambda_init",
+              "document_masking", "differential", "lambda_init", "sparse_topk", "indexer_heads", "indexer_dim",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -201,6 +207,11 @@ class GPTConfig:
     # the token document_end, the tokenizer's end-of-text, which training fills in)
     document_masking: bool = field(default=False, metadata={"reuse": "function"})
     document_end: int | None = field(default=None, metadata={"reuse": "function"})
+    # DeepSeek Sparse Attention (model.sparse): each query attends the sparse_topk keys its lightning indexer (this
+    # many heads, this wide) scores highest; None: dense
+    sparse_topk: int | None = field(default=None, metadata={"reuse": "weights"})
+    indexer_heads: int = field(default=INDEXER_HEADS, metadata={"reuse": "weights"})
+    indexer_dim: int = field(default=INDEXER_DIM, metadata={"reuse": "weights"})
     # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
     # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).

@@ -270,7 +270,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         return q, k, v, log_decay.transpose(1, 2), b.sigmoid().transpose(1, 2), gate.view(B, T, H, hd), mixed
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+               ) -> torch.Tensor:  # fmt: skip
         B, T, C = x.shape
         held = cache.slots.get(0) if cache is not None else None  # (the convolution's last inputs, the state)
         # a cache emptied for reuse (its length 0 outside a decode step) keeps its tensors, not their values; a static

@@ -100,6 +100,9 @@ class GPT(nn.Module):
         # Tokens per chunk of the LM head and loss computed together (model/chunked_loss.py; the trainer's
         # trainer.loss_chunk); 0: the whole (B, T, V) logits at once
         self.loss_chunk = 0
+        # Sparse attention's indexers (model.sparse), each layer's; the mean of their last KL, for the logs
+        self.indexers = [block.attn.indexer for block in self.transformer.h if getattr(block.attn, "indexer", None)]
+        self.indexer_kl: torch.Tensor | None = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -216,10 +219,30 @@ class GPT(nn.Module):
         vocab = self.config.vocab_size
         if self.loss_chunk:
             h = self.transformer.ln_f(x).flatten(0, 1)
-            return None, head_loss(h, self.lm_head.weight, targets.flatten(), vocab, self.loss_chunk)
+            return None, self.with_indexer_loss(head_loss(h, self.lm_head.weight, targets.flatten(), vocab,
+                                                          self.loss_chunk))  # fmt: skip
         logits = self.lm_head(self.transformer.ln_f(x))[..., :vocab]
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, self.with_indexer_loss(loss)
+
+    def with_indexer_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` with the gradient of the sparse attention indexers' KLs (``model.sparse``) added, its value
+        unchanged: loss + (KL - KL), the second KL detached. So the loss logged, compared and stopped on is the language
+        model's, and scaling it (gradient accumulation, fp16's scaler) scales the KL's gradient alike. The indexers'
+        KLs are taken (each is one forward's); their mean per layer is ``indexer_kl``."""
+        kls = [indexer.loss for indexer in self.indexers if indexer.loss is not None]
+        if not kls:
+            return loss
+        for indexer in self.indexers:
+            indexer.loss = None
+        kl = torch.stack(kls).sum()
+        self.indexer_kl = kl.detach() / len(kls)
+        return loss + (kl - kl.detach())
+
+    def select_sparse_keys(self, on: bool) -> None:
+        """Sparse attention selects its keys (``on``), or stays dense while its indexers learn (the warm-up)."""
+        for indexer in self.indexers:
+            indexer.selecting = on
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, each counted once (the tied LM head is the token embedding).

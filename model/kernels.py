@@ -62,16 +62,21 @@ def repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: HeldKeys | None = None,
                     mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                    document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+                    ) -> torch.Tensor:  # fmt: skip
     """softmax(Q K^T / sqrt(d_k)) under the block's ``masks`` (keys in position order, or at the positions ``keys``
     gives) and within each query's document (``document_starts``), with its score modifications
-    (``model.score_mods``; ``positions`` are the queries', for ALiBi): the weights every kernel applies to V."""
+    (``model.score_mods``; ``positions`` are the queries', for ALiBi): the weights every kernel applies to V.
+    ``selected`` (B, 1, q_len, k_len), sparse attention's keys (``model.sparse``), replaces the masks where given:
+    it is chosen among the keys they show."""
     k = repeat_kv(k, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
     q_len, k_len = q.size(-2), k.size(-2)
     if mods is not None:
         scores = mods.modify(scores, *positions_of(q_len, k_len, keys, positions, q.device))
-    if document_starts is not None:
+    if selected is not None:
+        masked = ~selected
+    elif document_starts is not None:
         masked = ~seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
     elif keys is None:
         masked = hidden(q_len, k_len, masks, q.device)
@@ -110,6 +115,17 @@ def seen_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, posit
     return keep
 
 
+def kept_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
+              document_starts: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # fmt: skip
+    """True where a query sees a key under the masks, (q_len, k_len), and within its document with
+    ``document_starts``, (B, 1, q_len, k_len); keys in position order or at the positions ``keys`` gives."""
+    if document_starts is not None:
+        return seen_keys(q_len, k_len, masks, keys, positions, document_starts, device)
+    if keys is None:
+        return visible(q_len, k_len, masks, device)
+    return visible_at(query_positions(positions, q_len, k_len, device), keys.positions, masks)
+
+
 def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
     """The queries' positions: as given, or (none given: keys in position order) the last q_len of k_len."""
     return torch.arange(k_len - q_len, k_len, device=device) if positions is None else positions
@@ -124,9 +140,11 @@ def positions_of(q_len: int, k_len: int, keys: HeldKeys | None, positions: torch
 
 def manual_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
                      mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                     document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The textbook formula: matmul, (score modifications,) the masks and documents, softmax, dropout, matmul."""
-    probs = attention_probs(q, k, masks, keys, mods, positions, document_starts)
+                     document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+                     ) -> torch.Tensor:  # fmt: skip
+    """The textbook formula: matmul, (score modifications,) the masks and documents (or the keys sparse attention
+    selected among them), softmax, dropout, matmul."""
+    probs = attention_probs(q, k, masks, keys, mods, positions, document_starts, selected)
     if dropout and training:  # a call that would return its input costs a small block a few percent
         probs = F.dropout(probs, p=dropout)
     return probs @ repeat_kv(v, q.size(1))
@@ -134,7 +152,8 @@ def manual_attention(q, k, v, dropout: float, training: bool, masks: Masks = (),
 
 def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
                    mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                   document_starts: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:  # fmt: skip
+                   document_starts: torch.Tensor | None = None, backend: str = "auto",
+                   selected: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """PyTorch's fused kernel (flash / memory-efficient / cuDNN / math: chosen by torch, or by ``backend``).
 
     ALiBi, the token biases and sinks go in as a float mask (the biases, -inf where a key is
@@ -150,11 +169,15 @@ def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
     with sdpa_backend(backend):
         if mods is not None and mods.needs_float_mask:
             bias = score_bias(q_len, k_len, masks, keys, mods, positions, q.dtype, q.device, document_starts)
+            if selected is not None:
+                bias = bias.masked_fill(~selected, float("-inf"))
             if mods.sinks is not None:
                 bias = bias.expand(*q.shape[:2], q_len, k_len)
                 bias = torch.cat((mods.sink_logits(q), bias), dim=-1)
                 k, v = (F.pad(t, (0, 0, 1, 0)) for t in (k, v))  # the sink's key and value: zeros
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, enable_gqa=gqa)
+        if selected is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=selected, dropout_p=p, enable_gqa=gqa)
         if document_starts is not None:
             seen = seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=p, enable_gqa=gqa)
@@ -211,7 +234,8 @@ def sdpa_backend(name: str):
 
 def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), keys: HeldKeys | None = None,
                    mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                   document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                   document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+                   ) -> torch.Tensor:  # fmt: skip
     """torch.nn.attention.flex_attention with the block's masks in a block mask, compiled as flex requires.
 
     No attention dropout (the config refuses it); a CPU runs its forward only (no backward in torch 2.13).
@@ -230,6 +254,8 @@ def flex_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
     The mask reads the lengths from tensors, so one compiled graph serves every length (no recompile per
     prompt length).
     """
+    if selected is not None:  # the config refuses sparse attention with flex (``AttentionSpec.kernel_effects``)
+        raise ValueError("kernel=flex cannot attend the keys sparse attention selects; use kernel=manual or sdpa")
     q_len, k_len = q.size(-2), k.size(-2)
     if keys is not None or (document_starts is None and sees_every_key(q_len, k_len, masks)):
         if mods is not None:
@@ -412,7 +438,7 @@ class AttentionKernel:
     # (model.registry.SCORE_MODS' names) and attention dropout, each kernel its own: a spec that needs another
     # (AttentionSpec.kernel_effects) is refused naming the kernels that apply it, so a new mask or modification is
     # refused by every kernel until the kernel applies it and says so.
-    applies: ClassVar[frozenset[str]] = frozenset({"window", "chunked", "documents", "dropout"})
+    applies: ClassVar[frozenset[str]] = frozenset({"window", "chunked", "documents", "sparse", "dropout"})
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
     compiles: ClassVar[bool] = False  # compiles itself on its first call (seconds of silence)

@@ -139,7 +139,8 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
         return k, v
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
+               ) -> torch.Tensor:  # fmt: skip
         B, T, C = x.shape
         q = self.queries(x, positions)
         latent, k_rope, keys = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
@@ -147,7 +148,7 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
         v = F.pad(v, (0, self.rope_dim)) if self.pad_values else v
         mods = self.score_mods(x, cache, latent)
         y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
-                            document_starts=document_starts)
+                        document_starts=document_starts, selected=selected)
         return y[..., : self.head_dim].transpose(1, 2).contiguous().view(B, T, C)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

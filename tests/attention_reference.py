@@ -98,11 +98,12 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
                         gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
                         query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
-                        seen: dict | None = None) -> torch.Tensor:  # fmt: skip
+                        seen: dict | None = None, selected: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
-    ``position``: learned (added before attention: nothing here), none, rope or alibi."""
+    ``position``: learned (added before attention: nothing here), none, rope or alibi. ``selected`` (B, T, T): the
+    keys sparse attention lets each query see (``sparse_selection``), where given."""
     params = {name: p.double() for name, p in block.named_parameters()}
     p = convert_attention_layout(params, layout, "separate_qkv", n_head=n_head)
     x = x.double()
@@ -137,6 +138,8 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         c = log_f.cumsum(dim=-1)
         scores = scores + (c[..., :, None] - c[..., None, :])
     scores = scores.masked_fill(~allowed(T, T, window, x.device, seen), float("-inf"))
+    if selected is not None:
+        scores = scores.masked_fill(~selected[:, None], float("-inf"))
     if sinks:  # one more logit per head in the denominator; the weight it takes goes nowhere
         sink = p["sinks"].view(1, n_head, 1, 1).expand(B, n_head, T, 1)
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
@@ -174,6 +177,53 @@ def temperature(T: int, steps: int, device) -> torch.Tensor:
                         device=device)  # fmt: skip
 
 
+def layer_norm(t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * g + b over the last dimension (the biased variance)."""
+    mean = t.mean(dim=-1, keepdim=True)
+    return (t - mean) / torch.sqrt((t - mean).pow(2).mean(dim=-1, keepdim=True) + eps) * weight + bias
+
+
+def index_scores(block, x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3.2's lightning indexer (its paper, eq. 1) from the block's weights, float64, (B, T, T): query t's
+    score of key s, I[t, s] = sum_j w[t, j] ReLU(q[t, j] . k[s]); q[t, j] = W_q x_t's head j, k[s] = LayerNorm(W_k
+    x_s), both turned by RoFormer's rotation at their positions with rotary positions; w[t, j] = (W_w x_t)_j /
+    sqrt(heads x dim), transformers' DeepseekV32Indexer's scale."""
+    spec = block.spec
+    p = {name.removeprefix("indexer."): t.double() for name, t in block.named_parameters()
+         if name.startswith("indexer.")}  # fmt: skip
+    x = x.double()
+    B, T, _ = x.shape
+    H, d = spec.indexer_heads, spec.indexer_dim
+    positions = torch.arange(T, device=x.device)
+    q = (x @ p["wq.weight"].T).view(B, T, H, d).transpose(1, 2)  # (B, H, T, d)
+    k = layer_norm(x @ p["wk.weight"].T, p["k_norm.weight"], p["k_norm.bias"])  # (B, T, d)
+    if spec.position == "rope":
+        q, k = rotate(q, positions, spec.rope_theta), rotate(k, positions, spec.rope_theta)
+    w = (x @ p["weights_proj.weight"].T) / math.sqrt(H * d)  # (B, T, H)
+    scores = torch.zeros(B, T, T, dtype=torch.float64, device=x.device)
+    for j in range(H):
+        scores = scores + w[:, :, j, None] * torch.relu(q[:, j] @ k.transpose(-1, -2))
+    return scores
+
+
+def sparse_selection(block, x: torch.Tensor, seen: dict) -> torch.Tensor | None:
+    """(B, T, T): True where query t attends key s under DeepSeek's sparse attention: among the keys its masks show
+    (``seen``), the ``sparse_topk`` of highest index score, equal scores to the later key; None for a dense block, or
+    one whose indexer is warming up (dense attention while it learns)."""
+    k = getattr(block.spec, "sparse_topk", None)
+    if k is None or not block.indexer.selecting:
+        return None
+    scores, shown = index_scores(block, x), allowed(x.size(1), x.size(1), None, x.device, seen)
+    B, T, _ = scores.shape
+    selected = torch.zeros(B, T, T, dtype=torch.bool, device=x.device)
+    for b in range(B):
+        for t in range(T):
+            candidates = [s for s in range(T) if shown[t, s]]
+            for s in sorted(candidates, key=lambda s: (-scores[b, t, s].item(), -s))[:k]:
+                selected[b, t, s] = True
+    return selected
+
+
 # ------------------------------------------------------------------ every function's formula, from its block
 
 
@@ -189,7 +239,7 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
     return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
-                               seen=seen)  # fmt: skip
+                               seen=seen, selected=sparse_selection(block, x, seen))  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):
@@ -214,6 +264,8 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
     c = rms_norm(down[..., :L], p["kv_norm.weight"])  # (B, T, L): the latent
     k_rope = rotation(down[..., L:], positions) if R else None  # (B, T, R): one key for every head
     seen_mask = allowed(T, T, None, x.device, seen)
+    selected = sparse_selection(block, x, seen)
+    seen_mask = seen_mask if selected is None else seen_mask & selected  # (B, T, T) with sparse attention
     slopes = torch.tensor(paper_alibi_slopes(heads), dtype=torch.float64) if spec.position == "alibi" else None
     forgotten = None  # the forget gate's c_i - c_j per head, c the cumulative sum of log f (reference_attention's)
     if spec.forget_gate:

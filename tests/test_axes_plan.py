@@ -48,6 +48,7 @@ def test_the_plans_kv_cache_is_layers_times_cache_width_times_bytes_and_what_the
     [dict(position="rope"), dict(position="alibi", kernel="manual"), dict(position="none"), dict(qk_norm=True),
      dict(sinks=True, kernel="manual"), dict(softcap=30.0, kernel="manual"), dict(attention="mla", kv_latent=24),
      dict(attention="mla", kv_latent=24, position="rope", rope_head_dim=8, qk_norm=True), dict(differential=True),
+     dict(sparse_topk=8), dict(attention="mla", kv_latent=24, sparse_topk=8, indexer_dim=16),
      dict(position="none", query_temperature=8, attention_chunk=8)],
 )  # fmt: skip
 def test_the_plan_counts_the_parameters_and_flops_the_model_counts(options):
@@ -112,7 +113,8 @@ def test_each_preset_plans_its_variants(experiment, tmp_path):
     [dict(position="rope"), dict(qk_norm=True), dict(position="rope", qk_norm=True),
      dict(attention="mla", kv_latent=32), dict(attention="mla", kv_latent=32, position="rope", rope_head_dim=8),
      dict(attention="gated_deltanet", position="none"), dict(differential=True),
-     dict(differential=True, position="rope", attention_chunk=16, n_kv_head=2),
+     dict(differential=True, position="rope", attention_chunk=16, n_kv_head=2), dict(sparse_topk=16),
+     dict(sparse_topk=16, position="rope", kernel="manual", indexer_heads=2, indexer_dim=16),
      dict(position="rope", layer_pattern="DG", layer_kinds={"D": {"attention": "gated_deltanet", "position": "none"},
                                                             "G": {}})],
 )  # fmt: skip

@@ -59,6 +59,9 @@ class TrainerConfig:
     # tokens per chunk of the LM head and loss computed together, gradients made in the forward pass
     # (model/chunked_loss.py): never the whole (tokens, vocab) float32 logits; 0: the whole logits at once
     loss_chunk: int = 0
+    # Sparse attention (model.sparse_topk): steps of dense attention at the start while the indexers learn the
+    # attention's distribution (DeepSeek-V3.2's warm-up), before each query attends only its selected keys
+    indexer_warmup: int = 0
     seed: int = field(default=1337, metadata={"reuse": "training"})
     resume: str | None = None  # a run directory or checkpoint file to continue from
     init_from: str | None = None  # start a NEW run from these weights: run dir, .pt, gpt2[-medium|...], HF folder
@@ -135,6 +138,13 @@ def validate(cfg: TrainConfig) -> None:
     if t.loss_chunk < 0:  # a whole number already (the schema's type)
         raise ValueError(f"trainer.loss_chunk={t.loss_chunk!r}: tokens per chunk of the head and loss, a whole number "
                          f">= 1 (e.g. 4096), or 0 for the whole logits at once")  # fmt: skip
+    if t.indexer_warmup < 0:
+        raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup}: steps of dense attention while sparse "
+                         f"attention's indexers learn, a whole number >= 0")  # fmt: skip
+    if t.indexer_warmup and cfg.model.sparse_topk is None:
+        raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup} warms up sparse attention's indexers, but "
+                         f"model.sparse_topk=null; set model.sparse_topk=<keys per query>, or "
+                         f"trainer.indexer_warmup=0")  # fmt: skip
     if t.compile_scope not in COMPILE_SCOPES:
         raise ValueError(f"trainer.compile_scope={t.compile_scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
     if t.compile_mode not in COMPILE_MODES:

@@ -228,7 +228,8 @@ class Trainer:
                              dist.world_size, device, t.micro_batch_size)  # fmt: skip
         self.step = TrainStep(self.model, forward, self.optimizer, loader, grad_accum, cfg.optim.grad_clip,
                               t.seed, dtype, dist, self.scaler,
-                              graphs_replayed=t.compile and t.compile_mode == "reduce-overhead")  # fmt: skip
+                              graphs_replayed=t.compile and t.compile_mode == "reduce-overhead",
+                              indexer_warmup=t.indexer_warmup)  # fmt: skip
         self.evaluate = Evaluator(data.tokens["val"], model_config.block_size, t.eval_windows, t.micro_batch_size,
                                   data.bytes_per_token("val"), device, dtype, dist)  # fmt: skip
         self.val_tokens, self.val_bytes_per_token = data.tokens["val"], data.bytes_per_token("val")
@@ -417,6 +418,8 @@ class Trainer:
             metrics["perf/mfu"] = self.flops_per_token * per_gpu / self.peak
         if self.scaler is not None:
             metrics["train/loss_scale"] = self.scaler.get_scale()
+        if self.step.indexer_kl is not None:  # sparse attention's indexers: their KL to the attention, per layer
+            metrics["train/indexer_kl"] = self.step.indexer_kl
         return {**metrics, **self.memory.read(), **self.load.step()}
 
     def record(self, step: int, metrics: dict) -> None:

@@ -22,17 +22,24 @@ class TrainStep:
     def __init__(self, model: torch.nn.Module, forward: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loader: BatchLoader, grad_accum: int, grad_clip: float, seed: int, dtype: torch.dtype,
                  dist: Distributed, scaler: torch.amp.GradScaler | None = None,
-                 graphs_replayed: bool = False) -> None:  # fmt: skip
+                 graphs_replayed: bool = False, indexer_warmup: int = 0) -> None:  # fmt: skip
         self.model, self.forward, self.optimizer, self.loader = model, forward, optimizer, loader
         self.grad_accum, self.grad_clip, self.seed = grad_accum, grad_clip, seed
         self.device, self.dtype, self.dist, self.scaler = loader.device, dtype, dist, scaler
         # compile_mode=reduce-overhead: each forward begins a new step of inductor's CUDA graph trees, whose outputs of
         # the last replay (a micro-step's loss, already summed) may then be overwritten
         self.graphs_replayed = graphs_replayed
+        # Sparse attention (model.sparse): dense for the first indexer_warmup steps while its indexers learn; the mean
+        # of their KL over the last step's micro-steps and ranks (None without sparse attention)
+        self.indexer_warmup, self.indexer_kl = indexer_warmup, None
 
     def __call__(self, step: int) -> tuple[float, float]:
         torch.manual_seed(step_seed(self.seed, self.dist.rank, step))
         total = torch.zeros((), dtype=torch.float64, device=self.device)  # summed on the device: no sync per micro-step
+        sparse = bool(getattr(self.model, "indexers", None))
+        if sparse:
+            self.model.select_sparse_keys(step >= self.indexer_warmup)
+        kl = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(self.grad_accum):
             x, y = self.loader.batch(step, micro)
             last = micro == self.grad_accum - 1
@@ -46,6 +53,8 @@ class TrainStep:
                 scaled = loss / self.grad_accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total += loss.detach()
+            if sparse and self.model.indexer_kl is not None:
+                kl += self.model.indexer_kl
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         # max_norm=inf measures the norm without clipping
@@ -56,5 +65,7 @@ class TrainStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, norm = torch.stack([total, norm.double()]).tolist()  # one host sync per step
+        loss_sum, norm, kl_sum = torch.stack([total, norm.double(), kl]).tolist()  # one host sync per step
+        if sparse:
+            self.indexer_kl = self.dist.mean(kl_sum / self.grad_accum, self.device)
         return self.dist.mean(loss_sum / self.grad_accum, self.device), norm

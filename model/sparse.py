@@ -1,0 +1,170 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2): ``model.sparse_topk=k``.
+
+A lightning indexer scores every key a query may see, and the attention then sees only the k keys it scores highest.
+Query token t's score of key s is
+
+    I[t, s] = sum_j w[t, j] relu(q[t, j] . k[s])
+
+over ``model.indexer_heads`` small heads j of ``model.indexer_dim`` dims: q[t, j] and the weights w[t, j] from the
+query's input, one key k[s] per token shared by the heads (LayerNorm'd), w scaled by 1 / sqrt(heads x dim) as
+transformers' ``DeepseekV32Indexer``; with rotary positions, q and k turn as the block's do. Every head of the layer
+attends over the same selected keys.
+
+Which keys: the k of highest score among those the query sees (its masks, its document); equal scores go to the
+later key, so the choice is one function of the scores on every device and in every cache order (a ring, a static
+step). Where a query sees at most k keys (k at least the context, or a window no longer than k) nothing is chosen:
+the layer is dense attention exactly, the same code path.
+
+Training (the paper's two stages, ``trainer.indexer_warmup``): the indexer learns the main attention's distribution,
+summed over the heads and L1-normalised, through KL(p || softmax(I)): first over every key a query sees while the
+attention stays dense (the warm-up), then over the selected keys only while the attention is sparse. The indexer
+reads its input detached and the target is taken without gradients, so the KL trains the indexer alone and the
+language-model loss the rest (the selection, a top-k, passes no gradient to the indexer). The model adds the KL's
+gradient to the loss's without changing the loss's value (``GPT.with_indexer_loss``): the loss logged is the
+language model's. From scratch the rest of the model trains during the warm-up too (the paper warms up from a dense
+checkpoint with the rest frozen).
+
+Decoding keeps each token's indexer key in the KV cache beside its keys and values (``INDEXER_SLOT``: ``dim`` numbers
+per token per layer), so a new query scores every held key without recomputing it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from model import registry
+from model.kernels import kept_keys
+from model.masks import HeldKeys, Masks
+from model.masks import capacity as mask_capacity
+
+if TYPE_CHECKING:
+    from model.kv_cache import LayerCache
+
+INDEXER_HEADS, INDEXER_DIM = 4, 32  # model.indexer_heads / indexer_dim by default (DeepSeek-V3.2: 64 x 128)
+INDEXER_SLOT = -2  # a layer cache's slot of the indexer keys (the token biases' states: -1; keys and values: 0, 1, ...)
+
+
+class LightningIndexer(nn.Module):
+    """One layer's indexer: its projections, the keys it selects (``forward``), and in training its KL to the
+    layer's attention (``loss``, taken by the GPT with the language-model loss)."""
+
+    def __init__(self, spec) -> None:
+        super().__init__()
+        self.topk, self.heads, self.dim = spec.sparse_topk, spec.indexer_heads, spec.indexer_dim
+        self.wq = nn.Linear(spec.n_embd, self.heads * self.dim, bias=False)
+        self.wk = nn.Linear(spec.n_embd, self.dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.dim)
+        self.weights_proj = nn.Linear(spec.n_embd, self.heads, bias=False)
+        scaling = {} if spec.rope_scaling is None else dict(
+            scaling=spec.rope_scaling, factor=float(spec.rope_factor),
+            original=spec.block_size if spec.rope_original_length is None else spec.rope_original_length)  # fmt: skip
+        self.rotary = registry.position(spec.position).rotary(self.dim, spec.rope_theta, **scaling)
+        self.selecting = True  # False during the warm-up: the attention stays dense while the indexer learns
+        self.loss: torch.Tensor | None = None  # the last training forward's KL, until the GPT takes it
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None):
+        """(B, T, C) -> the queries (B, T, heads, dim), the keys (B, T, dim) and the heads' weights (B, T, heads)."""
+        B, T, _ = x.shape
+        q, k = self.wq(x).view(B, T, self.heads, self.dim), self.k_norm(self.wk(x))
+        if self.rotary is not None:
+            q, k = self.rotary(q, positions, time_dim=-3), self.rotary(k, positions)
+        return q, k, widened(self.weights_proj(x)) * (self.heads * self.dim) ** -0.5
+
+    @staticmethod
+    def scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """I = sum_j w_j relu(q_j . k), (B, T, S) float32 (or wider), of queries (B, T, heads, dim) over keys (B, S,
+        dim): a top-k's order under autocast is not bf16's."""
+        products = widened(torch.einsum("bthd,bsd->bths", q, k.to(q.dtype)).relu())
+        return torch.einsum("bths,bth->bts", products, w)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None, cache: LayerCache | None, masks: Masks,
+                document_starts: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
+        """The keys each query of ``x`` attends, (B, 1, T, S) True where selected (within its masks and document),
+        or None where every key it sees is (dense); and the index scores (B, T, S) with their gradients (training)."""
+        q, k, w = self.project(x.detach(), positions)
+        keys: HeldKeys | None = None
+        if cache is not None:
+            held, keys = cache.update(INDEXER_SLOT, k.unsqueeze(1))
+            k = held[:, 0]
+        index = self.scores(q, k, w)
+        T, S = index.shape[-2:]
+        if not self.selecting or self.topk >= mask_capacity(masks, S):
+            return None, index
+        keep = kept_keys(T, S, masks, keys, positions, document_starts, x.device)
+        return top_keys(index, keep, self.topk, keys), index
+
+    def kl(self, index: torch.Tensor, probs: torch.Tensor, selected: torch.Tensor | None, masks: Masks,
+           positions: torch.Tensor | None, document_starts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """The indexer's loss (``indexer_kl``) of its scores ``index`` against the attention weights ``probs``
+        (B, T, S), summed over the heads: over the ``selected`` keys, or (dense: the warm-up) every key a query sees."""
+        T, S = index.shape[-2:]
+        return indexer_kl(index, probs, allowed_keys(selected, T, S, masks, positions, document_starts, index.device))
+
+
+def widened(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or float64 where it is: a score's precision is never below float32's."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def top_keys(index: torch.Tensor, keep: torch.Tensor, topk: int, keys: HeldKeys | None) -> torch.Tensor:
+    """(B, 1, T, S): the ``topk`` keys of highest ``index`` (B, T, S) among those ``keep`` ((T, S) or (B, 1, T, S))
+    shows each query, equal scores to the later key (positions from ``keys``; else in order from 0)."""
+    keep = keep if keep.dim() == 3 or keep.dim() == 2 else keep[:, 0]
+    S = index.size(-1)
+    scores = index.masked_fill(~keep, float("-inf"))
+    # latest first, then a stable sort by score: among equal scores the later key keeps its place ahead
+    latest_first = (torch.arange(S - 1, -1, -1, device=index.device) if keys is None
+                    else keys.positions.argsort(descending=True, stable=True))  # fmt: skip
+    ranked = torch.sort(scores[..., latest_first], dim=-1, descending=True, stable=True).indices[..., : min(topk, S)]
+    chosen = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, latest_first[ranked], True)
+    return (chosen & keep).unsqueeze(1)
+
+
+def indexer_kl(index: torch.Tensor, probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The mean over queries of KL(p || softmax(I)) over the keys ``allowed`` ((T, S) or (B, T, S)): p the attention
+    weights ``probs`` (B, T, S), summed over heads, renormalised over those keys."""
+    log_q = index.masked_fill(~allowed, float("-inf")).log_softmax(dim=-1).masked_fill(~allowed, 0.0)
+    p = probs.masked_fill(~allowed, 0.0)
+    p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+    return (torch.xlogy(p, p) - p * log_q).sum(dim=-1).mean()
+
+
+def allowed_keys(selected: torch.Tensor | None, T: int, S: int, masks: Masks, positions: torch.Tensor | None,
+                 document_starts: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # fmt: skip
+    """The keys the indexer's KL runs over: those selected, or (dense: the warm-up) every key a query sees;
+    (T, S) or (B, T, S)."""
+    if selected is not None:
+        return selected[:, 0]
+    keep = kept_keys(T, S, masks, None, positions, document_starts, device)
+    return keep[:, 0] if keep.dim() == 4 else keep
+
+
+def index_flops(spec, keys: int) -> int:
+    """Training FLOPs per token of the indexer's scores over ``keys`` keys (its projections are parameters)."""
+    return 6 * spec.indexer_heads * spec.indexer_dim * keys
+
+
+def check_sparse(spec) -> None:
+    """Refuse a top-k, indexer heads or indexer width that is not a positive whole number, or indexer settings without
+    a top-k, in one line naming the value."""
+    topk = spec.sparse_topk
+    if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1):
+        raise ValueError(f"model.sparse_topk={topk!r} must be a positive number of keys each query attends (DeepSeek-"
+                         f"V3.2's 2048), or null (dense attention)")  # fmt: skip
+    for name, default in (("indexer_heads", INDEXER_HEADS), ("indexer_dim", INDEXER_DIM)):
+        value = getattr(spec, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"model.{name}={value!r} must be a positive whole number (the indexer's "
+                             f"{'heads' if name == 'indexer_heads' else 'width per head'}; {default} by default)")
+                                                                                                         # fmt: skip
+        if value != default and topk is None:
+            raise ValueError(f"model.{name}={value} shapes the lightning indexer of sparse attention, but "
+                             f"model.sparse_topk=null; set model.sparse_topk=<keys per query>, or leave "
+                             f"model.{name} at {default}")  # fmt: skip
+    turns = registry.position(spec.position).turns_queries_keys
+    if topk is not None and turns and spec.indexer_dim % 2:
+        raise ValueError(f"model.indexer_dim={spec.indexer_dim} is odd, but model.position={spec.position} turns pairs "
+                         f"of the indexer's dims; choose an even model.indexer_dim")  # fmt: skip

@@ -1,0 +1,294 @@
+"""model.sparse_topk: DeepSeek Sparse Attention (DeepSeek-V3.2), a lightning indexer that picks the keys each query
+attends. Held to its float64 formula (tests/attention_reference.py: the paper's index scores, the top-k with equal
+scores to the later key, then the layer's softmax over those keys) in every softmax layout and both kernels that
+apply it, at lengths 1 to 65 and top-k from 1 to past the length, with every gradient; dense attention exactly where
+a query sees no more keys than it selects; the indexer's KL, the loss it joins without changing its value, and the
+warm-up; cached decoding (the indexer keys cached, eager and static steps, a ring past block_size, documents) equal to
+the full forward from every prompt length. Every bad value is refused in one line.
+
+The blocks run in float64 here: the selection is a top-k, so two keys whose scores differ by float32's round-off may
+trade places between two computations of the same function (a cached step against a full forward). In float64 no
+such near-tie occurs at these sizes, and equal scores (a ReLU at zero for every indexer head) are broken by the rule
+both sides share."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from attention_reference import index_scores, reference, sparse_selection
+from attention_reference import keys_seen as reference_masks
+from helpers import TINY, compose_train, read_metrics
+
+from model import GPT, GPTConfig, KVCache, build_attention
+from model.decoding import StaticStep
+from training.loop import train
+
+LAYERS = [("fused_qkv", {}), ("separate_qkv", {"n_kv_head": 2}), ("wrapper", {"n_kv_head": 1}),
+          ("mla", {"kv_latent": 8}), ("fused_qkv", {"differential": True, "position": "rope"}),
+          ("fused_qkv", {"sinks": True, "qk_norm": True, "forget_gate": True, "window": 7})]  # fmt: skip
+
+
+def block_of(layout: str, kernel: str, topk: int | None, seed: int = 0, **options):
+    """A float64 block of width 32, 4 heads, every parameter drawn N(0, 0.5^2): sharp attention and index scores."""
+    if layout == "mla" and options.get("position") == "rope":
+        options = {"rope_head_dim": 4, **options}
+    block = build_attention(layout, 32, 4, kernel, block_size=80, sparse_topk=topk, indexer_heads=3, indexer_dim=8,
+                            **options).double()  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * (2.0 if name == "sinks" else 0.5))
+    return block
+
+
+CELLS = [(layout, kernel, position, options) for i, (layout, options) in enumerate(LAYERS)
+         for kernel in ("manual", "sdpa") for position in ("learned", "rope")][::2] + \
+        [("fused_qkv", "sdpa", "rope", {}), ("mla", "manual", "rope", {"kv_latent": 8})]  # fmt: skip
+LENGTHS = [1, 2, 3, 5, 8, 13, 16, 17, 31, 32, 33, 47, 64, 65]
+
+
+def topks_for(T: int) -> list[int]:
+    """The top-k boundaries at length T: one key, two, a prime between, one short of every key, every key, past it."""
+    return sorted({1, 2, max(1, T // 3 | 1), max(1, T - 1), T, T + 1})
+
+
+@pytest.mark.parametrize("layout,kernel,position,options", CELLS,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]}-{'.'.join(c[3]) or 'plain'}" for c in CELLS])  # fmt: skip
+def test_every_layout_is_its_formula_at_every_length_and_topk(layout, kernel, position, options):
+    options = {"position": position, **options}
+    gen = torch.Generator().manual_seed(1)
+    for i, T in enumerate(LENGTHS):
+        for topk in topks_for(T)[i % 2 :: 2] if T > 8 else topks_for(T):  # every boundary, over neighbouring lengths
+            block = block_of(layout, kernel, topk, seed=T, **options)
+            x = torch.randn(1 + i % 3, T, 32, generator=gen, dtype=torch.float64, requires_grad=True)
+            want = reference(block, x)
+            got = block.train()(x)
+            where = f"T={T}, top-k {topk}"
+            # one scale: a few parts are float32 by design (differential's lambda, the forget gate's states)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item(), msg=where)
+            weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+            params = [p for name, p in block.named_parameters() if not name.startswith("indexer.")]
+            mine = torch.autograd.grad((got * weights).sum(), [x, *params])
+            theirs = torch.autograd.grad((want * weights).sum(), [x, *params])
+            scale = max(w.abs().max().item() for w in theirs)
+            for g, w in zip(mine, theirs):
+                torch.testing.assert_close(g, w, rtol=0, atol=1e-5 * scale, msg=where)
+
+
+def test_the_selection_is_the_papers_top_k_with_ties_to_the_later_key():
+    """The indexer's scores are the paper's formula; where several keys score exactly 0 (every head's ReLU at zero)
+    the later ones are chosen, the same rule the formula and a cache in any order share."""
+    block = block_of("fused_qkv", "sdpa", 3, position="rope")
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q, k, w = block.indexer.project(x, torch.arange(40))
+    want = index_scores(block, x)  # rotary's angles are float32 in the model: one scale
+    torch.testing.assert_close(block.indexer.scores(q, k, w), want, rtol=0, atol=1e-6 * want.abs().max().item())
+    with torch.no_grad():
+        block.indexer.weights_proj.weight.zero_()  # every score 0: a tie among every key a query sees
+    selected, _ = block.indexer(x, torch.arange(40), None, block.masks, None)
+    latest = torch.ones(40, 40).tril().bool() & ~torch.ones(40, 40).tril(-3).bool()  # each query and the two before
+    assert torch.equal(selected[:, 0], latest.expand(2, 40, 40))
+    assert torch.equal(selected[:, 0], sparse_selection(block, x, reference_masks(block.spec)))
+
+
+@pytest.mark.parametrize("layout,options", LAYERS, ids=[f"{name}-{'.'.join(o) or 'plain'}" for name, o in LAYERS])
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+def test_a_topk_at_least_the_keys_a_query_sees_is_dense_attention_exactly(layout, kernel, options):
+    """The same weights without an indexer: the same outputs and gradients, bit for bit (the same code path), at a
+    top-k of the context, past it, or of the window."""
+    window = options.get("window")
+    for topk in [24, 100] + ([window] if window else []):
+        torch.manual_seed(0)
+        extra = {"rope_head_dim": 4} if layout == "mla" else {}
+        base = dict(vocab_size=50, block_size=24, n_layer=2, n_head=4, n_embd=32, attention=layout, kernel=kernel,
+                    **{"position": "rope", **extra, **options})  # fmt: skip
+        dense, sparse = GPT(GPTConfig(**base)), GPT(GPTConfig(**base, sparse_topk=topk))
+        sparse.load_state_dict({**sparse.state_dict(), **dense.state_dict()})
+        idx = torch.randint(0, 50, (3, 24), generator=torch.Generator().manual_seed(1))
+        losses = [gpt(idx, idx.roll(-1, dims=1))[1] for gpt in (dense, sparse)]
+        assert torch.equal(losses[0], losses[1]), f"top-k {topk}"
+        for loss in losses:
+            loss.backward()
+        theirs = dict(dense.named_parameters())
+        for name, p in sparse.named_parameters():
+            if name in theirs:
+                assert torch.equal(p.grad, theirs[name].grad), f"top-k {topk}: {name}"
+
+
+def kl_formula(block, x: torch.Tensor, selected: torch.Tensor | None) -> torch.Tensor:
+    """The paper's indexer loss in float64: for each query, KL(p || softmax(I)) over the keys it attends, p the
+    layer's attention weights summed over its heads and L1-normalised over them; the mean over queries."""
+    _, weights = reference_weights(block, x)
+    p = weights.sum(dim=1)  # (B, T, T)
+    shown = torch.ones(x.size(1), x.size(1)).tril().bool().expand_as(p) if selected is None else selected
+    scores = index_scores(block, x).masked_fill(~shown, float("-inf"))
+    p = p.masked_fill(~shown, 0.0)
+    p = p / p.sum(dim=-1, keepdim=True)
+    log_q = torch.log_softmax(scores, dim=-1)
+    terms = torch.where(p > 0, p * (torch.log(p) - log_q), torch.zeros_like(p))
+    return terms.sum(dim=-1).mean()
+
+
+def reference_weights(block, x):
+    """The block's output and its heads' attention weights (B, H, T, T) by the latent formula's head-by-head form:
+    the layer here is attention=mla, whose reference gives its weights."""
+    from attention_reference import latent_reference
+
+    return latent_reference(block, "mla", x, reference_masks(block.spec), weights_too=True)
+
+
+@pytest.mark.parametrize("selecting", [False, True], ids=["warm-up: over every key", "sparse: over the selected"])
+def test_the_indexer_loss_is_the_papers_kl_and_trains_only_the_indexer(selecting):
+    block = block_of("mla", "sdpa", 4, kv_latent=8, position="rope").train()
+    block.indexer.selecting = selecting
+    x = torch.randn(2, 19, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64, requires_grad=True)
+    out = block(x)
+    got = block.indexer.loss
+    selected = sparse_selection(block, x, reference_masks(block.spec)) if selecting else None
+    want = kl_formula(block, x.detach(), selected)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)  # rotary's angles: float32 in the model
+    assert got > 1e-3, "a KL that tests nothing"
+    grads = torch.autograd.grad(got, [x, *block.parameters()], allow_unused=True)
+    assert grads[0] is None, "the indexer reads its input detached"
+    for (name, _), g in zip(block.named_parameters(), grads[1:]):
+        assert (g is not None and g.abs().sum() > 0) == name.startswith("indexer."), name
+    assert out.requires_grad
+
+
+def test_the_loss_keeps_its_value_and_gains_the_kls_gradient_scaled_as_the_loss_is():
+    """The loss is the language model's, bit for bit; its gradient is the language model's plus the KLs', scaled as
+    the loss is (a micro-step's share, fp16's scaler): the indexers' from the KLs alone, the rest from the loss."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=4, n_embd=32, position="rope", sparse_topk=5)
+    gpt = GPT(config).train()
+    idx = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(1))
+    targets = idx.roll(-1, dims=1)
+    hidden = gpt.hidden_states(idx)
+    kls = [indexer.loss for indexer in gpt.indexers]  # this forward's, before the loss takes them
+    logits, loss = gpt.logits_and_loss(hidden, targets)
+    plain = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), targets.reshape(-1))
+    assert torch.equal(loss, plain), "the loss's value is the language model's"
+    assert all(indexer.loss is None for indexer in gpt.indexers), "each KL is taken once"
+    assert torch.allclose(gpt.indexer_kl, sum(kls).detach() / 2)
+    indexer_params = [p for name, p in gpt.named_parameters() if ".indexer." in name]
+    rest = [p for name, p in gpt.named_parameters() if ".indexer." not in name]
+    got = torch.autograd.grad(loss * 0.25, indexer_params + rest, retain_graph=True)
+    want = torch.autograd.grad(sum(kls) * 0.25, indexer_params, retain_graph=True)
+    want += torch.autograd.grad(plain * 0.25, rest, allow_unused=True)
+    for g, w in zip(got, want):
+        assert torch.equal(g, torch.zeros_like(g) if w is None else w)
+
+
+def test_the_warm_up_is_dense_attention_and_then_each_query_attends_its_selection():
+    torch.manual_seed(0)
+    base = dict(vocab_size=50, block_size=24, n_layer=2, n_head=4, n_embd=32, position="rope")
+    dense, sparse = GPT(GPTConfig(**base)), GPT(GPTConfig(**base, sparse_topk=3))
+    sparse.load_state_dict({**sparse.state_dict(), **dense.state_dict()})
+    idx = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sparse.select_sparse_keys(False)
+        assert torch.equal(sparse(idx, idx)[0], dense(idx, idx)[0])
+        sparse.select_sparse_keys(True)
+        assert not torch.allclose(sparse(idx, idx)[0], dense(idx, idx)[0], atol=1e-3)
+
+
+def decode_model(layout: str, kernel: str, topk: int, block_size: int = 20, **options) -> GPT:
+    torch.manual_seed(0)
+    if layout == "mla":
+        options = {"kv_latent": 8, "rope_head_dim": 4, **options}
+    config = GPTConfig(vocab_size=50, block_size=block_size, n_layer=2, n_head=4, n_embd=32, attention=layout,
+                       kernel=kernel, position="rope", sparse_topk=topk, indexer_heads=3, indexer_dim=8,
+                       **options)  # fmt: skip
+    gpt = GPT(config).double().eval()
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    return gpt
+
+
+DECODES = [("fused_qkv", "sdpa", 3, {}), ("wrapper", "manual", 5, {"n_kv_head": 2}), ("mla", "sdpa", 2, {}),
+           ("separate_qkv", "manual", 4, {"window": 6}),
+           ("fused_qkv", "sdpa", 3, {"document_masking": True, "document_end": 0})]  # fmt: skip
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+@pytest.mark.parametrize("layout,kernel,topk,options", DECODES, ids=[f"{d[0]}-{d[1]}-top{d[2]}-{'.'.join(d[3])}"
+                                                                     for d in DECODES])  # fmt: skip
+def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, kernel, topk, options, static):
+    """The indexer keys held in the cache beside the keys: each decoded position's logits are the full forward's,
+    from every prompt length to past block_size (a ring of 20, the window's of 6), in batches of 1-3."""
+    gpt = decode_model(layout, kernel, topk, **options)
+    total = 29  # past the context of 20: the cache is a ring, the full forward reads the whole sequence
+    gen = torch.Generator().manual_seed(2)
+    for prompt in range(1, 20, 1 if not static else 3):
+        B = 1 + prompt % 3
+        idx = torch.randint(0, 50, (B, total), generator=gen)
+        idx[:, prompt // 2] = 0  # an end of text in the prompt (a document boundary where documents are masked)
+        with torch.inference_mode():
+            cache = KVCache(gpt.config.n_layer)
+            first = gpt(idx[:, :prompt], cache=cache)[0][:, -1]
+            torch.testing.assert_close(first, gpt(idx[:, :prompt])[0][:, -1], rtol=1e-9, atol=1e-9)
+            step = StaticStep(gpt, cache, B, torch.device("cpu")) if static else None
+            for t in range(prompt, total):
+                got = step(idx[:, t : t + 1], t) if static else gpt(idx[:, t : t + 1], cache=cache)[0][:, -1]
+                want = full_forward_at(gpt, idx[:, : t + 1])
+                torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")
+
+
+def full_forward_at(gpt: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """The last position's logits of a full forward over ``idx``: each query sees its context's keys (its last
+    block_size positions) as a ring holds them."""
+    return gpt(idx)[0][:, -1]
+
+
+def test_the_plan_counts_the_indexer_in_the_cache_and_flops():
+    base = dict(vocab_size=50, block_size=64, n_layer=2, n_head=4, n_embd=32)
+    dense, sparse = GPTConfig(**base), GPTConfig(**base, sparse_topk=16, indexer_heads=2, indexer_dim=8)
+    assert sparse.cache_widths == [w + 8 for w in dense.cache_widths]
+    gpt_dense, gpt_sparse = GPT(dense), GPT(sparse)
+    indexer_params = gpt_sparse.num_params() - gpt_dense.num_params()
+    assert indexer_params == 2 * (32 * 16 + 32 * 8 + 2 * 8 + 32 * 2)
+    # attention's two matmuls over 16 keys, not 64; the indexer's over all 64
+    scores = 2 * 6 * (2 * 32 * 64 - (2 * 32 * 16 + 2 * 8 * 64))
+    assert gpt_dense.flops_per_token() - gpt_sparse.flops_per_token() == scores - 6 * indexer_params
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [(dict(sparse_topk=0), "model.sparse_topk=0 must be a positive number"),
+     (dict(sparse_topk=-3), "model.sparse_topk=-3 must be a positive number"),
+     (dict(sparse_topk=True), "model.sparse_topk=True must be a positive number"),
+     (dict(sparse_topk=2.5), "model.sparse_topk=2.5 must be a positive number"),
+     (dict(sparse_topk=4, indexer_heads=0), "model.indexer_heads=0 must be a positive whole number"),
+     (dict(sparse_topk=4, indexer_dim=None), "model.indexer_dim=None must be a positive whole number"),
+     (dict(indexer_heads=8), "model.indexer_heads=8 shapes the lightning indexer of sparse attention, but "
+                             "model.sparse_topk=null"),
+     (dict(sparse_topk=4, indexer_dim=7, position="rope"), "model.indexer_dim=7 is odd"),
+     (dict(sparse_topk=4, kernel="flex"), "model.sparse_topk=4 selects the keys each query attends, which "
+                                         "kernel=flex cannot do; use kernel=manual or sdpa"),
+     (dict(sparse_topk=4, attention="gated_deltanet", position="none"), "model.sparse_topk=4 is an option of "),
+     (dict(sparse_topk=4, attention="kda", position="none"), "model.sparse_topk=4 is an option of ")],
+)  # fmt: skip
+def test_every_bad_value_is_refused_in_one_line(fields, message):
+    with pytest.raises(ValueError) as refused:
+        GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, n_embd=32, **fields)
+    assert message in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+
+
+def test_training_warms_up_dense_then_logs_the_indexer_kl(tmp_path, data_cache, monkeypatch):
+    """A real run: trainer.indexer_warmup steps of dense attention, then sparse; train/indexer_kl in the metrics;
+    the run named -top8. A warm-up without sparse attention is refused."""
+    run = tmp_path / "run"
+    common = [*TINY, "logger=none", "trainer.max_steps=6", "trainer.eval_interval=3", f"data.cache_dir={data_cache}"]
+    warmed, original = [], GPT.select_sparse_keys  # each step's call, recorded on its way to the real one
+    monkeypatch.setattr(GPT, "select_sparse_keys", lambda self, on: (warmed.append(on), original(self, on))[1])
+    train(compose_train(*common, "model.sparse_topk=8", "model.position=rope", "trainer.indexer_warmup=3",
+                        f"trainer.run_dir={run}"))  # fmt: skip
+    assert warmed[-6:] == [False] * 3 + [True] * 3, warmed
+    rows = [row for row in read_metrics(run) if "train/loss" in row]
+    assert len(rows) == 6 and all(row["train/indexer_kl"] > 0 for row in rows)
+    assert "top8" in json.loads((run / "run.json").read_text())["name"]
+    with pytest.raises(ValueError, match=r"trainer.indexer_warmup=3 warms up sparse attention's indexers"):
+        train(compose_train(*common, "trainer.indexer_warmup=3", f"trainer.run_dir={tmp_path / 'dense'}"))
