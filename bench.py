@@ -66,6 +66,7 @@ AXES = {
     "query_temperature": ("--query-temperature", None, "Llama 4's query temperature (model.query_temperature): "
                                                        "positions, or none"),
     "differential": ("--differential", False, "differential attention (model.differential): off and/or on"),
+    "sparse_topk": ("--sparse-topk", None, "DeepSeek's sparse attention (model.sparse_topk): keys per query, or none"),
 }  # fmt: skip
 OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_fields()}, "kv_latent": None,
                    "rope_head_dim": None, "layer_pattern": None, "layer_kinds": None,
