@@ -84,6 +84,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
     if model.get("document_masking") or "document_masking" in show:  # each token within its document: -docs
         parts.append("docs" if model.get("document_masking") else "nodocs")
+    if model.get("document_positions") or "document_positions" in show:  # positions from each document's start
+        parts.append("docpos" if model.get("document_positions") else "nodocpos")
     if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
         lam = model.get("lambda_init", LAMBDA_INIT)
         parts.append(("diff" if lam == LAMBDA_INIT else f"diff{lam}") if model.get("differential") else "nodiff")
@@ -134,7 +136,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
         (r"ropeorig\d+", "-ropeorig<trained length>"),
         (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
-        (r"(no)?docs", "-docs (document masking)"),
+        (r"(no)?docs", "-docs (document masking)"), (r"(no)?docpos", "-docpos (positions from each document's start)"),
         (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
         (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
@@ -150,7 +152,7 @@ def label_grammar() -> str:
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
               "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
-              "document_masking", "differential", "lambda_init", "sparse_topk", "indexer_heads", "indexer_dim",
+              "document_masking", "document_positions", "differential", "lambda_init", "sparse_topk", "indexer_heads", "indexer_dim",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -207,6 +209,8 @@ class GPTConfig:
     # the token document_end, the tokenizer's end-of-text, which training fills in)
     document_masking: bool = field(default=False, metadata={"reuse": "function"})
     document_end: int | None = field(default=None, metadata={"reuse": "function"})
+    # with document masking and an absolute position table: each token's position counted from its document's start
+    document_positions: bool = field(default=False, metadata={"reuse": "function"})
     # DeepSeek Sparse Attention (model.sparse): each query attends the sparse_topk keys its lightning indexer (this
     # many heads, this wide) scores highest; None: dense
     sparse_topk: int | None = field(default=None, metadata={"reuse": "weights"})
@@ -236,6 +240,7 @@ class GPTConfig:
         self.layer_kinds = {str(kind): dict(values) for kind, values in (self.layer_kinds or {}).items()}
         # Before the kernel's checks, which do not concern a layer that runs none: the kernel is not their fix.
         check_document_end(self)
+        check_document_positions(self)
         check_linear_layers(self)
         self.check_kernel_is_used()
         layout.check_spec(self.model_spec)  # every attention option, checked where attention is declared
@@ -431,6 +436,27 @@ def check_document_end(config: GPTConfig) -> None:
         raise ValueError(f"model.document_end={end!r} must be a token id of the vocabulary, 0 to "
                          f"{(config.vocab_size or 1) - 1}: the token that ends a document (null: training fills in "
                          f"the tokenizer's end-of-text)")  # fmt: skip
+
+
+def check_document_positions(config: GPTConfig) -> None:
+    """Refuse positions restarted per document without document masking (which finds the documents) or with an
+    encoding that reads distances (rotary, ALiBi, none), where a restart changes nothing a query sees."""
+    restart = config.document_positions
+    if restart is False:
+        return
+    if not isinstance(restart, bool):
+        raise ValueError(f"model.document_positions={restart!r} must be true or false")
+    if not config.document_masking:
+        raise ValueError("model.document_positions=true counts each token's position from its document's start, "
+                         "which document masking finds; set model.document_masking=true, or "
+                         "model.document_positions=false")  # fmt: skip
+    if not registry.position(config.position).absolute:
+        absolute = " or ".join(name for name, cls in registry.POSITIONS.items() if cls.absolute)
+        raise ValueError(f"model.document_positions=true restarts an absolute position table at each document, but "
+                         f"model.position={config.position} reads only the distance between a query and a key, which "
+                         f"a restart leaves unchanged within a document (with document masking each document already "
+                         f"computes what it computes alone); use model.position={absolute}, or "
+                         f"model.document_positions=false")  # fmt: skip
 
 
 def check_schedule(config: GPTConfig) -> None:

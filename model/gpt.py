@@ -167,7 +167,9 @@ class GPT(nn.Module):
         positions = self.positions_of(idx, cache)
         starts = self.document_starts(idx, positions, cache) if self.config.document_masking else None
         x = self.transformer.wte(idx)
-        added = self.transformer.wpe.to_add(positions)  # the learned table's vectors; None for the others
+        # the learned table's vectors (None for the others): with document_positions, of each token's place in its
+        # document, (B, T)
+        added = self.transformer.wpe.to_add(positions - starts if self.config.document_positions else positions)
         x = self.transformer.drop(x if added is None else x + added)
         for i, block in enumerate(self.transformer.h):
             x = block(x, positions, cache.layers[i] if cache is not None else None, starts)

@@ -44,7 +44,8 @@ class LearnedPositions(nn.Embedding):
         super().__init__(block_size, n_embd)
 
     def to_add(self, positions: torch.Tensor) -> torch.Tensor:
-        """(T,) positions -> (T, n_embd): what the tokens at those positions get added."""
+        """(T,) positions -> (T, n_embd): what the tokens at those positions get added; (B, T) -> (B, T, n_embd),
+        each row's own (positions counted from each document's start)."""
         return self(positions)
 
 
@@ -237,6 +238,9 @@ class PositionEncoding:
     in_gpt2: ClassVar[bool] = False  # GPT-2's format (export) holds it
     biases_scores: ClassVar[bool] = False  # adds to the attention scores (a kernel must take a score bias)
     turns_queries_keys: ClassVar[bool] = False  # rotates queries and keys (the head dim must be even)
+    # reads each token's own position (a table), not the distance between a query and a key: where positions restart
+    # per document (model.document_positions), what it adds changes; a distance within a document does not
+    absolute: ClassVar[bool] = False
     # The attention options it consumes (model.options): a layer that applies positions applies them with it
     fields: ClassVar[tuple[str, ...]] = ()
 
@@ -257,6 +261,7 @@ class Learned(PositionEncoding):
     name = "learned"
     runs_past_context = False
     in_gpt2 = True
+    absolute = True
 
     @classmethod
     def embedding(cls, block_size: int, n_embd: int) -> nn.Module:

@@ -109,6 +109,22 @@ def test_with_learned_positions_nothing_of_another_document_reaches_a_token_forw
     assert not x.grad[:, :18].any(), "no gradient crosses a boundary"
 
 
+@pytest.mark.parametrize("attention,fields", LAYERS)
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+def test_positions_restarted_per_document_make_each_document_compute_what_it_computes_alone(kernel, attention, fields):
+    """model.document_positions: the learned table reads each token's place in its document, so with learned
+    positions too a document of a packed window computes what it computes alone (without it, its place in the
+    window shows: the property fails)."""
+    compared = 0
+    for length in (1, 2, 5, 8, 13, 31, 48):
+        gpt = model(kernel, attention, position="learned", document_positions=True, **fields)
+        compared += assert_each_document_as_alone(gpt, packed(3, length, seed=length))
+    assert compared > 21, "documents were split"
+    unrestarted = model(kernel, attention, position="learned", **fields)
+    with pytest.raises(AssertionError):
+        assert_each_document_as_alone(unrestarted, packed(3, 31, seed=31))
+
+
 def test_the_kernels_compute_one_function_with_gradients():
     idx = packed(3, 40, seed=5)
     grads = {}
@@ -120,10 +136,14 @@ def test_the_kernels_compute_one_function_with_gradients():
         torch.testing.assert_close(grads["sdpa"][name], g, atol=1e-4, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("position,static", [("rope", False), ("rope", True), ("learned", False), ("learned", True)])
+@pytest.mark.parametrize("position,static", [("rope", False), ("rope", True), ("learned", False), ("learned", True),
+                                             ("docpos", False), ("docpos", True)])  # fmt: skip
 def test_cached_decoding_is_the_full_forward_with_documents_ending_anywhere(position, static):
-    """Prompts that end documents, continuations that end more; rope's ring wraps past block_size (16)."""
-    gpt = model("sdpa", position=position, block_size=16)
+    """Prompts that end documents, continuations that end more; rope's ring wraps past block_size (16); docpos: the
+    learned table read from each document's start (the cache carries where the next token's document starts)."""
+    restart = position == "docpos"
+    gpt = model("sdpa", position="learned" if restart else position, block_size=16, document_positions=restart)
+    position = "learned" if restart else position
     length = 16 if position == "learned" else 40
     idx = packed(2, length, seed=7)
     idx[0, 5], idx[1, 11], idx[1, length - 4] = END, END, END
@@ -160,6 +180,13 @@ def test_a_reused_cache_starts_with_one_document():
                                   r"model.document_end=null$"),
     ({"document_end": 50}, r"^model.document_end=50 must be a token id of the vocabulary, 0 to 49: the token that "
                            r"ends a document"),
+    ({"document_positions": True, "document_masking": False, "document_end": None},
+     r"^model.document_positions=true counts each token's position from its document's start, which document "
+     r"masking finds; set model.document_masking=true, or model.document_positions=false$"),
+    ({"document_positions": True, "position": "rope"},
+     r"^model.document_positions=true restarts an absolute position table at each document, but model.position=rope "
+     r"reads only the distance .*; use model.position=learned, or model.document_positions=false$"),
+    ({"document_positions": "yes"}, r"^model.document_positions='yes' must be true or false$"),
 ])  # fmt: skip
 def test_each_bad_value_is_refused_in_one_line(fields, says):
     with pytest.raises(ValueError, match=says):
