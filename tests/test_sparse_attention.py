@@ -237,6 +237,24 @@ def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, ke
                 torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")
 
 
+@pytest.mark.slow
+def test_the_compiled_static_step_is_the_full_forward():
+    """The static step compiled (sample.py's compiled decoding): the indexer's keys, their top-k and the masks in one
+    graph, past block_size, from two prompt lengths."""
+    from model.decoding import CompiledStep
+
+    gpt = decode_model("fused_qkv", "sdpa", 3, window=12)
+    idx = torch.randint(0, 50, (2, 29), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        for prompt in (3, 11):
+            cache = KVCache(gpt.config.n_layer)
+            gpt(idx[:, :prompt], cache=cache)
+            step = CompiledStep(gpt, cache, 2, torch.device("cpu"))
+            for t in range(prompt, 29):  # inductor fuses float64 differently from eager: round-off, not a choice
+                torch.testing.assert_close(step(idx[:, t : t + 1], t), full_forward_at(gpt, idx[:, : t + 1]),
+                                           rtol=1e-6, atol=1e-6, msg=f"prompt {prompt}, position {t}")  # fmt: skip
+
+
 def full_forward_at(gpt: GPT, idx: torch.Tensor) -> torch.Tensor:
     """The last position's logits of a full forward over ``idx``: each query sees its context's keys (its last
     block_size positions) as a ring holds them."""
