@@ -152,7 +152,8 @@ def label_grammar() -> str:
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
               "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
-              "document_masking", "document_positions", "differential", "lambda_init", "sparse_topk", "indexer_heads", "indexer_dim",
+              "document_masking", "document_positions", "differential", "lambda_init", "sparse_topk", "indexer_heads",
+              "indexer_dim",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
