@@ -271,6 +271,16 @@ class AttentionSpec:
         return get_kernel(self.kernel, self.masks, self.sdpa_backend)
 
 
+def own_draws():
+    """A fork of the generators modules are built with (the CPU's, and the default device's when that is an
+    accelerator): what is drawn inside is undone on leaving."""
+    device = torch.get_default_device()
+    if device.type in ("cpu", "meta"):
+        return torch.random.fork_rng(devices=[])
+    index = device.index if device.index is not None else getattr(torch, device.type).current_device()
+    return torch.random.fork_rng(devices=[index], device_type=device.type)
+
+
 def remember(
     cache: LayerCache | None, slot: int, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, HeldKeys | None]:
@@ -467,7 +477,10 @@ class MultiHeadAttention(nn.Module):
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
         self.build_encodings(spec, spec.head_dim)
-        self.indexer = LightningIndexer(spec) if spec.sparse_topk is not None else None  # DeepSeek's sparse attention
+        self.indexer = None  # DeepSeek's sparse attention: built apart, so the draws after it are the dense model's
+        if spec.sparse_topk is not None:
+            with own_draws():
+                self.indexer = LightningIndexer(spec)
 
     def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
         """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).

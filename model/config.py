@@ -19,6 +19,7 @@ from model import registry
 from model.attention import AttentionSpec
 from model.differential import LAMBDA_INIT
 from model.masks import capacity as mask_capacity
+from model.masks import options_set as masks_set
 from model.score_mods import finite_number, score_mod_fields, spelled, with_fields
 from model.sparse import INDEXER_DIM, INDEXER_HEADS
 
@@ -402,6 +403,11 @@ def context_notes(config: GPTConfig) -> list[str]:
         if "window" in config.layer_kinds[kind]:
             notes += window_notes(config.layer_kinds[kind]["window"], config.block_size, kind,
                                   kind_layers(config, kind))  # fmt: skip
+    seen = mask_capacity(masks_set(config), config.block_size)
+    if config.sparse_topk is not None and config.sparse_topk >= seen:
+        notes.append(f"model.sparse_topk={config.sparse_topk} is at least the {seen} keys a query sees: every query "
+                     f"attends every key it sees (dense attention), while the indexers still learn and cost their "
+                     f"FLOPs")  # fmt: skip
     return notes
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import attention_of
+from model.attention import attention_of, own_draws
 from model.chunked_loss import head_loss, token_losses
 from model.config import GPTConfig
 from model.convert import convert_attention_layout, detect_attention_layout, initial_form
@@ -55,20 +55,10 @@ def attention_block(config: GPTConfig) -> nn.Module:
     form = initial_form(config.attention)
     if form == config.attention:
         return attention_of(config.attention, config.attention_spec)
-    with _own_draws():
+    with own_draws():
         block = attention_of(config.attention, config.attention_spec)
     attention_of(form, config.attention_spec)  # the form's draws, as if it had been built; the block is dropped
     return block
-
-
-def _own_draws():
-    """A fork of the generators modules are built with (the CPU's, and the default device's when that is an
-    accelerator): what is drawn inside is undone on leaving."""
-    device = torch.get_default_device()
-    if device.type in ("cpu", "meta"):
-        return torch.random.fork_rng(devices=[])
-    index = device.index if device.index is not None else getattr(torch, device.type).current_device()
-    return torch.random.fork_rng(devices=[index], device_type=device.type)
 
 
 def score_flops(layout: type, spec, seq_len: int) -> int:
@@ -113,7 +103,8 @@ class GPT(nn.Module):
         ``model.registry.canonical_layout``), in sorted name
         order, then converted to this model's layout: for a seed, all layouts
         start from exactly the same weights, so their losses differ only by
-        arithmetic order. Weights ~ N(0, 0.02); the projections that write into
+        arithmetic order; sparse attention's indexers are drawn after everything else, so the rest starts as the dense
+        model's. Weights ~ N(0, 0.02); the projections that write into
         the residual stream (``c_proj``) get 0.02 / sqrt(2 * n_layer); biases 0, norms 1, sinks 0.
         """
         form = initial_form(self.config.attention)  # the canonical layout; attention=mla's own (another function)
@@ -124,7 +115,8 @@ class GPT(nn.Module):
         layouts = dict.fromkeys(layout for layout, _ in self.config.layer_layouts)
         owns = [layout.initial_tensor for layout in layouts if hasattr(layout, "initial_tensor")]  # gated_deltanet's
         drawn: dict[str, torch.Tensor] = {}
-        for name in sorted(canonical):
+        # sparse attention's indexers last: the rest of the model starts as the same model without them does
+        for name in sorted(canonical, key=lambda name: (is_indexer(name), name)):
             template = canonical[name]
             start = next((value for ending, value in starts.items() if name.endswith(ending)), None)
             if name == "lm_head.weight":
@@ -241,6 +233,13 @@ class GPT(nn.Module):
         self.indexer_kl = kl.detach() / len(kls)
         return loss + (kl - kl.detach())
 
+    def gradient_groups(self) -> list[list[nn.Parameter]]:
+        """The parameters whose gradients are clipped together: the model's, and apart from them its sparse attention
+        indexers' (trained by their KL alone: its gradient must not scale the language model's update)."""
+        named = list(self.named_parameters())
+        groups = [[p for name, p in named if not is_indexer(name)], [p for name, p in named if is_indexer(name)]]
+        return [group for group in groups if group]
+
     def select_sparse_keys(self, on: bool) -> None:
         """Sparse attention selects its keys (``on``), or stays dense while its indexers learn (the warm-up)."""
         for indexer in self.indexers:
@@ -301,6 +300,11 @@ class GPT(nn.Module):
                 f"state dict shapes do not fit this GPT's config ({len(wrong)} tensors): " + "; ".join(wrong[:5])
             )
         self.load_state_dict(state_dict)
+
+
+def is_indexer(name: str) -> bool:
+    """Whether a parameter is a sparse attention indexer's (``model.sparse``): drawn last, clipped apart."""
+    return ".indexer." in name
 
 
 def _as_layout(state_dict: Mapping[str, torch.Tensor], src: str, dst: str, n_head: int) -> dict[str, torch.Tensor]:

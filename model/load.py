@@ -112,4 +112,12 @@ def model_from_checkpoint(
         model.load_weights(ckpt.model)  # converts between layouts when they differ
     except ValueError as err:
         raise ValueError(f"the checkpoint's weights do not match its own config: {err}") from err
+    model.select_sparse_keys(not in_indexer_warmup(ckpt))
     return model
+
+
+def in_indexer_warmup(ckpt: Checkpoint) -> bool:
+    """Whether the checkpoint was saved within sparse attention's warm-up (``trainer.indexer_warmup``), its last
+    step and its validation dense: then it is read dense too, as it trained."""
+    warmup = ((ckpt.train_config or {}).get("trainer") or {}).get("indexer_warmup") or 0
+    return 0 < warmup and ckpt.step <= warmup

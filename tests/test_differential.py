@@ -124,16 +124,18 @@ def test_a_short_run_lowers_the_loss_loads_samples_and_is_refused_by_heads_and_e
 
 
 def test_the_2026_presets_variants_are_the_baseline_llama4s_schedule_and_differential_attention():
-    models = {name: OmegaConf.to_object(compose_train(*TINY, "model.n_layer=4", f"attention_2026={name}")).model
-              for name in ("full", "llama4", "differential", "kimi_linear", "documents")}  # fmt: skip
+    configs = {name: OmegaConf.to_object(compose_train(*TINY, "model.n_layer=4", f"attention_2026={name}"))
+               for name in ("full", "llama4", "differential", "kimi_linear", "documents", "sparse")}  # fmt: skip
+    models = {name: config.model for name, config in configs.items()}
     labels = {name: attention_label(vars(m)) for name, m in models.items()}
     assert labels == {"full": "fused_qkv-sdpa-rope", "llama4": "fused_qkv-sdpa-rope-RRRN_R.chunked8_N.nopos.qtemp8",
                       "differential": "fused_qkv-sdpa-rope-diff",
                       "kimi_linear": "mla-sdpa-latent64-nopos-KKKM_K.kda_M",
-                      "documents": "fused_qkv-sdpa-rope-docs"}  # fmt: skip
+                      "documents": "fused_qkv-sdpa-rope-docs", "sparse": "fused_qkv-sdpa-rope-top16"}  # fmt: skip
+    assert configs["sparse"].trainer.indexer_warmup == 30 and configs["full"].trainer.indexer_warmup == 0
     preset = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026.yaml").hydra.sweeper.params
     gpu = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026_gpu.yaml").hydra.sweeper.params
-    assert preset.attention_2026 == gpu.attention_2026 == "full,llama4,differential,kimi_linear,documents"
+    assert preset.attention_2026 == gpu.attention_2026 == "full,llama4,differential,kimi_linear,documents,sparse"
     assert preset["trainer.seed"] == gpu["trainer.seed"] == "1,2"
 
 

@@ -351,3 +351,35 @@ def test_training_warms_up_dense_then_logs_the_indexer_kl(tmp_path, data_cache, 
     assert "top8" in json.loads((run / "run.json").read_text())["name"]
     with pytest.raises(ValueError, match=r"trainer.indexer_warmup=3 warms up sparse attention's indexers"):
         train(compose_train(*common, "trainer.indexer_warmup=3", f"trainer.run_dir={tmp_path / 'dense'}"))
+    with pytest.raises(ValueError, match=r"^trainer.indexer_warmup=6 is at least trainer.max_steps=6: the run would "
+                                         r"never select keys; set trainer.indexer_warmup below 6"):  # fmt: skip
+        train(compose_train(*common, "model.sparse_topk=8", "trainer.indexer_warmup=6",
+                            f"trainer.run_dir={tmp_path / 'never'}"))  # fmt: skip
+
+
+def test_a_run_whose_queries_see_at_most_topk_keys_trains_as_the_dense_run_step_for_step(tmp_path, data_cache):
+    """A real run with model.sparse_topk at the context: the same initial weights as the dense run's (the indexers are
+    drawn last), the same language-model update (their KL's gradient is clipped apart): the same train/loss and
+    val/loss at every step, bit for bit."""
+    common = [*TINY, "logger=none", "trainer.max_steps=6", "trainer.eval_interval=3", "model.position=rope",
+              f"data.cache_dir={data_cache}"]  # fmt: skip
+    train(compose_train(*common, f"trainer.run_dir={tmp_path / 'dense'}"))
+    train(compose_train(*common, "model.sparse_topk=32", f"trainer.run_dir={tmp_path / 'top32'}"))
+    dense, sparse = (read_metrics(tmp_path / run) for run in ("dense", "top32"))
+    for key in ("train/loss", "val/loss"):
+        assert [row[key] for row in dense if key in row] == [row[key] for row in sparse if key in row], key
+
+
+def test_a_checkpoint_saved_within_the_warm_up_is_read_dense_as_it_trained(tmp_path, data_cache):
+    from model.checkpoint import load_checkpoint
+    from model.load import model_from_checkpoint
+
+    run = tmp_path / "run"
+    train(compose_train(*TINY, "logger=none", "trainer.max_steps=8", "trainer.stop_at_step=3",
+                        "trainer.checkpoint_interval=3", "model.sparse_topk=4", "trainer.indexer_warmup=5",
+                        f"data.cache_dir={data_cache}", f"trainer.run_dir={run}"))  # fmt: skip
+    within = model_from_checkpoint(load_checkpoint(run))
+    assert not any(indexer.selecting for indexer in within.indexers)
+    past = load_checkpoint(run)
+    past.step = 6
+    assert all(indexer.selecting for indexer in model_from_checkpoint(past).indexers)

@@ -57,8 +57,10 @@ class TrainStep:
                 kl += self.model.indexer_kl
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-        # max_norm=inf measures the norm without clipping
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
+        # max_norm=inf measures the norm without clipping. Sparse attention's indexers apart: the language model's norm
+        # is its own (the one reported), and the KL's gradient never scales its update
+        groups = self.model.gradient_groups() if hasattr(self.model, "gradient_groups") else [self.model.parameters()]
+        norm, *_ = [torch.nn.utils.clip_grad_norm_(group, self.grad_clip or float("inf")) for group in groups]
         if self.scaler:
             self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
             self.scaler.update()
