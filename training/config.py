@@ -141,10 +141,6 @@ def validate(cfg: TrainConfig) -> None:
     if t.indexer_warmup < 0:
         raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup}: steps of dense attention while sparse "
                          f"attention's indexers learn, a whole number >= 0")  # fmt: skip
-    if t.indexer_warmup and t.indexer_warmup >= t.max_steps:
-        raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup} is at least trainer.max_steps={t.max_steps}: the "
-                         f"run would never select keys; set trainer.indexer_warmup below {t.max_steps} (DeepSeek's "
-                         f"is about 6% of its steps), or trainer.indexer_warmup=0")  # fmt: skip
     if t.indexer_warmup and cfg.model.sparse_topk is None:
         raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup} warms up sparse attention's indexers, but "
                          f"model.sparse_topk=null; set model.sparse_topk=<keys per query>, or "

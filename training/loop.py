@@ -265,6 +265,10 @@ class Trainer:
                      f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
             for note in context_notes(self.model.config):  # a window that covers the context, or sees only itself
                 log.warning(note)
+            if t.indexer_warmup >= t.max_steps:  # a preset shortened for a try: allowed, but not what it says
+                log.warning("trainer.indexer_warmup=%d covers all %d steps of the run: its attention stays dense "
+                            "throughout (sparse attention selects from step %d on)", t.indexer_warmup, t.max_steps,
+                            t.indexer_warmup)  # fmt: skip
         bar = tqdm(total=stop_at, initial=step, desc="train", unit="step", disable=not self.dist.is_main,
                    dynamic_ncols=True)  # fmt: skip
         status = "failed"  # until the loop ends: an exception leaves it so in run.json
