@@ -228,6 +228,14 @@ class AttentionSpec:
         """The dims of each head that rotary turns (``rope_fraction`` of them)."""
         return round(self.rope_fraction * self.head_dim)
 
+    def rotary(self, dim: int):
+        """The rotation of ``dim`` dims of queries and keys at this spec's positions (base, scaling read past the
+        trained length), or None where its position encoding turns nothing: a head's, a sparse indexer's."""
+        scaling = {} if self.rope_scaling is None else dict(
+            scaling=self.rope_scaling, factor=float(self.rope_factor),
+            original=self.block_size if self.rope_original_length is None else self.rope_original_length)  # fmt: skip
+        return registry.position(self.position).rotary(dim, self.rope_theta, **scaling)
+
     @property
     def kv_heads(self) -> int:
         return self.n_kv_head or self.n_head
@@ -419,7 +427,7 @@ class MultiHeadAttention(nn.Module):
         each query sees at most (``seq_len``, or fewer under a mask the model sets that caps them: a window, a
         chunk); with sparse attention, the keys it selects at most, and its indexer's scores over every key."""
         keys = mask_capacity(masks_set(spec), seq_len)
-        if getattr(spec, "sparse_topk", None) is None:
+        if spec.sparse_topk is None:
             return 6 * sum(cls.score_widths(spec)) * keys
         return 6 * sum(cls.score_widths(spec)) * min(spec.sparse_topk, keys) + index_flops(spec, keys)
 
@@ -434,7 +442,7 @@ class MultiHeadAttention(nn.Module):
         """Numbers a KV cache keeps per token per layer: its keys and values (``kv_width``) and what a modification
         keeps per key (``ScoreMod.cache_width``); the plan's and the reports' cache bytes per token are this times
         the layers and the dtype's bytes."""
-        indexer = spec.indexer_dim if getattr(spec, "sparse_topk", None) is not None else 0  # its key per token
+        indexer = spec.indexer_dim if spec.sparse_topk is not None else 0  # its key per token
         return cls.kv_width(spec) + indexer + sum(mod.cache_width(spec) for mod in SCORE_MODS.values()
                                                   if mod.used(getattr(spec, mod.field)))  # fmt: skip
 
@@ -485,11 +493,7 @@ class MultiHeadAttention(nn.Module):
     def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
         """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).
         The rotation turns ``rotary_dim`` dims (attention=mla's decoupled part), by default all ``qk_dim``."""
-        scaling = {} if spec.rope_scaling is None else dict(
-            scaling=spec.rope_scaling, factor=float(spec.rope_factor),
-            original=spec.block_size if spec.rope_original_length is None else spec.rope_original_length)  # fmt: skip
-        self.rotary = registry.position(spec.position).rotary(rotary_dim or spec.rotary_dim, spec.rope_theta,
-                                                              **scaling)  # fmt: skip
+        self.rotary = spec.rotary(rotary_dim or spec.rotary_dim)
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap, self.query_temperature = spec.qk_norm, spec.softcap, spec.query_temperature

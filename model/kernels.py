@@ -76,12 +76,10 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: H
         scores = mods.modify(scores, *positions_of(q_len, k_len, keys, positions, q.device))
     if selected is not None:
         masked = ~selected
-    elif document_starts is not None:
-        masked = ~seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
-    elif keys is None:
-        masked = hidden(q_len, k_len, masks, q.device)
+    elif keys is None and document_starts is None:
+        masked = hidden(q_len, k_len, masks, q.device)  # cached, as the mask it negates
     else:
-        masked = ~visible_at(query_positions(positions, q_len, k_len, q.device), keys.positions, masks)
+        masked = ~kept_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
     return softmax_with_sinks(scores.masked_fill(masked, float("-inf")), mods)
 
 

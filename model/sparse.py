@@ -58,10 +58,7 @@ class LightningIndexer(nn.Module):
         self.wk = nn.Linear(spec.n_embd, self.dim, bias=False)
         self.k_norm = nn.LayerNorm(self.dim)
         self.weights_proj = nn.Linear(spec.n_embd, self.heads, bias=False)
-        scaling = {} if spec.rope_scaling is None else dict(
-            scaling=spec.rope_scaling, factor=float(spec.rope_factor),
-            original=spec.block_size if spec.rope_original_length is None else spec.rope_original_length)  # fmt: skip
-        self.rotary = registry.position(spec.position).rotary(self.dim, spec.rope_theta, **scaling)
+        self.rotary = spec.rotary(self.dim)  # as the block's queries and keys turn
         self.selecting = True  # False during the warm-up: the attention stays dense while the indexer learns
         self.loss: torch.Tensor | None = None  # the last training forward's KL, until the GPT takes it
 
@@ -112,7 +109,7 @@ def widened(t: torch.Tensor) -> torch.Tensor:
 def top_keys(index: torch.Tensor, keep: torch.Tensor, topk: int, keys: HeldKeys | None) -> torch.Tensor:
     """(B, 1, T, S): the ``topk`` keys of highest ``index`` (B, T, S) among those ``keep`` ((T, S) or (B, 1, T, S))
     shows each query, equal scores to the later key (positions from ``keys``; else in order from 0)."""
-    keep = keep if keep.dim() == 3 or keep.dim() == 2 else keep[:, 0]
+    keep = per_query(keep)
     S = index.size(-1)
     scores = index.masked_fill(~keep, float("-inf"))
     # latest first, then a stable sort by score: among equal scores the later key keeps its place ahead
@@ -138,7 +135,11 @@ def allowed_keys(selected: torch.Tensor | None, T: int, S: int, masks: Masks, po
     (T, S) or (B, T, S)."""
     if selected is not None:
         return selected[:, 0]
-    keep = kept_keys(T, S, masks, None, positions, document_starts, device)
+    return per_query(kept_keys(T, S, masks, None, positions, document_starts, device))
+
+
+def per_query(keep: torch.Tensor) -> torch.Tensor:
+    """``kept_keys``' mask without its head axis: (T, S), or (B, T, S) with documents (B, 1, T, S)."""
     return keep[:, 0] if keep.dim() == 4 else keep
 
 

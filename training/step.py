@@ -32,11 +32,13 @@ class TrainStep:
         # Sparse attention (model.sparse): dense for the first indexer_warmup steps while its indexers learn; the mean
         # of their KL over the last step's micro-steps and ranks (None without sparse attention)
         self.indexer_warmup, self.indexer_kl = indexer_warmup, None
+        # clipped apart: sparse attention's indexers from the rest (GPT.gradient_groups); the first one's norm reported
+        self.clip_groups = model.gradient_groups()
 
     def __call__(self, step: int) -> tuple[float, float]:
         torch.manual_seed(step_seed(self.seed, self.dist.rank, step))
         total = torch.zeros((), dtype=torch.float64, device=self.device)  # summed on the device: no sync per micro-step
-        sparse = bool(getattr(self.model, "indexers", None))
+        sparse = bool(self.model.indexers)
         if sparse:
             self.model.select_sparse_keys(step >= self.indexer_warmup)
         kl = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -59,8 +61,7 @@ class TrainStep:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         # max_norm=inf measures the norm without clipping. Sparse attention's indexers apart: the language model's norm
         # is its own (the one reported), and the KL's gradient never scales its update
-        groups = self.model.gradient_groups() if hasattr(self.model, "gradient_groups") else [self.model.parameters()]
-        norm, *_ = [torch.nn.utils.clip_grad_norm_(group, self.grad_clip or float("inf")) for group in groups]
+        norm, *_ = [torch.nn.utils.clip_grad_norm_(group, self.grad_clip or float("inf")) for group in self.clip_groups]
         if self.scaler:
             self.scaler.step(self.optimizer)  # skipped when the scaled gradients overflowed
             self.scaler.update()
@@ -68,6 +69,8 @@ class TrainStep:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, norm, kl_sum = torch.stack([total, norm.double(), kl]).tolist()  # one host sync per step
-        if sparse:
-            self.indexer_kl = self.dist.mean(kl_sum / self.grad_accum, self.device)
-        return self.dist.mean(loss_sum / self.grad_accum, self.device), norm
+        # the means over ranks, the KL's in the loss's all-reduce
+        loss, kl = (s / self.dist.world_size for s in self.dist.sum([loss_sum / self.grad_accum,
+                                                                       kl_sum / self.grad_accum], self.device))
+        self.indexer_kl = kl if sparse else None
+        return loss, norm
