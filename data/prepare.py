@@ -91,8 +91,8 @@ def prepare_or_reuse(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> tup
         if (target / "meta.json").exists():
             return target, False
         remove_stale_partials(target)
-        with _stop_signals_interrupt():  # from the start: loading the source can take a while too
-            _prepare_into(cfg, tokenizer, settings, target)
+        with _stop_signals_interrupt() as stop:  # from the start: loading the source can take a while too
+            _prepare_into(cfg, tokenizer, settings, target, stop)
     return target, True
 
 
@@ -101,12 +101,13 @@ def remove_stale_partials(target: Path) -> list[Path]:
     return remove_leftovers(target.parent, f".{target.name}{TMP_MARK}*")
 
 
-def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target: Path) -> None:
+def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target: Path, stop: _StopSignals) -> None:
     partial = temporary_name(target)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
-        meta = _write_tokens(cfg, tokenizer, partial, settings)
+        meta = _write_tokens(cfg, tokenizer, partial, settings, stop)
+        stop.check()
         (partial / "meta.json").write_text(json.dumps(meta, indent=2))  # the rename below makes it appear
         try:
             os.rename(partial, target)
@@ -156,26 +157,51 @@ class PreparationInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM during data preparation: nothing was kept, no process is left."""
 
 
+class _StopSignals:
+    """SIGTERM ends preparation like Ctrl-C does: cleanly, through the same clean-up.
+
+    The handler raises where the signal lands, which is prompt. But a library may swallow that exception or turn
+    it into another: ``datasets`` does while it imports (a module's import caught it and loading went on) and while
+    it lists files (a FileNotFoundError). So the signal is also recorded: ``check()`` raises it at the next safe
+    point (after loading, between documents, before the rename), and an error raised after it is the interruption.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def message(self) -> str:
+        return f"data preparation interrupted by signal {self.received}; nothing was kept"
+
+    def interrupt(self, signum, frame) -> None:
+        self.received = signum
+        raise PreparationInterrupted(self.message())
+
+    def check(self) -> None:
+        if self.received is not None:
+            raise PreparationInterrupted(self.message())
+
+
 @contextlib.contextmanager
-def _stop_signals_interrupt() -> Iterator[None]:
-    """SIGTERM ends preparation like Ctrl-C does: cleanly, through the same clean-up."""
-
-    def interrupt(signum, frame):
-        raise PreparationInterrupted(f"data preparation interrupted by signal {signum}; nothing was kept")
-
+def _stop_signals_interrupt() -> Iterator[_StopSignals]:
+    stop = _StopSignals()
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError):  # not the main thread
-            previous[sig] = signal.signal(sig, interrupt)
+            previous[sig] = signal.signal(sig, stop.interrupt)
     try:
-        yield
+        yield stop
+    except Exception as error:  # raised by a library that caught the interruption: the interruption is the cause
+        if stop.received is None:
+            raise
+        raise PreparationInterrupted(stop.message()) from error
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings: dict) -> dict:
+def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings: dict, stop: _StopSignals) -> dict:
     docs = load_documents(cfg)
+    stop.check()
     streaming = not hasattr(docs, "__len__")
     workers = cfg.num_proc or os.cpu_count() or 1
     dtype = token_dtype(tokenizer.vocab_size)
@@ -186,6 +212,7 @@ def _write_tokens(cfg: DataConfig, tokenizer: Tokenizer, folder: Path, settings:
     bar = tqdm(total=None if streaming else len(docs), unit="doc", desc=desc)
     try:
         for ids, n_bytes, val in _tokenized(docs, tokenizer, cfg, workers):
+            stop.check()
             bar.update()
             if n_bytes == 0:
                 continue  # an empty document adds nothing, not even an EOT

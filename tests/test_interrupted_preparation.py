@@ -14,9 +14,10 @@ import pytest
 from helpers import ROOT
 from warm_python import WarmProcess, start_python
 
+import data.prepare
 from data.config import DataConfig
 from data.loader import PreparedData
-from data.prepare import prepare
+from data.prepare import PreparationInterrupted, prepare
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for child processes")
 
@@ -74,6 +75,33 @@ def test_a_stop_signal_ends_preparation_promptly_with_no_process_or_partial_left
     assert helpers_before == [], "tokenizing runs on threads: there is no process to leave behind"
     assert not [p.name for p in cache.iterdir() if ".tmp-" in p.name], "no half-written directory"
     assert not list(cache.glob("*/meta.json")), "nothing that looks prepared"
+
+
+@pytest.mark.parametrize("library", ["swallows it", "raises another error"])
+def test_a_stop_signal_that_a_library_catches_still_interrupts(tmp_path, monkeypatch, library):
+    # datasets did both while loading (CI, stop 58): an import caught the interruption and loading went on to
+    # prepare everything; listing files turned it into "FileNotFoundError: Unable to find ...".
+    (tmp_path / "a.txt").write_text("some text\n" * 50)
+    real_load = data.prepare.load_documents
+
+    def loading_that_catches(cfg):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs here, at once
+        except KeyboardInterrupt as caught:
+            if library == "raises another error":
+                raise FileNotFoundError("Unable to find a.txt") from caught
+        return real_load(cfg)
+
+    monkeypatch.setattr(data.prepare, "load_documents", loading_that_catches)
+    cache = tmp_path / "cache"
+    cfg = DataConfig(name="files", source="files", path=str(tmp_path / "a.txt"), tokenizer="bytes", num_proc=1,
+                     cache_dir=str(cache))  # fmt: skip
+    with pytest.raises(PreparationInterrupted, match="interrupted by signal 2; nothing was kept"):
+        prepare(cfg)
+    assert not [p.name for p in cache.iterdir() if ".tmp-" in p.name], "no half-written directory"
+    assert not list(cache.glob("*/meta.json")), "nothing that looks prepared"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler before it is back"
 
 
 @pytest.mark.slow
