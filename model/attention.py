@@ -118,8 +118,9 @@ class AttentionSpec:
     # document masking: a query sees no key before its document's start (after the last end-of-text token)
     document_masking: bool = option(False, True, per_layer=False)
     # DeepSeek Sparse Attention (model.sparse): each query attends the keys a lightning indexer of this many heads of
-    # this width scores highest, this many of them; None: dense
-    sparse_topk: int | None = option(None, 2, per_layer=False)
+    # this width scores highest, this many of them; None: dense. A schedule's kind may set it (a hybrid's softmax
+    # layers); the indexer's shape is the model's, for every sparse layer
+    sparse_topk: int | None = option(None, 2)
     indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
     indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
 

@@ -21,7 +21,7 @@ from model.differential import LAMBDA_INIT
 from model.masks import capacity as mask_capacity
 from model.masks import options_set as masks_set
 from model.score_mods import finite_number, score_mod_fields, spelled, with_fields
-from model.sparse import INDEXER_DIM, INDEXER_HEADS
+from model.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -275,6 +275,8 @@ class GPTConfig:
         values |= {name: defaults[name] for name in position_fields() if name not in mine}
         if not self.differential:  # its lambda_init may serve a kind's differential layers only
             values["lambda_init"] = defaults["lambda_init"]
+        if self.sparse_topk is None:  # its indexer's shape, a kind's sparse layers only
+            values |= {name: defaults[name] for name in INDEXER_SHAPE}
         return AttentionSpec(**values)
 
     @property
@@ -309,6 +311,9 @@ class GPTConfig:
         # So does the model's lambda_init: to the differential layers
         if not fields_of_kind.get("differential", self.differential) and "lambda_init" not in fields_of_kind:
             unused["lambda_init"] = defaults["lambda_init"]
+        # and its indexer's shape: to the sparse layers
+        if fields_of_kind.get("sparse_topk", self.sparse_topk) is None:
+            unused |= {name: defaults[name] for name in INDEXER_SHAPE}
         return replace(self, layer_pattern=None, layer_kinds={}, **fields_of_kind, **unused)
 
     def consumes(self, name: str) -> bool:
@@ -403,11 +408,14 @@ def context_notes(config: GPTConfig) -> list[str]:
         if "window" in config.layer_kinds[kind]:
             notes += window_notes(config.layer_kinds[kind]["window"], config.block_size, kind,
                                   kind_layers(config, kind))  # fmt: skip
-    seen = mask_capacity(masks_set(config), config.block_size)
-    if config.sparse_topk is not None and config.sparse_topk >= seen:
-        notes.append(f"model.sparse_topk={config.sparse_topk} is at least the {seen} keys a query sees: every query "
-                     f"attends every key it sees (dense attention), while the indexers still learn and cost their "
-                     f"FLOPs")  # fmt: skip
+    for kind in dict.fromkeys(names):  # sparse attention (the model's, or a kind's) over every key a query sees
+        layer = config.layer_config(names.index(kind))
+        seen = mask_capacity(masks_set(layer), config.block_size)
+        if layer.sparse_topk is not None and layer.sparse_topk >= seen:
+            where = "" if kind is None else f" in layer kind {kind} {kind_layers(config, kind)}"
+            notes.append(f"model.sparse_topk={layer.sparse_topk} is at least the {seen} keys a query sees{where}: "
+                         f"every query attends every key it sees (dense attention), while the indexers still learn "
+                         f"and cost their FLOPs")  # fmt: skip
     return notes
 
 
@@ -486,6 +494,12 @@ def check_schedule(config: GPTConfig) -> None:
         raise ValueError(f"model.lambda_init={config.lambda_init} is differential attention's lambda, but no layer is "
                          f"differential; set model.differential=true (or +model.layer_kinds.<kind>.differential=true), "
                          f"or leave model.lambda_init at {LAMBDA_INIT}")  # fmt: skip
+    for name, default in INDEXER_SHAPE.items():
+        if getattr(config, name) != default and not config.in_any_layer("sparse_topk"):
+            raise ValueError(f"model.{name}={getattr(config, name)} shapes the lightning indexer of sparse attention, "
+                             f"but no layer is sparse; set model.sparse_topk=<keys per query> (or "
+                             f"+model.layer_kinds.<kind>.sparse_topk=<keys per query>), or leave model.{name} at "
+                             f"{default}")  # fmt: skip
 
 
 def check_position_options_reach_a_layer(config: GPTConfig) -> None:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from model.kv_cache import LayerCache
 
 INDEXER_HEADS, INDEXER_DIM = 4, 32  # model.indexer_heads / indexer_dim by default (DeepSeek-V3.2: 64 x 128)
+INDEXER_SHAPE = {"indexer_heads": INDEXER_HEADS, "indexer_dim": INDEXER_DIM}  # the model's, for every sparse layer
 INDEXER_SLOT = -2  # a layer cache's slot of the indexer keys (the token biases' states: -1; keys and values: 0, 1, ...)
 
 
@@ -155,7 +156,7 @@ def check_sparse(spec) -> None:
     if topk is not None and (not isinstance(topk, int) or isinstance(topk, bool) or topk < 1):
         raise ValueError(f"model.sparse_topk={topk!r} must be a positive number of keys each query attends (DeepSeek-"
                          f"V3.2's 2048), or null (dense attention)")  # fmt: skip
-    for name, default in (("indexer_heads", INDEXER_HEADS), ("indexer_dim", INDEXER_DIM)):
+    for name, default in INDEXER_SHAPE.items():
         value = getattr(spec, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"model.{name}={value!r} must be a positive whole number (the indexer's "

@@ -252,7 +252,9 @@ def decode_model(layout: str, kernel: str, topk: int, block_size: int = 20, **op
 
 DECODES = [("fused_qkv", "sdpa", 3, {}), ("wrapper", "manual", 5, {"n_kv_head": 2}), ("mla", "sdpa", 2, {}),
            ("separate_qkv", "manual", 4, {"window": 6}),
-           ("fused_qkv", "sdpa", 3, {"document_masking": True, "document_end": 0})]  # fmt: skip
+           ("fused_qkv", "sdpa", 3, {"document_masking": True, "document_end": 0}),
+           ("fused_qkv", "manual", None, {"layer_pattern": "DS", "layer_kinds": {"D": {}, "S": {"sparse_topk": 3}}})]
+                                                                                                         # fmt: skip
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
@@ -277,6 +279,27 @@ def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, ke
                 got = step(idx[:, t : t + 1], t) if static else gpt(idx[:, t : t + 1], cache=cache)[0][:, -1]
                 want = full_forward_at(gpt, idx[:, : t + 1])
                 torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")
+
+
+KIMI_LINEAR = dict(vocab_size=50, block_size=16, n_layer=4, n_head=4, n_embd=32, attention="mla", position="none",
+                   kv_latent=8, layer_pattern="KKKM", layer_kinds={"K": {"attention": "kda", "kv_latent": None},
+                                                                   "M": {}})  # fmt: skip
+
+
+def test_a_hybrids_softmax_kind_is_sparse_and_the_refusal_of_the_whole_model_names_it():
+    """Kimi Linear's KKKM: sparse attention for the whole model reaches its KDA layers, which cannot select keys; the
+    refusal names the fix that runs (the latent kind alone), whose layers alone get an indexer of the model's shape."""
+    with pytest.raises(ValueError) as refused:
+        GPTConfig(**KIMI_LINEAR, sparse_topk=4)
+    fix = "set it on the softmax kinds only (model.sparse_topk=null +model.layer_kinds.M.sparse_topk=4)"
+    assert fix in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    kinds = {**KIMI_LINEAR["layer_kinds"], "M": {"sparse_topk": 4}}
+    gpt = GPT(GPTConfig(**{**KIMI_LINEAR, "layer_kinds": kinds}, indexer_heads=2, indexer_dim=8))
+    indexers = [getattr(block.attn, "indexer", None) for block in gpt.transformer.h]
+    assert [i is not None for i in indexers] == [False, False, False, True]
+    assert (indexers[3].heads, indexers[3].dim, indexers[3].topk) == (2, 8, 4)
+    dense = GPTConfig(**KIMI_LINEAR)
+    assert gpt.config.cache_widths == [*dense.cache_widths[:3], dense.cache_widths[3] + 8], "its indexer's key cached"
 
 
 @pytest.mark.slow
@@ -328,8 +351,13 @@ def test_the_plan_counts_the_indexer_in_the_cache_and_flops():
      (dict(sparse_topk=4, indexer_dim=7, position="rope"), "model.indexer_dim=7 is odd"),
      (dict(sparse_topk=4, kernel="flex"), "model.sparse_topk=4 selects the keys each query attends, which "
                                          "kernel=flex cannot do; use kernel=manual or sdpa"),
-     (dict(sparse_topk=4, attention="gated_deltanet", position="none"), "model.sparse_topk=4 is an option of "),
-     (dict(sparse_topk=4, attention="kda", position="none"), "model.sparse_topk=4 is an option of ")],
+     (dict(sparse_topk=4, attention="gated_deltanet", position="none"),
+      "model.sparse_topk=4 with attention=gated_deltanet in every layer: it is an option of "),
+     (dict(sparse_topk=4, attention="kda", position="none"),
+      "model.sparse_topk=4 with attention=kda in every layer: it is an option of "),
+     (dict(indexer_heads=8, layer_pattern="A", layer_kinds={"A": {"window": 4}}),
+      "model.indexer_heads=8 shapes the lightning indexer of sparse attention, but no layer is sparse; set "
+      "model.sparse_topk=<keys per query> (or +model.layer_kinds.<kind>.sparse_topk=<keys per query>)")],
 )  # fmt: skip
 def test_every_bad_value_is_refused_in_one_line(fields, message):
     with pytest.raises(ValueError) as refused:

@@ -141,9 +141,9 @@ def validate(cfg: TrainConfig) -> None:
     if t.indexer_warmup < 0:
         raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup}: steps of dense attention while sparse "
                          f"attention's indexers learn, a whole number >= 0")  # fmt: skip
-    if t.indexer_warmup and cfg.model.sparse_topk is None:
-        raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup} warms up sparse attention's indexers, but "
-                         f"model.sparse_topk=null; set model.sparse_topk=<keys per query>, or "
+    if t.indexer_warmup and not cfg.model.in_any_layer("sparse_topk"):
+        raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup} warms up sparse attention's indexers, but no "
+                         f"layer is sparse (model.sparse_topk=null); set model.sparse_topk=<keys per query>, or "
                          f"trainer.indexer_warmup=0")  # fmt: skip
     if t.compile_scope not in COMPILE_SCOPES:
         raise ValueError(f"trainer.compile_scope={t.compile_scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
