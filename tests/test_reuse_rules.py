@@ -5,6 +5,7 @@ one line naming the setting."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, fields
 
 import pytest
@@ -78,12 +79,42 @@ def test_a_resume_with_another_window_is_refused_in_one_line_naming_it(tmp_path,
                    f"trainer.resume={tmp_path / 'run'}"))  # fmt: skip
     message = str(refusal.value)
     assert message.startswith(f"cannot resume from {tmp_path / 'run'}: its config differs: model.window: "
-                              f"checkpoint None vs now 4. Resume with the checkpoint's settings"), message
+                              f"checkpoint None vs now 4. Resume with the checkpoint's settings (add "
+                              f"model.window=null)"), message
     assert "\n" not in message
     assert not (tmp_path / "other").exists(), "refused before any run directory"
 
-    with pytest.raises(ValueError, match=r"it was started with other settings \(model.window: None then, 4 now\)"):
+    with pytest.raises(ValueError, match=r"it was started with other settings \(model.window: None then, 4 now\)\. "
+                                         r"Continue it with its own settings \(add model.window=null; all of them"):
         train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=4", "model.window=4", "trainer.resume=auto"))
+
+
+def test_a_refused_resume_names_the_overrides_that_resume_it_inside_a_schedules_kinds(tmp_path, data_cache):
+    """The fix is typed as the message gives it: a kind's field the run lacks (+...), one it adds (~...), each as a
+    shell word."""
+    schedule = ("model.n_layer=2", "model.layer_pattern=AB")
+    train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=2", *schedule, "+model.layer_kinds.A={}",
+               "+model.layer_kinds.B={window:4}"))  # fmt: skip
+    again = (*schedule, "+model.layer_kinds.A={window:8}", "+model.layer_kinds.B={}", "trainer.max_steps=3",
+             f"trainer.resume={tmp_path / 'run'}")  # fmt: skip
+    with pytest.raises(ValueError) as refusal:
+        train(tiny(tmp_path / "other", data_cache, *again))
+    fix = str(refusal.value).split("(add ")[1].split("), or start")[0]
+    assert fix == '"~model.layer_kinds.A.window" +model.layer_kinds.B.window=4', str(refusal.value)
+    summary = train(tiny(tmp_path / "other", data_cache, *again, *shlex.split(fix)))
+    assert summary["step"] == 3
+
+
+@pytest.mark.parametrize("value,typed", [(None, "null"), (True, "true"), (16, "16"), (0.5, "0.5"), ("kda", "kda"),
+                                         ("my notes.txt", "'my notes.txt'"), ("16", "'16'"), ("null", "'null'"),
+                                         ({"K": {"attention": "kda", "kv_latent": None}},
+                                          "{K:{attention:kda,kv_latent:null}}"), ([1, 2], "[1,2]")])  # fmt: skip
+def test_a_value_is_spelled_as_hydra_reads_it_back(value, typed):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    assert reuse.hydra_value(value) == typed
+    parsed = OverridesParser.create().parse_override(f"key={typed}").value()
+    assert parsed == value or (isinstance(value, list) and list(parsed) == value)
 
 
 def test_init_from_a_source_with_other_key_value_heads_is_refused_before_any_work(trained_run, tmp_path, data_cache):

@@ -131,14 +131,13 @@ def earlier_run_dirs(resume: str | None, run_dir: Path, in_place: bool) -> list[
 def check_same_settings(path: Path, saved: dict, now: dict) -> None:
     """A run continues in place only with every setting that decides its losses (training/reuse.py's
     ``continue``): ``trainer.max_steps`` may change, and where and how fast it runs."""
-    diffs = [f"{d.key}: {d.saved!r} then, {d.now!r} now"
-             for d in sorted(reuse.differences("continue", saved, now), key=lambda d: d.key)]  # fmt: skip
+    diffs = sorted(reuse.differences("continue", saved, now), key=lambda d: d.key)
     if diffs:
-        raise ValueError(
-            f"cannot continue the run in {path}: it was started with other settings ({'; '.join(diffs)}). "
-            f"Continue it with its own settings (its .hydra/overrides.yaml), or write to another directory "
-            f"(another hydra.sweep.dir or trainer.run_dir)"
-        )
+        was = "; ".join(f"{d.key}: {d.saved!r} then, {d.now!r} now" for d in diffs)
+        raise ValueError(f"cannot continue the run in {path}: it was started with other settings ({was}). Continue "
+                         f"it with its own settings (add {reuse.restoring(diffs)}; all of them: its "
+                         f".hydra/overrides.yaml), or write to another directory (another hydra.sweep.dir or "
+                         f"trainer.run_dir)")  # fmt: skip
 
 
 def prepare_in_place(run_dir: Path, step: int) -> None:

@@ -156,13 +156,11 @@ def checkpoint_to_resume(cfg: TrainConfig, planned: GPTConfig, continuing: Conti
 def check_resumable(cfg: TrainConfig, planned: GPTConfig, ckpt: Checkpoint, source: str | Path) -> None:
     """Refuse a checkpoint this run cannot continue (``source``: where it came from, as the user named it)."""
     stop_at = cfg.trainer.stop_at_step
-    mismatched = [f"{d.key}: checkpoint {d.saved!r} vs now {d.now!r}"
-                  for d in reuse.differences("resume", {"model": ckpt.model_config}, {"model": asdict(planned)})]
-    if mismatched:
-        raise ValueError(
-            f"cannot resume from {source}: its config differs: " + "; ".join(mismatched)
-            + ". Resume with the checkpoint's settings (see its config), or start a new run"
-        )
+    diffs = reuse.differences("resume", {"model": ckpt.model_config}, {"model": asdict(planned)})
+    if diffs:
+        mismatched = "; ".join(f"{d.key}: checkpoint {d.saved!r} vs now {d.now!r}" for d in diffs)
+        raise ValueError(f"cannot resume from {source}: its config differs: {mismatched}. Resume with the "
+                         f"checkpoint's settings (add {reuse.restoring(diffs)}), or start a new run")  # fmt: skip
     if ckpt.optimizer is None:
         raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
     if ckpt.step >= cfg.trainer.max_steps:

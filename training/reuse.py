@@ -24,6 +24,8 @@ Three ways reuse a checkpoint, and each keeps the kinds ``KEPT`` names:
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import MISSING, dataclass, fields
 
 from training.config import TrainConfig
@@ -100,3 +102,48 @@ def validation_changes(saved: dict, now: dict) -> list[Difference]:
             if before != after and kind not in ("machine", "label"):
                 found.append(Difference(key, kind, before, after))
     return found
+
+
+def restoring(diffs: list[Difference]) -> str:
+    """The overrides that give this run the checkpoint's values of ``diffs``, as a user types them (quoted for the
+    shell where needed): ``model.sparse_topk=16``; inside a mapping (a schedule's kinds) each entry that differs,
+    ``+model.layer_kinds.M.sparse_topk=16`` where this run lacks it and ``~model.layer_kinds.M.window`` where the
+    checkpoint did."""
+    return " ".join(shell_word(o) for d in diffs for o in _overrides(d.key, d.saved, d.now))
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell word: as it is where nothing in it is special, else in double quotes (which leave a
+    Hydra value's single quotes readable), else as ``shlex`` quotes it."""
+    if re.fullmatch(r"[\w.+=:/@%,-]+", text):
+        return text
+    return f'"{text}"' if not re.search(r'["$`\\!]', text) else shlex.quote(text)
+
+
+def _overrides(key: str, saved, now) -> list[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        found = []
+        for name, value in saved.items():
+            if name not in now:
+                found.append(f"+{key}.{name}={hydra_value(value)}")
+            elif value != now[name]:
+                found += _overrides(f"{key}.{name}", value, now[name])
+        return found + [f"~{key}.{name}" for name in now if name not in saved]
+    return [f"{key}={hydra_value(saved)}"]
+
+
+def hydra_value(value) -> str:
+    """``value`` in Hydra's override grammar: null, true, 16, 0.5, kda, 'two words', {a:1,b:null}, [1,2]."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    plain = re.fullmatch(r"[\w./-]+", value) and not re.fullmatch(r"[-+\d.e]+|null|true|false|nan|inf", value, re.I) \
+        if isinstance(value, str) else True  # a string Hydra would read as itself, not a number or a constant
+    if not plain:
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(value)
