@@ -106,16 +106,28 @@ def identity(run: Run) -> dict:
     return {"label": run.variant, "layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
             "n_head": m.get("n_head"),
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
-            "kv_latent": latent, "window": m.get("window"), "attention_chunk": m.get("attention_chunk"),
-            "query_temperature": m.get("query_temperature"), "position": m.get("position", "learned"),
+            "kv_latent": latent, "window": by_kind(m, "window"), "attention_chunk": by_kind(m, "attention_chunk"),
+            "query_temperature": by_kind(m, "query_temperature"), "position": m.get("position", "learned"),
             "differential": m.get("lambda_init", LAMBDA_INIT) if m.get("differential") else None,
             "document_masking": bool(m.get("document_masking")),
-            "sparse_topk": m.get("sparse_topk"),  # DeepSeek's sparse attention: keys per query (None: dense)
+            "sparse_topk": by_kind(m, "sparse_topk"),  # DeepSeek's sparse attention: keys per query (None: dense)
             "rope_theta": m.get("rope_theta", 10000.0) if m.get("position") == "rope" else None,
             "rope_fraction": m.get("rope_fraction", 1.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
             **decoding_bytes(run)}  # fmt: skip
+
+
+def by_kind(model: dict, name: str):
+    """A per-layer option as a table cell says it: the model's value where every layer has it; in a schedule whose
+    kinds differ in it, each kind's that sets one (``L 32``: Gemma 3's local layers' window, its global layers none)."""
+    pattern, kinds = model.get("layer_pattern"), model.get("layer_kinds") or {}
+    if not pattern:
+        return model.get(name)
+    values = {kind: (kinds.get(kind) or {}).get(name, model.get(name)) for kind in dict.fromkeys(pattern)}
+    if len(set(map(repr, values.values()))) == 1:  # every kind alike
+        return values[pattern[0]]
+    return ", ".join(f"{kind} {value}" for kind, value in values.items() if value is not None) or None
 
 
 def decoding_bytes(run: Run) -> dict[str, int | None]:

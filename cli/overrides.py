@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -222,8 +222,11 @@ def _check_key(o, cfg: DictConfig, options: list[str], command: str) -> None:
 
     key = o.key_or_group
     if _adds_to_a_mapping(cfg, key):
-        if o.type != OverrideType.ADD:
+        if o.type == OverrideType.DEL:
+            sys.exit(f"error: {o.input_line}: {key} is not set, so there is nothing to remove; drop {o.input_line}")
+        if o.type != OverrideType.ADD and o.type != OverrideType.FORCE_ADD:
             sys.exit(f"error: {o.input_line}: {key} is a new key of a mapping; add it with a +: +{o.input_line}")
+        _apply(o, cfg)
         return
     known = _has_key(cfg, key)
     if known and o.type == OverrideType.ADD:
@@ -246,3 +249,24 @@ def _check_key(o, cfg: DictConfig, options: list[str], command: str) -> None:
             except (OmegaConfBaseException, ValueError) as err:
                 reason = str(err).strip().splitlines()[0]
                 sys.exit(f"error: {key}={value}: {reason} ({command} --help lists every option and its default)")
+    elif o.type == OverrideType.DEL:
+        _apply(o, cfg)
+
+
+def _apply(o, cfg: DictConfig) -> None:
+    """What a mapping's new key or a removal does to ``cfg``, so that the overrides after it are checked against
+    the config it leaves: Hydra applies them in turn, so a key one adds (``+model.layer_kinds.L.window=64``)
+    another may change (``model.layer_kinds.L.window=32``) or remove (``~model.layer_kinds.L.window``)."""
+    from hydra.core.override_parser.types import OverrideType
+
+    parent, _, leaf = o.key_or_group.rpartition(".")
+    try:
+        if o.type == OverrideType.DEL:
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            if isinstance(node, DictConfig) and leaf in node:
+                with open_dict(node):
+                    del node[leaf]
+        elif _values(o):
+            OmegaConf.update(cfg, o.key_or_group, _values(o)[0], merge=True, force_add=True)
+    except (OmegaConfBaseException, ValueError):  # Hydra will say what is wrong with it
+        pass

@@ -245,7 +245,7 @@ class GPTConfig:
         check_document_positions(self)
         check_linear_layers(self)
         self.check_kernel_is_used()
-        layout.check_spec(self.model_spec)  # every attention option, checked where attention is declared
+        layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
         check_schedule(self)
 
     @property
@@ -264,25 +264,21 @@ class GPTConfig:
                              f"(model.layer_pattern)")  # fmt: skip
 
     @property
-    def model_spec(self) -> AttentionSpec:
-        """The model's own fields as a spec, for its checks: in a schedule, its rotary base may serve some layers
-        only (a kind with another encoding), which ``check_schedule`` holds to reach one."""
-        if self.layer_pattern is None:
-            return self.attention_spec
-        mine = registry.position(self.position).fields
-        defaults = {f.name: f.default for f in fields(AttentionSpec)}
-        values = {f.name: getattr(self, f.name) for f in fields(AttentionSpec)}
-        values |= {name: defaults[name] for name in position_fields() if name not in mine}
-        if not self.differential:  # its lambda_init may serve a kind's differential layers only
-            values["lambda_init"] = defaults["lambda_init"]
-        if self.sparse_topk is None:  # its indexer's shape, a kind's sparse layers only
-            values |= {name: defaults[name] for name in INDEXER_SHAPE}
-        return AttentionSpec(**values)
-
-    @property
     def attention_spec(self) -> AttentionSpec:
-        """What every attention block is built from (its checks run as it is made)."""
-        return AttentionSpec(**{f.name: getattr(self, f.name) for f in fields(AttentionSpec)})
+        """What every attention block is built from (its checks run as it is made). In a schedule, the model's own
+        fields, for its checks and what the model reads as a whole (its masks): a value that serves some layers
+        only (a rotary base where a kind has another encoding, lambda_init, the indexer's shape) is left at its
+        default here, as ``check_schedule`` holds it to reach one; each layer's is ``layer_config(i)``'s."""
+        values = {f.name: getattr(self, f.name) for f in fields(AttentionSpec)}
+        if self.layer_pattern is not None:
+            defaults = {f.name: f.default for f in fields(AttentionSpec)}
+            mine = registry.position(self.position).fields
+            values |= {name: defaults[name] for name in position_fields() if name not in mine}
+            if not self.differential:
+                values["lambda_init"] = defaults["lambda_init"]
+            if self.sparse_topk is None:
+                values |= {name: defaults[name] for name in INDEXER_SHAPE}
+        return AttentionSpec(**values)
 
     @property
     def layer_kind_names(self) -> list[str | None]:
@@ -413,7 +409,9 @@ def context_notes(config: GPTConfig) -> list[str]:
         seen = mask_capacity(masks_set(layer), config.block_size)
         if layer.sparse_topk is not None and layer.sparse_topk >= seen:
             where = "" if kind is None else f" in layer kind {kind} {kind_layers(config, kind)}"
-            notes.append(f"model.sparse_topk={layer.sparse_topk} is at least the {seen} keys a query sees{where}: "
+            option = f"model.layer_kinds.{kind}.sparse_topk" if "sparse_topk" in config.layer_kinds.get(kind, {}) \
+                else "model.sparse_topk"  # fmt: skip
+            notes.append(f"{option}={layer.sparse_topk} is at least the {seen} keys a query sees{where}: "
                          f"every query attends every key it sees (dense attention), while the indexers still learn "
                          f"and cost their FLOPs")  # fmt: skip
     return notes
@@ -496,10 +494,21 @@ def check_schedule(config: GPTConfig) -> None:
                          f"or leave model.lambda_init at {LAMBDA_INIT}")  # fmt: skip
     for name, default in INDEXER_SHAPE.items():
         if getattr(config, name) != default and not config.in_any_layer("sparse_topk"):
+            make = making_sparse(config)
             raise ValueError(f"model.{name}={getattr(config, name)} shapes the lightning indexer of sparse attention, "
-                             f"but no layer is sparse; set model.sparse_topk=<keys per query> (or "
-                             f"+model.layer_kinds.<kind>.sparse_topk=<keys per query>), or leave model.{name} at "
+                             f"but no layer is sparse; {f'set {make}, or ' if make else ''}leave model.{name} at "
                              f"{default}")  # fmt: skip
+
+
+def making_sparse(config: GPTConfig) -> str | None:
+    """The overrides that make a model's layers sparse (``model.sparse_topk``): the model's where every layer takes
+    it, else those of the kinds whose layers do (a hybrid's softmax kinds); None where no layer does."""
+    kinds = dict.fromkeys(config.layer_kind_names)
+    takes = {kind: "sparse_topk" in registry.layout(config.layer_config(config.layer_kind_names.index(kind))
+                                                    .attention).applies for kind in kinds}  # fmt: skip
+    if all(takes.values()):
+        return "model.sparse_topk=<keys per query>"
+    return " ".join(f"+model.layer_kinds.{kind}.sparse_topk=<keys per query>" for kind in kinds if takes[kind]) or None
 
 
 def check_position_options_reach_a_layer(config: GPTConfig) -> None:
@@ -590,9 +599,11 @@ def check_linear_layers(config: GPTConfig) -> None:
         unapplied = [] if layout.takes_kernel else layout.unapplied(config)
         if unapplied:
             name, value, offs, why = unapplied[0]
+            # a layer's field may go to a hybrid's softmax layers; one of the whole model only to softmax everywhere
+            softmax = "or a hybrid schedule: mixing=hybrid" if name in LAYER_FIELDS else "in every layer"
             raise ValueError(f"model.{name}={spelled(value)} with attention={config.attention} in every layer: "
                              f"{why}; set model.{name}={' or '.join(map(spelled, offs))}, or give it to softmax "
-                             f"attention (another model.attention, or a hybrid schedule: mixing=hybrid)")  # fmt: skip
+                             f"attention (another model.attention, {softmax})")  # fmt: skip
         return
     check_pattern(config)
     for kind in dict.fromkeys(config.layer_pattern):
@@ -614,6 +625,9 @@ def linear_kind_refusal(config: GPTConfig, kind: str, name: str, value, offs: tu
         offs = tuple(o for o in offs if registry.position(o).runs_past_context) or offs
     off, shown, layers = spelled(offs[0]), spelled(value), kind_layers(config, kind)
     linear = f"attention={own.get('attention', config.attention)}, which cannot apply it: {why}"
+    if name not in LAYER_FIELDS:  # a setting of the whole model: no kind can be given it or spared it
+        return (f"model.{name}={shown} reaches layer kind {kind} {layers}, {linear}; it is a setting of the whole "
+                f"model, so set model.{name}={off}, or a schedule without linear layers")  # fmt: skip
     softmax = [k for k in kinds if registry.layout(kinds[k].get("attention", config.attention)).takes_kernel]
     given = " ".join(f"+model.layer_kinds.{k}.{name}={shown}" for k in softmax if name not in kinds[k])
     if name in own:

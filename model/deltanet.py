@@ -48,6 +48,8 @@ OWN_FIELDS = {
     "n_kv_head": ((None,), "its state is per head; keys and values are not grouped"),
     "qk_norm": ((False,), "it L2-normalises its queries and keys itself"),
     "gate": (("none",), "it gates its output through its own gated RMSNorm"),
+    "document_masking": ((False,), "its state carries every earlier token past a document's end (it would have to "
+                                   "restart at each one)"),
 }
 
 

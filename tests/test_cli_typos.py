@@ -164,3 +164,36 @@ def test_sample_py_with_a_run_directory_alone_says_did_you_mean_source(tmp_path)
     (tmp_path / "runs" / "x").mkdir(parents=True)
     result = run_script("sample.py", "runs/x", cwd=tmp_path)
     assert one_line_error(result) == "error: 'runs/x' is not an option: give key=value; did you mean source=runs/x?"
+
+
+@pytest.mark.parametrize("argv", [
+    ["model.layer_pattern=AB", "+model.layer_kinds.A={}", "+model.layer_kinds.B={}", "+model.layer_kinds.B.window=64",
+     "model.layer_kinds.B.window=32"],
+    ["model.layer_pattern=AB", "+model.layer_kinds.A={}", "+model.layer_kinds.B={window:8}",
+     "~model.layer_kinds.B.window"],
+    ["model.layer_pattern=AB", "++model.layer_kinds.A={}", "+model.layer_kinds.B={}",
+     "++model.layer_kinds.B.window=16"],
+    ["schedule=gemma3", "+model.layer_kinds.L.sparse_topk=16", "~model.layer_kinds.L.sparse_topk"],
+])  # fmt: skip
+def test_a_key_a_mapping_gained_earlier_on_the_line_may_be_changed_or_removed_later(argv):
+    """Hydra applies the overrides in turn: what one adds to a mapping (a schedule's kinds), a later one may change,
+    force or remove (as a refused resume's 'add ...' words may, after the user's own +). Checked, not refused."""
+    import train  # noqa: F401  (registers the schema)
+
+    check_overrides("train", "python train.py", argv=argv)
+
+
+def test_removing_a_key_a_mapping_lacks_says_so(tmp_path):
+    line = refusal_of(["schedule=gemma3", "~model.layer_kinds.L.sparse_topk"])
+    assert line == ("error: ~model.layer_kinds.L.sparse_topk: model.layer_kinds.L.sparse_topk is not set, so there is "
+                    "nothing to remove; drop ~model.layer_kinds.L.sparse_topk")  # fmt: skip
+    line = refusal_of(["schedule=gemma3", "model.layer_kinds.L.sparse_topk=4"])
+    assert line.endswith("is a new key of a mapping; add it with a +: +model.layer_kinds.L.sparse_topk=4")
+
+
+def refusal_of(argv: list[str]) -> str:
+    import train  # noqa: F401
+
+    with pytest.raises(SystemExit) as caught:
+        check_overrides("train", "python train.py", argv=argv)
+    return str(caught.value.code)

@@ -139,3 +139,20 @@ def test_variants_of_different_functions_are_not_flagged_for_their_loss(sweep, t
         flags = {r["layout"]: r["flag"] for r in csv.DictReader(f)}
     assert flags == {"wrapper": "", "fused_qkv": ""}
     assert "none here computes the same function as another" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("model,name,cell", [
+    ({"window": 8}, "window", 8),  # a uniform model: its value
+    ({"window": None, "layer_pattern": "LLLG", "layer_kinds": {"L": {"window": 32}, "G": {}}}, "window", "L 32"),
+    ({"sparse_topk": None, "layer_pattern": "KKKM", "layer_kinds": {"K": {}, "M": {"sparse_topk": 16}}},
+     "sparse_topk", "M 16"),
+    ({"sparse_topk": 16, "layer_pattern": "DG", "layer_kinds": {"D": {"sparse_topk": None}, "G": {}}},
+     "sparse_topk", "G 16"),  # the model's value, turned off for one kind
+    ({"sparse_topk": None, "layer_pattern": "AB", "layer_kinds": {"A": {"sparse_topk": 8}, "B": {"sparse_topk": 8}}},
+     "sparse_topk", 8),  # every kind alike: the value
+    ({"attention_chunk": None, "layer_pattern": "AB", "layer_kinds": {"A": {}, "B": {}}}, "attention_chunk", None),
+])  # fmt: skip
+def test_a_per_layer_option_set_by_a_schedules_kinds_shows_in_its_column(model, name, cell):
+    from analysis.report import by_kind
+
+    assert by_kind(model, name) == cell

@@ -173,8 +173,14 @@ def test_a_reused_cache_starts_with_one_document():
 
 
 @pytest.mark.parametrize("fields,says", [
-    ({"attention": "gated_deltanet", "position": "none"}, r"^model.document_masking=true is an option of "
-                                                          r"attention=wrapper or .*, but attention=gated_deltanet"),
+    ({"attention": "gated_deltanet", "position": "none"},
+     r"^model.document_masking=true with attention=gated_deltanet in every layer: its state carries every earlier "
+     r"token past a document's end .*; set model.document_masking=false, or give it to softmax attention \(another "
+     r"model.attention, in every layer\)$"),
+    ({"attention": "mla", "kv_latent": 8, "position": "none", "n_layer": 2, "layer_pattern": "KM",
+      "layer_kinds": {"K": {"attention": "kda", "kv_latent": None}, "M": {}}},  # Kimi Linear: no kind is spared it
+     r"^model.document_masking=true reaches layer kind K \(layer 0\), attention=kda, which cannot apply it: .*; it "
+     r"is a setting of the whole model, so set model.document_masking=false, or a schedule without linear layers$"),
     ({"document_masking": False}, r"^model.document_end=0 is document masking's end-of-text token, but "
                                   r"model.document_masking=false; set model.document_masking=true, or "
                                   r"model.document_end=null$"),

@@ -20,7 +20,7 @@ import pytest
 import torch
 from attention_reference import index_scores, reference, sparse_selection
 from attention_reference import keys_seen as reference_masks
-from helpers import TINY, compose_train, read_metrics
+from helpers import TINY, compose_train, read_metrics, run_script, tiny_run
 
 from model import GPT, GPTConfig, KVCache, build_attention
 from model.decoding import StaticStep
@@ -293,6 +293,9 @@ def test_a_hybrids_softmax_kind_is_sparse_and_the_refusal_of_the_whole_model_nam
         GPTConfig(**KIMI_LINEAR, sparse_topk=4)
     fix = "set it on the softmax kinds only (model.sparse_topk=null +model.layer_kinds.M.sparse_topk=4)"
     assert fix in str(refused.value) and "\n" not in str(refused.value), str(refused.value)
+    with pytest.raises(ValueError, match=r"but no layer is sparse; set \+model.layer_kinds.M.sparse_topk=<keys per "
+                                         r"query>, or leave model.indexer_heads at 4$"):  # the kind that takes it
+        GPTConfig(**KIMI_LINEAR, indexer_heads=2)
     kinds = {**KIMI_LINEAR["layer_kinds"], "M": {"sparse_topk": 4}}
     gpt = GPT(GPTConfig(**{**KIMI_LINEAR, "layer_kinds": kinds}, indexer_heads=2, indexer_dim=8))
     indexers = [getattr(block.attn, "indexer", None) for block in gpt.transformer.h]
@@ -357,7 +360,7 @@ def test_the_plan_counts_the_indexer_in_the_cache_and_flops():
       "model.sparse_topk=4 with attention=kda in every layer: it is an option of "),
      (dict(indexer_heads=8, layer_pattern="A", layer_kinds={"A": {"window": 4}}),
       "model.indexer_heads=8 shapes the lightning indexer of sparse attention, but no layer is sparse; set "
-      "model.sparse_topk=<keys per query> (or +model.layer_kinds.<kind>.sparse_topk=<keys per query>)")],
+      "model.sparse_topk=<keys per query>, or leave model.indexer_heads at 4")],
 )  # fmt: skip
 def test_every_bad_value_is_refused_in_one_line(fields, message):
     with pytest.raises(ValueError) as refused:
@@ -386,6 +389,17 @@ def test_training_warms_up_dense_then_logs_the_indexer_kl(tmp_path, data_cache, 
     assert "trainer.indexer_warmup=6 covers all 6 steps of the run: its attention stays dense throughout" in caplog.text
 
 
+def test_a_checkpoint_whose_model_values_serve_one_kind_samples(tmp_path, data_cache):
+    """The model's indexer shape and lambda_init serving only the kind that is sparse (differential): sample.py, which
+    reads the model's masks from its spec, loads it (it had refused it as 'indexer_heads=2 but sparse_topk=null')."""
+    run = tiny_run(tmp_path / "run", data_cache, "trainer.max_steps=2", "model.n_layer=2", "model.layer_pattern=AB",
+                   "+model.layer_kinds.A={}", "+model.layer_kinds.B={sparse_topk:8,differential:true}",
+                   "model.indexer_heads=2", "model.lambda_init=0.5")  # fmt: skip
+    result = run_script("sample.py", f"source={run}", "max_new_tokens=5", "device=cpu", "prompt=def")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("def")
+
+
 def test_a_run_whose_queries_see_at_most_topk_keys_trains_as_the_dense_run_step_for_step(tmp_path, data_cache):
     """A real run with model.sparse_topk at the context: the same initial weights as the dense run's (the indexers are
     drawn last), the same language-model update (their KL's gradient is clipped apart): the same train/loss and
@@ -412,3 +426,15 @@ def test_a_checkpoint_saved_within_the_warm_up_is_read_dense_as_it_trained(tmp_p
     past = load_checkpoint(run)
     past.step = 6
     assert all(indexer.selecting for indexer in model_from_checkpoint(past).indexers)
+
+
+def test_a_topk_that_covers_every_key_is_said_naming_where_it_is_set():
+    from model.config import context_notes
+
+    base = dict(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32)
+    assert [n.split(":")[0] for n in context_notes(GPTConfig(**base, sparse_topk=40))] == [
+        "model.sparse_topk=40 is at least the 32 keys a query sees"]
+    kinds = {"A": {}, "B": {"window": 8, "sparse_topk": 8}}  # 8 keys seen through the window: dense
+    assert [n.split(":")[0] for n in context_notes(GPTConfig(**base, layer_pattern="AB", layer_kinds=kinds))] == [
+        "model.layer_kinds.B.sparse_topk=8 is at least the 8 keys a query sees in layer kind B (layer 1)"]
+    assert context_notes(GPTConfig(**base, sparse_topk=16)) == [], "16 of 32 keys: sparse, nothing to say"

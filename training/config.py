@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from data.config import DataConfig, check_data_config
 from model.compiling import COMPILE_MODES, COMPILE_SCOPES
-from model.config import GPTConfig
+from model.config import GPTConfig, making_sparse
 from model.context import check_past_context
 from model.device import DTYPES
 from training.lengths import check_protocol, length_spellings
@@ -142,8 +142,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup}: steps of dense attention while sparse "
                          f"attention's indexers learn, a whole number >= 0")  # fmt: skip
     if t.indexer_warmup and not cfg.model.in_any_layer("sparse_topk"):
+        make = making_sparse(cfg.model)
         raise ValueError(f"trainer.indexer_warmup={t.indexer_warmup} warms up sparse attention's indexers, but no "
-                         f"layer is sparse (model.sparse_topk=null); set model.sparse_topk=<keys per query>, or "
+                         f"layer is sparse (model.sparse_topk=null); {f'set {make}, or ' if make else 'set '}"
                          f"trainer.indexer_warmup=0")  # fmt: skip
     if t.compile_scope not in COMPILE_SCOPES:
         raise ValueError(f"trainer.compile_scope={t.compile_scope!r}; choose one of: {', '.join(COMPILE_SCOPES)}")
