@@ -85,7 +85,7 @@ def test_a_resume_with_another_window_is_refused_in_one_line_naming_it(tmp_path,
     assert not (tmp_path / "other").exists(), "refused before any run directory"
 
     with pytest.raises(ValueError, match=r"it was started with other settings \(model.window: None then, 4 now\)\. "
-                                         r"Continue it with its own settings \(add model.window=null; all of them"):
+                                         r"Continue it with its own settings \(add model.window=null; its run.json"):
         train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=4", "model.window=4", "trainer.resume=auto"))
 
 

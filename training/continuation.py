@@ -135,8 +135,8 @@ def check_same_settings(path: Path, saved: dict, now: dict) -> None:
     if diffs:
         was = "; ".join(f"{d.key}: {d.saved!r} then, {d.now!r} now" for d in diffs)
         raise ValueError(f"cannot continue the run in {path}: it was started with other settings ({was}). Continue "
-                         f"it with its own settings (add {reuse.restoring(diffs)}; all of them: its "
-                         f".hydra/overrides.yaml), or write to another directory (another hydra.sweep.dir or "
+                         f"it with its own settings (add {reuse.restoring(diffs)}; its run.json holds them all), "
+                         f"or write to another directory (another hydra.sweep.dir or "
                          f"trainer.run_dir)")  # fmt: skip
 
 
