@@ -278,12 +278,19 @@ ENCODINGS = {
 }
 
 
+# Options whose cells live in a grid of their own: sparse attention's top-k picks keys by score, so its inputs are
+# drawn where float32's round-off cannot change the pick, and its indexer has no gradient from the output
+# (tests/test_sparse_attention.py: every layout and kernel at every length and top-k boundary, the deep sweep too).
+OWN_GRID = {"sparse_topk"}
+
+
 def options_of_their_own() -> dict[str, dict]:
     """Every other option that changes a layer's function, alone at the value it declares (with what it needs): not
     a mask's (the plain grid's cells) nor the key/value heads (every cell's), not one whose every value computes the
     same function, one a training sets (dropout) or a model-wide one (a reading's rotary scaling, a layout's own
-    widths: tests/test_long_context.py, tests/test_mla.py). Declared tomorrow: a cell here, with no edit."""
-    held = {name for options in ENCODINGS.values() for name in options} | {m.field for m in MASKS.values()}
+    widths: tests/test_long_context.py, tests/test_mla.py), nor one that chooses among keys (``OWN_GRID``). Declared
+    tomorrow: a cell here, with no edit."""
+    held = {name for options in ENCODINGS.values() for name in options} | {m.field for m in MASKS.values()} | OWN_GRID
     own = {}
     for f in dataclasses.fields(AttentionSpec):
         meta = f.metadata
