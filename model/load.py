@@ -82,10 +82,12 @@ def check_holds(config: GPTConfig, attention: str) -> None:
         layer = config.layer_config(i)
         if layer.attention != config.attention:  # a hybrid's linear layers keep their own layer
             continue
+        kind = config.layer_kind_names[i]
         for name, value, _ in unapplied(target, layer.attention_spec):
             holders = [t for t in takers(name) if t.startswith("attention=")]
             who = " or ".join(holders) or "its own layout"
-            raise ValueError(f"attention={attention} cannot hold this checkpoint: its model sets model.{name}="
+            where = f"model.layer_kinds.{kind}.{name}" if name in config.layer_kinds.get(kind, {}) else f"model.{name}"
+            raise ValueError(f"attention={attention} cannot hold this checkpoint: its model sets {where}="
                              f"{spelled(value)}, which only {who} applies; load it as attention={config.attention} "
                              f"(its own) or one of those")  # fmt: skip
 

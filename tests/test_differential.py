@@ -198,3 +198,14 @@ def test_bench_takes_each_new_option_as_an_axis_and_refuses_a_bad_value_in_one_l
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
         assert f"{bad[0]} {bad[1]}: give" in capsys.readouterr().err
+
+
+def test_a_layout_that_cannot_hold_a_kinds_differential_layers_names_the_kinds_option():
+    from model import GPTConfig
+    from model.load import check_holds
+
+    config = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32, attention="fused_qkv",
+                       layer_pattern="AB", layer_kinds={"A": {}, "B": {"differential": True}})  # fmt: skip
+    with pytest.raises(ValueError, match=r"^attention=wrapper cannot hold this checkpoint: its model sets "
+                                         r"model.layer_kinds.B.differential=true, which only"):  # where it is set
+        check_holds(config, "wrapper")
