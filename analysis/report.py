@@ -211,7 +211,11 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
         groups[(runs[ix[0]].function, *trained_alike(runs[ix[0]]))].append(key)
     name = variant_namer(by_variant)
     if all(len(keys) == 1 for keys in groups.values()):
-        return nothing_to_flag([(name(key), len(ix)) for key, ix in by_variant.items()])
+        functions: dict[object, list[str]] = defaultdict(list)  # one function, trained otherwise (a continuation)
+        for key, ix in by_variant.items():
+            functions[runs[ix[0]].function].append(name(key))
+        unlike = [names for names in functions.values() if len(names) > 1]
+        return nothing_to_flag([(name(key), len(ix)) for key, ix in by_variant.items()], unlike)
     seeds = {key: sorted({runs[i].seed for i in ix}) for key, ix in by_variant.items()}
     replicated = [key for key in by_variant if len(seeds[key]) > 1]
     if replicated:  # several seeds of a variant: the noise is their spread (repeats of one seed measure none)
@@ -271,9 +275,14 @@ def seed_means(runs: list[Run], rows: list[dict], ix: list[int], metric: str) ->
     return [statistics.fmean(values) for values in by_seed.values()]
 
 
-def nothing_to_flag(variants: list[tuple[str, int]]) -> str:
-    """The rule's text where no two variants compute the same function: what the runs are, said truly (several
-    runs of one variant compute one function)."""
+def nothing_to_flag(variants: list[tuple[str, int]], unlike: list[list[str]] = ()) -> str:
+    """The rule's text where no two variants that compute the same function trained alike: what the runs are, said
+    truly (several runs of one variant compute one function; ``unlike``: variants of one function trained on other
+    token budgets or data, as a run and its continuation are)."""
+    if unlike:
+        named = "; ".join(" and ".join(names) for names in unlike)
+        return (f"a loss differing from the variants of its function trained alike: those here that compute one "
+                f"function ({named}) trained on other token budgets or data, so their losses are not compared")
     repeated = [f"{n} runs of {name}" for name, n in variants if n > 1]
     if len(variants) == 1:
         return (f"a loss differing from the other variants of its function: every run here is one variant "

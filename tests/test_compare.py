@@ -85,6 +85,9 @@ def test_runs_of_different_token_budgets_are_refused_unless_forced(sweep, tmp_pa
         compare.main(args)
     out = compare.main([*args, "--force"])
     assert (out / "report.csv").exists()
+    report = (out / "report.md").read_text()  # one function (two layouts of it) on two budgets: not compared, said so
+    assert "those here that compute one function (" in report and "trained on other token budgets or data" in report
+    assert "none here computes the same function as another" not in report
 
 
 def test_the_kv_heads_and_window_columns_appear_when_a_run_departs_from_plain_attention():
