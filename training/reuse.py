@@ -142,8 +142,11 @@ def hydra_value(value) -> str:
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    plain = re.fullmatch(r"[\w./-]+", value) and not re.fullmatch(r"[-+\d.e]+|null|true|false|nan|inf", value, re.I) \
-        if isinstance(value, str) else True  # a string Hydra would read as itself, not a number or a constant
-    if not plain:
+    if isinstance(value, str) and not reads_as_itself(value):
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return str(value)
+
+
+def reads_as_itself(text: str) -> bool:
+    """Whether Hydra reads ``text`` unquoted as this string: a plain word or path, not a number or a constant."""
+    return bool(re.fullmatch(r"[\w./-]+", text)) and not re.fullmatch(r"[-+\d.e]+|null|true|false|nan|inf", text, re.I)
