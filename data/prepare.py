@@ -109,6 +109,7 @@ def _prepare_into(cfg: DataConfig, tokenizer: Tokenizer, settings: dict, target:
         meta = _write_tokens(cfg, tokenizer, partial, settings, stop)
         stop.check()
         (partial / "meta.json").write_text(json.dumps(meta, indent=2))  # the rename below makes it appear
+        stop.target = target  # a signal from here on may come after the rename: then the directory is kept
         try:
             os.rename(partial, target)
         except OSError:  # another process finished the same directory first: keep theirs
@@ -168,8 +169,11 @@ class _StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.target: Path | None = None  # the prepared directory, once it is being renamed into place
 
     def message(self) -> str:
+        if self.target is not None and (self.target / "meta.json").exists():  # the signal came after the rename
+            return f"interrupted by signal {self.received} as data preparation finished; {self.target} was kept"
         return f"data preparation interrupted by signal {self.received}; nothing was kept"
 
     def interrupt(self, signum, frame) -> None:

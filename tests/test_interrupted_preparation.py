@@ -119,3 +119,24 @@ def test_after_sigkill_the_next_preparation_sweeps_the_partial_directory(big_cor
                                                tokenizer="bytes", num_proc=1, cache_dir=str(cache))))  # fmt: skip
     assert prepared.meta["splits"]["train"]["tokens"] > 0
     assert not [p for p in cache.iterdir() if ".tmp-" in p.name], "the dead process's partial directory is gone"
+
+
+def test_a_stop_signal_after_the_rename_says_the_prepared_directory_was_kept(tmp_path, monkeypatch):
+    # The rename is the last step: a signal that lands after it (before the handlers are restored) still interrupts,
+    # but the directory is complete and stays, and the message says so instead of "nothing was kept".
+    (tmp_path / "a.txt").write_text("some text\n" * 50)
+    real_rename = os.rename
+
+    def rename_then_signal(source, destination):
+        real_rename(source, destination)
+        if Path(destination).parent == tmp_path / "cache":  # the prepared directory's (not datasets' own renames)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs here, at once
+
+    monkeypatch.setattr(data.prepare.os, "rename", rename_then_signal)
+    cfg = DataConfig(name="files", source="files", path=str(tmp_path / "a.txt"), tokenizer="bytes", num_proc=1,
+                     cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    with pytest.raises(PreparationInterrupted, match=r"as data preparation finished; .* was kept$"):
+        prepare(cfg)
+    (kept,) = (tmp_path / "cache").glob("*/meta.json")
+    assert PreparedData(kept.parent).meta["splits"]["train"]["tokens"] > 0
