@@ -29,6 +29,9 @@ CPU_KERNELS = sorted(k for k in KERNELS if k != "flex")
 # Why flex cannot run on this CPU (no AVX2: ATEN_CPU_CAPABILITY=default), or None; tests of flex skip with it.
 FLEX_ON_CPU_UNAVAILABLE = flex_unavailable(torch.device("cpu"))
 
+# A process id no process can have: above Linux's largest pid_max (2^22), as a killed writer's leftover names it.
+DEAD_PID = 2**22 + 1
+
 # A model and schedule small enough to train for real in about a second on a CPU.
 TINY = [
     "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",

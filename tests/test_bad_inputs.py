@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import TINY, compose_train, read_metrics, tiny_gpt_config
+from helpers import DEAD_PID, TINY, compose_train, read_metrics, tiny_gpt_config
 
 import bench
 import compare
@@ -55,7 +55,7 @@ def test_stray_temporary_checkpoints_of_a_killed_run_are_removed_when_it_is_resu
     run = tmp_path / "run"
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=6", "trainer.stop_at_step=3",
                         f"trainer.run_dir={run}", f"data.cache_dir={data_cache}"))  # fmt: skip
-    stray = run / ".last.pt.tmp-999999"  # a save cut by SIGKILL (that pid is not running)
+    stray = run / f".last.pt.tmp-{DEAD_PID}"  # a save cut by SIGKILL (no process has that pid)
     stray.write_bytes(b"\0" * 1000)
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=6", f"trainer.resume={run}",
                         f"trainer.run_dir={tmp_path / 'more'}", f"data.cache_dir={data_cache}"))  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiktoken
+from helpers import DEAD_PID
 
 import data.prepare as prepare_module
 from data.config import DataConfig, data_cache_dir
@@ -148,7 +149,7 @@ def test_interrupted_preparation_leaves_nothing_that_looks_complete(tmp_path):
     cache = Path(cfg.cache_dir)
     # A leftover from a run killed earlier (no meta.json) must not be taken for a prepared directory.
     bytes_tok = get_tokenizer("bytes")
-    leftover = cache / f".{prepare_module.prepared_dir(cfg, bytes_tok).name}.tmp-999999"
+    leftover = cache / f".{prepare_module.prepared_dir(cfg, bytes_tok).name}.tmp-{DEAD_PID}"
     leftover.mkdir(parents=True)
     (leftover / "train.bin").write_bytes(b"\x00" * 10)
 
