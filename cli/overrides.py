@@ -224,7 +224,7 @@ def _check_key(o, cfg: DictConfig, options: list[str], command: str) -> None:
     if _adds_to_a_mapping(cfg, key):
         if o.type == OverrideType.DEL:
             sys.exit(f"error: {o.input_line}: {key} is not set, so there is nothing to remove; drop {o.input_line}")
-        if o.type != OverrideType.ADD and o.type != OverrideType.FORCE_ADD:
+        if o.type not in (OverrideType.ADD, OverrideType.FORCE_ADD):
             sys.exit(f"error: {o.input_line}: {key} is a new key of a mapping; add it with a +: +{o.input_line}")
         _apply(o, cfg)
         return

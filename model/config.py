@@ -272,13 +272,21 @@ class GPTConfig:
         values = {f.name: getattr(self, f.name) for f in fields(AttentionSpec)}
         if self.layer_pattern is not None:
             defaults = {f.name: f.default for f in fields(AttentionSpec)}
-            mine = registry.position(self.position).fields
-            values |= {name: defaults[name] for name in position_fields() if name not in mine}
-            if not self.differential:
-                values["lambda_init"] = defaults["lambda_init"]
-            if self.sparse_topk is None:
-                values |= {name: defaults[name] for name in INDEXER_SHAPE}
+            values |= {name: defaults[name] for name in self.unreached({})}
         return AttentionSpec(**values)
+
+    def unreached(self, fields_of_kind: dict) -> set[str]:
+        """The model's options that do not reach a layer with ``fields_of_kind`` (its kind's; {} for the model's
+        own fields) unless the kind sets them: its position encoding's (a rotary base) where the layer's encoding
+        has none (Llama 4's every fourth layer), lambda_init where it is not differential, the indexer's shape where
+        it is not sparse."""
+        position = registry.position(fields_of_kind.get("position", self.position))
+        names = {name for name in position_fields() if name not in position.fields}
+        if not fields_of_kind.get("differential", self.differential):
+            names.add("lambda_init")
+        if fields_of_kind.get("sparse_topk", self.sparse_topk) is None:
+            names |= set(INDEXER_SHAPE)
+        return names - set(fields_of_kind)
 
     @property
     def layer_kind_names(self) -> list[str | None]:
@@ -299,17 +307,7 @@ class GPTConfig:
         # A layer that runs no kernel (a hybrid's Gated DeltaNet layers) takes none of the model's, which its
         # softmax layers run: the defaults, as a uniform model of that layer has.
         unused = {} if layout.takes_kernel else {name: defaults[name] for name in ("kernel", "sdpa_backend")}
-        # The model's rotary base (its position encoding's options) reaches the layers whose encoding has them: a
-        # layer without positions (Llama 4's every fourth) has no rotary base to take.
-        position = registry.position(fields_of_kind.get("position", self.position))
-        unused |= {name: defaults[name] for name in position_fields()
-                   if name not in position.fields and name not in fields_of_kind}  # fmt: skip
-        # So does the model's lambda_init: to the differential layers
-        if not fields_of_kind.get("differential", self.differential) and "lambda_init" not in fields_of_kind:
-            unused["lambda_init"] = defaults["lambda_init"]
-        # and its indexer's shape: to the sparse layers
-        if fields_of_kind.get("sparse_topk", self.sparse_topk) is None:
-            unused |= {name: defaults[name] for name in INDEXER_SHAPE}
+        unused |= {name: defaults[name] for name in self.unreached(fields_of_kind)}
         return replace(self, layer_pattern=None, layer_kinds={}, **fields_of_kind, **unused)
 
     def consumes(self, name: str) -> bool:
@@ -408,12 +406,11 @@ def context_notes(config: GPTConfig) -> list[str]:
         layer = config.layer_config(names.index(kind))
         seen = mask_capacity(masks_set(layer), config.block_size)
         if layer.sparse_topk is not None and layer.sparse_topk >= seen:
+            option = where_set(config, "sparse_topk", kind)
             where = "" if kind is None else f" in layer kind {kind} {kind_layers(config, kind)}"
-            option = f"model.layer_kinds.{kind}.sparse_topk" if "sparse_topk" in config.layer_kinds.get(kind, {}) \
-                else "model.sparse_topk"  # fmt: skip
-            notes.append(f"{option}={layer.sparse_topk} is at least the {seen} keys a query sees{where}: "
-                         f"every query attends every key it sees (dense attention), while the indexers still learn "
-                         f"and cost their FLOPs")  # fmt: skip
+            notes.append(f"{option}={layer.sparse_topk} is at least the {seen} keys a query sees{where}: every query "
+                         f"attends every key it sees (dense attention), while the indexers still learn and cost their "
+                         f"FLOPs")  # fmt: skip
     return notes
 
 
@@ -546,6 +543,12 @@ def check_no_window_left(config: GPTConfig, kind: str) -> None:
                              f"configs/schedule's {shares} are shares such as block_size/8); use a longer "
                              f"model.block_size, or set model.layer_kinds.{kind}.{name} to at least 1 (null: "
                              f"{null})")  # fmt: skip
+
+
+def where_set(config: GPTConfig, name: str, kind: str | None) -> str:
+    """Option ``name`` of layer kind ``kind``'s layers as the user set it: the kind's field where the kind sets it
+    (``model.layer_kinds.B.differential``), else the model's (``model.differential``)."""
+    return f"model.layer_kinds.{kind}.{name}" if name in config.layer_kinds.get(kind, {}) else f"model.{name}"
 
 
 def kind_where(config: GPTConfig, kind: str) -> str:

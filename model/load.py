@@ -13,7 +13,7 @@ from pathlib import Path
 
 from model import registry
 from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint
-from model.config import GPTConfig
+from model.config import GPTConfig, where_set
 from model.convert import check_converts
 from model.gpt import GPT
 from model.pretrained import is_pretrained_source, load_pretrained_gpt2
@@ -82,11 +82,10 @@ def check_holds(config: GPTConfig, attention: str) -> None:
         layer = config.layer_config(i)
         if layer.attention != config.attention:  # a hybrid's linear layers keep their own layer
             continue
-        kind = config.layer_kind_names[i]
         for name, value, _ in unapplied(target, layer.attention_spec):
             holders = [t for t in takers(name) if t.startswith("attention=")]
             who = " or ".join(holders) or "its own layout"
-            where = f"model.layer_kinds.{kind}.{name}" if name in config.layer_kinds.get(kind, {}) else f"model.{name}"
+            where = where_set(config, name, config.layer_kind_names[i])
             raise ValueError(f"attention={attention} cannot hold this checkpoint: its model sets {where}="
                              f"{spelled(value)}, which only {who} applies; load it as attention={config.attention} "
                              f"(its own) or one of those")  # fmt: skip
