@@ -365,6 +365,12 @@ def run(cfg: EvaluateConfig) -> dict:
         if factor is None:
             raise ValueError(f"rope_scaling={cfg.rope_scaling} needs rope_factor=<s> (4: read 4x the trained "
                              f"length), or lengths=[...] to take it from the longest")  # fmt: skip
+        if factor == 1:  # every scaling by 1 is rotary as it is
+            why = ("rope_factor=1" if cfg.rope_factor is not None
+                   else f"the longest length read, {max(lengths)}, is the trained one: a factor of 1")  # fmt: skip
+            raise ValueError(f"rope_scaling={cfg.rope_scaling} scales nothing where {why}; read past the trained "
+                             f"length (lengths=[1x,4x]), or set rope_factor=<s above 1>, or leave rope_scaling "
+                             f"unset")  # fmt: skip
         try:
             model = with_rope_scaling(model, cfg.rope_scaling, factor)
         except ValueError as err:

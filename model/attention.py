@@ -32,10 +32,10 @@ from model.masks import HeldKeys, Masks
 from model.masks import capacity as mask_capacity
 from model.masks import of_spec as masks_of
 from model.masks import options_set as masks_set
-from model.options import applied, check_applied, option_fields, takers
+from model.options import applied, check_applied, option_fields, spelled, takers
 from model.positions import ROPE_SCALINGS, alibi_slopes
-from model.registry import ATTENTION_LAYOUTS, KERNELS, SCORE_MODS, lookup, register
-from model.score_mods import ScoreMods, finite_number, on_the_scores
+from model.registry import ATTENTION_LAYOUTS, KERNELS, POSITIONS, SCORE_MODS, lookup, register
+from model.score_mods import GATES, ScoreMods, finite_number, on_the_scores
 from model.sparse import INDEXER_DIM, INDEXER_HEADS, LightningIndexer, check_sparse, index_flops
 
 if TYPE_CHECKING:
@@ -48,14 +48,17 @@ QKV = dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 PROJECTIONS = ("query", "key", "value")
 
 
-def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True, **needs):
-    """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``),
-    whether every value computes the same function (a chunk size of an algorithm), whether a schedule's layer
-    kind may set it for its layers (``model.config.LAYER_FIELDS``; not a model-wide setting: the rotary scaling a
-    reading applies, dropout, a layout's own widths), and whether a run's label spells it (``attention_label``: two
-    runs that differ in it must not share a name; not dropout, a training setting)."""
-    return field(default=default, metadata={"example": example, "with": needs, "same_function": same_function,
-                                            "per_layer": per_layer, "labelled": labelled})  # fmt: skip
+def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
+           values: tuple = (), **needs):  # fmt: skip
+    """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
+    other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
+    option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
+    schedule's layer kind may set it for its layers (``model.config.LAYER_FIELDS``; not a model-wide setting: the
+    rotary scaling a reading applies, dropout, a layout's own widths), and whether a run's label spells it
+    (``attention_label``: two runs that differ in it must not share a name; not dropout, a training setting)."""
+    return field(default=default, metadata={"example": example, "values": values, "with": needs,
+                                            "same_function": same_function, "per_layer": per_layer,
+                                            "labelled": labelled})  # fmt: skip
 
 
 TEMPERATURE_SCALE = 0.1  # Llama 4's attn_scale: how fast the queries' temperature grows with log(position)
@@ -81,17 +84,18 @@ class AttentionSpec:
     # kernel and the export, to be applied (it changes the function) or refused.
     dropout: float = option(0.0, 0.25, per_layer=False, labelled=False)
     bias: bool = True
-    n_kv_head: int | None = option(None, 2)  # None: n_head (multi-head)
+    n_kv_head: int | None = option(None, 2, values=(1,))  # None: n_head (multi-head); 1: multi-query
     window: int | None = option(None, 3)  # None: every earlier position
     # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
     attention_chunk: int | None = option(None, 3)
     sdpa_backend: str = "auto"
-    position: str = option("learned", "alibi")  # model.positions: learned | rope | alibi | none
+    position: str = option("learned", "alibi", values=tuple(POSITIONS))  # model.positions: learned|rope|alibi|none
     rope_theta: float = option(10000.0, 50.0, position="rope")
     # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
     rope_fraction: float = option(1.0, 0.5, position="rope")
     # rotary read past its trained length: pi | ntk | yarn (model.positions.scaled)
-    rope_scaling: str | None = option(None, "pi", per_layer=False, position="rope", rope_factor=4.0)
+    rope_scaling: str | None = option(None, "pi", per_layer=False, values=ROPE_SCALINGS, position="rope",
+                                      rope_factor=4.0)
     # the scaling's factor s (the read length over the trained one, typically)
     rope_factor: float = option(1.0, 4.0, per_layer=False, position="rope", rope_scaling="pi")
     # the trained length YaRN's ramp counts turns over (None: block_size)
@@ -103,7 +107,7 @@ class AttentionSpec:
     qk_norm: bool = option(False, True)
     softcap: float | None = option(None, 3.0)
     sinks: bool = option(False, True)
-    gate: str = option("none", "headwise")  # an output gate from the block's input: none | headwise | elementwise
+    gate: str = option("none", "headwise", values=GATES)  # an output gate from the block's input (GATES)
     forget_gate: bool = option(False, True)  # the Forgetting Transformer's forget gate on the scores
     # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
@@ -151,6 +155,11 @@ class AttentionSpec:
                              "Llama 4's 8192 is its chunk", "off")  # fmt: skip
         check_within_context("attention_chunk", self.attention_chunk, self.block_size,
                              "a chunk of the whole context cuts only past it, as Llama 4's does", "no chunks")
+        if self.window is not None and self.attention_chunk is not None and self.window >= self.attention_chunk:
+            chunk = self.attention_chunk
+            raise ValueError(f"model.window={self.window} cuts nothing inside model.attention_chunk={chunk}: a query "
+                             f"sees at most the {chunk} keys of its chunk (itself included); use a window below "
+                             f"{chunk}, or model.window=null (or model.attention_chunk=null)")  # fmt: skip
         kernel = registry.kernel(self.kernel)
         lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
         if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
@@ -184,6 +193,10 @@ class AttentionSpec:
 
     def check_rope_scaling(self) -> None:
         scaling, factor = self.rope_scaling, self.rope_factor
+        if self.rope_original_length is not None and scaling != "yarn":
+            raise ValueError(f"model.rope_original_length={self.rope_original_length!r} is the trained length YaRN "
+                             f"counts each pair's turns over, but model.rope_scaling={spelled(scaling)}; set "
+                             f"model.rope_scaling=yarn, or model.rope_original_length=null")  # fmt: skip
         if scaling is None:
             if factor != 1.0:
                 raise ValueError(f"model.rope_factor={factor!r} scales nothing without model.rope_scaling; "
@@ -200,6 +213,10 @@ class AttentionSpec:
         if isinstance(factor, bool) or not finite_number(factor) or not factor >= 1:
             raise ValueError(f"model.rope_factor={factor!r} must be a finite number of at least 1 (4: read 4x "
                              f"the trained length)")  # fmt: skip
+        if factor == 1:  # every scaling by 1 is rotary as it is
+            raise ValueError(f"model.rope_scaling={scaling} at model.rope_factor=1 scales nothing (the same function "
+                             f"as no scaling); set model.rope_factor=<the read length over the trained one, above 1>, "
+                             f"or model.rope_scaling=null")  # fmt: skip
         original = self.block_size if self.rope_original_length is None else self.rope_original_length
         if scaling == "yarn" and (not isinstance(original, int) or isinstance(original, bool) or original < 1):
             raise ValueError(f"model.rope_scaling=yarn counts each pair's turns over the trained length: "
@@ -306,6 +323,22 @@ def check_positions(name: str, value, unit: str, null: str) -> None:
     a positive number of positions<unit>, or null (<null>)``."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"model.{name}={value!r} must be a positive number of positions{unit}, or null ({null})")
+
+
+def check_one_pair(spec: AttentionSpec, width: int, what: str, wider: str) -> None:
+    """Refuse what a rotation of one pair of dims (``width`` 2: ``what`` sets it) leaves unchanged: its one frequency
+    is theta^0 = 1 whatever the base, so model.rope_theta and NTK's scaling (which raises the base) do nothing."""
+    if width != 2 or not registry.position(spec.position).turns_queries_keys:
+        return
+    base = next(f.default for f in fields(AttentionSpec) if f.name == "rope_theta")
+    if spec.rope_theta != base:
+        raise ValueError(f"model.rope_theta={spec.rope_theta:g} changes nothing: rotary turns one pair of dims here "
+                         f"({what}), whose one frequency is theta^0 = 1 at any base; use {wider}, or leave "
+                         f"model.rope_theta at {base:g}")  # fmt: skip
+    if spec.rope_scaling == "ntk":
+        raise ValueError(f"model.rope_scaling=ntk raises rotary's base, which changes nothing when rotary turns one "
+                         f"pair of dims ({what}): its one frequency is theta^0 = 1; use {wider}, or "
+                         f"model.rope_scaling=pi or yarn")  # fmt: skip
 
 
 def check_within_context(name: str, value: int | None, block_size: int | None, why: str, null: str) -> None:
@@ -476,6 +509,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"model.position={spec.position} turns pairs of a head's dimensions, but the head dim "
                              f"n_embd/n_head = {spec.n_embd}/{spec.n_head} = {spec.head_dim} is odd; choose n_embd "
                              f"and n_head with an even quotient")  # fmt: skip
+        if spec.rope_fraction == 1:
+            check_one_pair(spec, spec.rotary_dim, f"the head's {spec.head_dim} dims, model.n_embd / model.n_head",
+                           "a wider head")  # fmt: skip
+        else:
+            check_one_pair(spec, spec.rotary_dim, f"model.rope_fraction={spec.rope_fraction:g} of the head's "
+                           f"{spec.head_dim} dims", "a larger model.rope_fraction")  # fmt: skip
         check_applied(cls, spec)
 
     def __init__(self, spec: AttentionSpec) -> None:
@@ -815,17 +854,6 @@ class FusedQKVAttention(SplitHeadsAttention):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.c_attn(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
-
-    def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.rotary is None or self.qk_norm:
-            return super().heads_qkv(x, positions)
-        # Queries and keys sit side by side in c_attn's output: one rotation turns both (the same numbers as one
-        # each). In a decode step of the nano model the rotations were all of rotary's extra cost.
-        B, T, C = x.shape
-        qk, v = self.c_attn(x).split([C + self.kv_width, self.kv_width], dim=-1)
-        qk = self.rotary(qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim), positions, time_dim=-3)
-        q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
-        return q, k, self.split_heads(v, self.n_kv_head)
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:

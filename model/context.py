@@ -45,7 +45,7 @@ def with_context(model: GPT, length: int, past_context: str) -> GPT:
                                         "tokens past it")  # fmt: skip
     first = next(model.parameters())
     config = model.config
-    if config.consumes("rope_original_length"):  # YaRN's trained length stays (a rotary layer's option)
+    if config.rope_scaling == "yarn":  # YaRN's trained length stays the trained one
         config = replace(config, rope_original_length=config.rope_original_length or config.block_size)
     wide = GPT(replace(config, block_size=length))
     wide = wide.to(device=first.device, dtype=first.dtype)
@@ -57,7 +57,7 @@ def with_rope_scaling(model: GPT, scaling: str | None, factor: float) -> GPT:
     """The same weights with rotary scaled at inference (``model.positions.scaled``): position interpolation,
     NTK-aware or YaRN by ``factor``, YaRN counting turns over the model's trained length."""
     config = model.config
-    original = config.rope_original_length or config.block_size
+    original = (config.rope_original_length or config.block_size) if scaling == "yarn" else None  # YaRN's alone
     scaled = GPT(replace(config, rope_scaling=scaling, rope_factor=factor, rope_original_length=original))
     first = next(model.parameters())
     scaled = scaled.to(device=first.device, dtype=first.dtype)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import AttentionSpec, MultiHeadAttention, remember, rms_normed, tempered
+from model.attention import AttentionSpec, MultiHeadAttention, check_one_pair, remember, rms_normed, tempered
 from model.convert import ConvertsToNoOther
 from model.kernels import repeat_kv
 from model.options import check_applied
@@ -72,6 +72,8 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
                              f"decoupled rotary key's width>, a positive even integer, not {rope!r}; e.g. "
                              f"model.rope_head_dim={max(2, spec.head_dim // 4 * 2)} (half a head, as "
                              f"DeepSeek-V2)")  # fmt: skip
+        if turns:
+            check_one_pair(spec, rope, f"model.rope_head_dim={rope}", "a larger model.rope_head_dim")
         if not turns and rope is not None:
             raise ValueError(f"model.rope_head_dim={rope!r} is attention=mla's rotary key width, but "
                              f"model.position={spec.position} turns nothing; set model.rope_head_dim=null, or "

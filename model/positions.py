@@ -204,8 +204,8 @@ def scaled(dim: int, theta: float, scaling: str, factor: float, original: int | 
       r > beta, linear between (alpha 1, beta 32); the scores are scaled by 1/t, sqrt(1/t) = 0.1 ln s + 1.
     """
     pairs = torch.arange(0, dim, 2, dtype=torch.float64)
-    if scaling == "ntk":
-        return (theta * factor ** (dim / (dim - 2))) ** -(pairs / dim), 1.0
+    if scaling == "ntk":  # one pair (dim 2: a sparse indexer's narrowest rotary) turns at theta^0 = 1 at any base
+        return (theta * factor ** (dim / (dim - 2))) ** -(pairs / dim) if dim > 2 else torch.ones(1), 1.0
     inverse = theta ** -(pairs / dim)
     if scaling == "pi":
         return inverse / factor, 1.0

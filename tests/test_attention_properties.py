@@ -271,8 +271,8 @@ ENCODINGS = {
     "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
     "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
     "rope_fraction0.5+headgate+sinks": dict(position="rope", rope_fraction=0.5, gate="headwise", sinks=True),
-    "rope_fraction+gate+qk_norm": dict(position="rope", rope_fraction=0.25, rope_theta=500.0, gate="elementwise",
-                                       qk_norm=True),
+    # (no rope_theta: at head dim 8 a quarter is one pair, whose frequency is 1 at any base, a setting refused)
+    "rope_fraction+gate+qk_norm": dict(position="rope", rope_fraction=0.25, gate="elementwise", qk_norm=True),
     # Llama 4's NoPE layers: the queries' temperature after QK-norm, which would undo it
     "none+query_temperature+qk_norm": dict(position="none", query_temperature=4, qk_norm=True),
 }

@@ -32,7 +32,7 @@ from data.config import DataConfig
 from model import GPT
 from model.context import with_context
 from model.generation import generate_batch
-from model.positions import Rotary, scaled
+from model.positions import ROPE_SCALINGS, Rotary, scaled
 from training.evaluate import LengthEvaluator
 from training.loop import train
 
@@ -289,11 +289,29 @@ def test_rope_scaling_turns_each_pair_by_the_published_formula(scaling, dim, the
     (dict(rope_scaling="pi", rope_factor=0.5), "model.rope_factor=0.5 must be a finite number of at least 1"),
     (dict(rope_scaling="pi", rope_factor=math.inf), "model.rope_factor=inf must be a finite number"),
     (dict(rope_scaling="yarn", rope_factor=2.0, rope_original_length=0), "model.rope_original_length=0 must be"),
+    # accepted and the identity before (issue 60, item 2): each refused with its fix
+    *((dict(rope_scaling=s), f"model.rope_scaling={s} at model.rope_factor=1 scales nothing") for s in ROPE_SCALINGS),
+    (dict(rope_original_length=64), "model.rope_original_length=64 is the trained length YaRN counts each pair's "
+                                    "turns over, but model.rope_scaling=null; set model.rope_scaling=yarn"),
+    (dict(rope_scaling="pi", rope_factor=2.0, rope_original_length=64), "but model.rope_scaling=pi; set"),
+    (dict(rope_theta=500.0, n_embd=4, n_head=2), "model.rope_theta=500 changes nothing: rotary turns one pair"),
+    (dict(rope_scaling="ntk", rope_factor=2.0, rope_fraction=0.5, n_embd=8, n_head=2),
+     "model.rope_scaling=ntk raises rotary's base, which changes nothing when rotary turns one pair of dims "
+     "(model.rope_fraction=0.5 of the head's 4 dims)"),
 ])  # fmt: skip
 def test_a_bad_rope_scaling_is_refused_in_one_line_naming_it(bad, message):
     with pytest.raises(ValueError) as err:
         GPT(config(**{"position": "rope", **bad}))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_evaluate_refuses_a_scaling_by_one_before_any_work(rope_run, data_cache):
+    data = DataConfig(cache_dir=str(data_cache))
+    with pytest.raises(ValueError, match=r"rope_scaling=yarn scales nothing where the longest length read, 32, is "
+                                         r"the trained one: a factor of 1; read past the trained length"):
+        evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["1x"], rope_scaling="yarn",
+                                             data=data, out=str(rope_run / "eval-one.json")))  # fmt: skip
+    assert not (rope_run / "eval-one.json").exists()
 
 
 def test_evaluate_reads_a_rotary_model_scaled_and_names_the_scaling(rope_run, data_cache, capsys):

@@ -122,6 +122,19 @@ def test_every_option_is_applied_or_refused_in_every_layer(name, layout):
     assert changed is not False, f"attention={layout} takes model.{name}={meta['example']!r} and ignores it"
 
 
+@pytest.mark.parametrize("name", sorted(n for n, meta in OPTIONS.items() if meta["with"]))
+def test_an_option_without_what_it_needs_is_refused(name):
+    """An option that needs another (a rotary scaling needs a factor above 1; YaRN's trained length needs YaRN) is
+    refused without it, naming one of them: it would otherwise be accepted and change nothing."""
+    meta = OPTIONS[name]
+    for need in meta["with"]:
+        off = next(f.default for f in fields(AttentionSpec) if f.name == need)
+        options = {**meta["with"], name: meta["example"], need: off}
+        block = buildable("fused_qkv", "manual", never=need, **options)
+        assert isinstance(block, ValueError), f"model.{name}={meta['example']} was taken with model.{need}={off}"
+        assert f"model.{name}=" in str(block) or f"model.{need}=" in str(block), str(block)
+
+
 def kernel_cells():
     for name, meta in sorted(OPTIONS.items()):
         spec = AttentionSpec(N_EMBD, N_HEAD, "manual", block_size=16, **{**meta["with"], name: meta["example"]})
