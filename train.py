@@ -40,6 +40,7 @@ from training.loop import RunFailed, train
 from training.plan import plan_variants
 from training.run_log import data_part
 
+USAGE = "python train.py [group=option ...] [key=value ...]; python train.py --help lists them"
 RENAMED = {
     "attention.layout": "attention",
     "attention.kernel": "kernel",
@@ -125,7 +126,8 @@ def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
 def run_dir_name(model: DictConfig) -> str:
     """The run directory's name after its time or job number (configs/train.yaml): the run's label, and in a
     multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
-    model = OmegaConf.to_container(model, resolve=True)
+    with user_errors(USAGE):  # Hydra resolves this before main: a share of the context that rounds down to nothing
+        model = OmegaConf.to_container(model, resolve=True)
     try:
         hydra_cfg = HydraConfig.get()
     except ValueError:  # the config printed outside a run (--cfg hydra): no sweep to read
@@ -181,7 +183,7 @@ def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
     if multirun and cfg.logger.name is None:
         cfg.logger.name = sweep_run_name(cfg, hydra_cfg)
     with errors_for_the_launcher():
-        with user_errors("python train.py [group=option ...] [key=value ...]; python train.py --help lists them"):
+        with user_errors(USAGE):
             try:
                 summary = train(cfg)
             except RunFailed as err:

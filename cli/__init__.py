@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
 from cli.overrides import check_overrides  # noqa: F401  (re-exported: every script's first check)
 
@@ -100,6 +100,16 @@ def _raised_by_headlab(err: BaseException) -> bool:
     return tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_OWN_CODE)
 
 
+def _resolver_refusal(err: BaseException) -> ValueError | None:
+    """The ValueError a resolver of headlab's raised under OmegaConf's error (which re-raises it, keeping it only as
+    the context of its own), or None."""
+    while err is not None:
+        if isinstance(err, ValueError) and not isinstance(err, OmegaConfBaseException) and _raised_by_headlab(err):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
 @contextlib.contextmanager
 def user_errors(usage: str) -> Iterator[None]:
     """Turn the errors a user can fix (a bad or missing option, a missing file) into one line on stderr.
@@ -117,6 +127,11 @@ def user_errors(usage: str) -> Iterator[None]:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         sys.exit(f"error: {err.full_key or 'a required option'} is required; usage: {usage}")
+    except InterpolationResolutionError as err:  # a config resolver of headlab's refused a value (context_share)
+        cause = _resolver_refusal(err)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or cause is None:
+            raise
+        sys.exit("error: " + " ".join(str(cause).split()))
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _raised_by_headlab(err):
             raise

@@ -428,9 +428,9 @@ def window_notes(window: int | None, block_size: int, kind: str | None = None, l
     if window == 1:
         if kind is None:
             return [f"{option}=1 lets each position see only itself: attention mixes no tokens"]
-        return [f"{option}=1 lets each position of its layers {layers} see only itself: they mix no tokens (a "
-                f"schedule's share of the context rounds down to 1 at model.block_size={block_size}: too short for "
-                f"the schedule's local attention)"]  # fmt: skip
+        return [f"{option}=1 lets each position of its layers {layers} see only itself: they mix no tokens (where it "
+                f"is a schedule's share of the context, model.block_size={block_size} is too short for the "
+                f"schedule's local attention)"]  # fmt: skip
     return []
 
 
@@ -443,9 +443,11 @@ def check_document_end(config: GPTConfig) -> None:
         raise ValueError(f"model.document_end={end!r} is document masking's end-of-text token, but "
                          f"model.document_masking=false; set model.document_masking=true, or model.document_end=null")
     if not isinstance(end, int) or isinstance(end, bool) or end < 0 or (config.vocab_size and end >= config.vocab_size):
-        raise ValueError(f"model.document_end={end!r} must be a token id of the vocabulary, 0 to "
-                         f"{(config.vocab_size or 1) - 1}: the token that ends a document (null: training fills in "
-                         f"the tokenizer's end-of-text)")  # fmt: skip
+        # before training reads the tokenizer, the vocabulary's size is not known: only the lower bound is
+        ids = (f"0 to {config.vocab_size - 1}" if config.vocab_size
+               else "0 or more, below the tokenizer's vocabulary size")  # fmt: skip
+        raise ValueError(f"model.document_end={end!r} must be a token id of the vocabulary ({ids}): the token that "
+                         f"ends a document (null: training fills in the tokenizer's end-of-text)")  # fmt: skip
 
 
 def check_document_positions(config: GPTConfig) -> None:
@@ -524,25 +526,21 @@ def check_position_options_reach_a_layer(config: GPTConfig) -> None:
                              f"model.{name}={spelled(defaults[name])}")  # fmt: skip
 
 
-# The shares of the context configs/schedule writes as ${headlab_div:${model.block_size},N}: what 0 would leave.
-CONTEXT_SHARES = {"window": ("leaves each position no key to see", "the whole context", "windows"),
-                  "attention_chunk": ("leaves each position no chunk to see", "no chunks", "chunks"),
-                  "query_temperature": ("scales the queries by a temperature of no positions", "off",
-                                        "temperatures")}  # fmt: skip
+# What a layer kind's window (chunk, temperature's length) of 0 would leave, and what null means instead. A schedule's
+# share of too short a context is refused where it is computed (training/config.py, context_share): a 0 here was typed.
+ZERO_POSITIONS = {"window": ("leaves each position no key to see", "the whole context"),
+                  "attention_chunk": ("leaves each position no chunk to see", "no chunks"),
+                  "query_temperature": ("scales the queries by a temperature of no positions", "off")}  # fmt: skip
 
 
 def check_no_window_left(config: GPTConfig, kind: str) -> None:
-    """Refuse a kind's window (chunk, temperature's length) of 0 naming where it most likely comes from: a schedule's
-    share of too short a context (configs/schedule's ``${headlab_div:${model.block_size},8}`` rounds down), not a
-    value typed."""
-    for name, (problem, null, shares) in CONTEXT_SHARES.items():
+    """Refuse a kind's window (chunk, temperature's length) of 0 in one line naming the kind's field and its
+    layers."""
+    for name, (problem, null) in ZERO_POSITIONS.items():
         value = config.layer_kinds[kind].get(name)
         if value == 0 and not isinstance(value, bool):
-            raise ValueError(f"model.layer_kinds.{kind}.{name}=0 {kind_layers(config, kind)} {problem} (a schedule's "
-                             f"share of the context rounds down to 0 at model.block_size={config.block_size}: "
-                             f"configs/schedule's {shares} are shares such as block_size/8); use a longer "
-                             f"model.block_size, or set model.layer_kinds.{kind}.{name} to at least 1 (null: "
-                             f"{null})")  # fmt: skip
+            raise ValueError(f"model.layer_kinds.{kind}.{name}=0 {kind_layers(config, kind)} {problem}; set it to a "
+                             f"positive number of positions, or null ({null})")  # fmt: skip
 
 
 def where_set(config: GPTConfig, name: str, kind: str | None) -> str:

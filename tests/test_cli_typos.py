@@ -97,6 +97,16 @@ def test_a_value_of_the_wrong_type_is_one_line(tmp_path):
     assert "trainer.max_steps=many" in line and "Integer" in line
 
 
+def test_a_schedules_share_of_too_short_a_context_is_one_line_before_any_folder(tmp_path):
+    """Hydra resolves the run directory's name (the model's label) before train.py's main: the share that rounds
+    down to nothing is said there, in one line, and no run directory is made."""
+    line = one_line_error(run("train", "schedule=gpt_oss", "model.block_size=7", cwd=tmp_path))
+    assert line == ("error: model.layer_kinds.L.window is a schedule's share of the context, model.block_size=7 / 8, "
+                    "which rounds down to 0 (configs/schedule's windows and chunks are such shares); use "
+                    "model.block_size=8 or more, or set model.layer_kinds.L.window to a positive number of positions")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_several_values_without_multirun_say_add_m(tmp_path):
     line = one_line_error(run("train", "kernel=manual,sdpa", cwd=tmp_path))
     assert "kernel=manual,sdpa is several values: add -m" in line

@@ -184,8 +184,11 @@ def test_a_reused_cache_starts_with_one_document():
     ({"document_masking": False}, r"^model.document_end=0 is document masking's end-of-text token, but "
                                   r"model.document_masking=false; set model.document_masking=true, or "
                                   r"model.document_end=null$"),
-    ({"document_end": 50}, r"^model.document_end=50 must be a token id of the vocabulary, 0 to 49: the token that "
-                           r"ends a document"),
+    ({"document_end": 50}, r"^model.document_end=50 must be a token id of the vocabulary \(0 to 49\): the token "
+                           r"that ends a document"),
+    # before the tokenizer says the vocabulary's size (issue 60, item 7: it said "0 to 0")
+    ({"document_end": -1, "vocab_size": None}, r"^model.document_end=-1 must be a token id of the vocabulary \(0 or "
+                                               r"more, below the tokenizer's vocabulary size\): the token that ends"),
     ({"document_positions": True, "document_masking": False, "document_end": None},
      r"^model.document_positions=true counts each token's position from its document's start, which document "
      r"masking finds; set model.document_masking=true, or model.document_positions=false$"),

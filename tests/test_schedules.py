@@ -225,8 +225,8 @@ def test_a_long_schedule_is_tagged_in_wandb_by_its_pattern_and_kinds_each_under_
      []),  # every kind sets its own window: the model's reaches no layer
     (dict(block_size=8, n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": 1}, "G": {}}),
      ["model.layer_kinds.L.window=1 lets each position of its layers (layers 0, 2) see only itself: they mix no "
-      "tokens (a schedule's share of the context rounds down to 1 at model.block_size=8: too short for the "
-      "schedule's local attention)"]),
+      "tokens (where it is a schedule's share of the context, model.block_size=8 is too short for the schedule's "
+      "local attention)"]),
     (dict(block_size=8, window=1), ["model.window=1 lets each position see only itself: attention mixes no tokens"]),
     (dict(block_size=8, window=7, n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": 2}, "G": {}}), []),
     (dict(block_size=8), []),
@@ -244,11 +244,19 @@ def test_a_schedules_share_of_a_small_context_is_said_at_one_key_and_refused_at_
     assert context_notes(OmegaConf.to_object(compose_train(*tiny, "model.block_size=16")).model) == []
     with pytest.raises(ValueError) as err:
         OmegaConf.to_object(compose_train(*tiny, "model.block_size=7"))
-    assert str(err.value) == (
-        "model.layer_kinds.L.window=0 (layer 0) leaves each position no key to see (a schedule's share of the "
-        "context rounds down to 0 at model.block_size=7: configs/schedule's windows are shares such as "
-        "block_size/8); use a longer model.block_size, or set model.layer_kinds.L.window to at least 1 (null: the "
-        "whole context)")
+    assert ("model.layer_kinds.L.window is a schedule's share of the context, model.block_size=7 / 8, which rounds "
+            "down to 0 (configs/schedule's windows and chunks are such shares); use model.block_size=8 or more, or set "
+            "model.layer_kinds.L.window to a positive number of positions") in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["window", "attention_chunk", "query_temperature"])
+def test_a_zero_typed_in_a_kind_is_refused_as_typed_not_blamed_on_a_share_of_the_context(name):
+    """Issue 60, item 8: a 0 the user typed is not a share that rounded down (nor is a longer block_size its fix)."""
+    with pytest.raises(ValueError) as err:
+        config(block_size=64, n_layer=2, layer_pattern="AB", layer_kinds={"A": {}, "B": {name: 0}})
+    message = str(err.value)
+    assert message.startswith(f"model.layer_kinds.B.{name}=0 (layer 1) ") and "set it to a positive number" in message
+    assert "block_size" not in message and "share" not in message, message
 
 
 def test_a_kinds_window_past_the_context_is_said_when_training_starts(tmp_path, data_cache, log_lines):

@@ -103,9 +103,23 @@ class TrainConfig:
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 # configs/hydra/launcher/submitit_local.yaml: every job of a local parallel sweep sees every GPU.
 OmegaConf.register_new_resolver("headlab_gpu_count", lambda: torch.cuda.device_count(), replace=True)
-# configs/schedule: a window as a share of the context, ${headlab_div:${model.block_size},8}, so that one schedule
-# serves the nano model (16 keys of 128) and GPT-2 small's shape (128 of 1024).
-OmegaConf.register_new_resolver("headlab_div", lambda a, b: int(a) // int(b), replace=True)
+
+
+def context_share(length, parts, _node_=None) -> int:
+    """configs/schedule's ``${headlab_div:${model.block_size},8}``: a window (chunk, temperature's length) as a share
+    of the context, so that one schedule serves the nano model (16 keys of 128) and GPT-2 small's shape (128 of
+    1024). A share that rounds down to nothing is refused here, where it is known to be a share, naming the option."""
+    share = int(length) // int(parts)
+    if share < 1:
+        key = _node_._get_full_key(None) if _node_ is not None else "a schedule's option"
+        raise ValueError(f"{key} is a schedule's share of the context, model.block_size={length} / {parts}, which "
+                         f"rounds down to 0 (configs/schedule's windows and chunks are such shares); use "
+                         f"model.block_size={parts} or more, or set {key} to a positive number of "
+                         f"positions")  # fmt: skip
+    return share
+
+
+OmegaConf.register_new_resolver("headlab_div", context_share, replace=True)
 
 LOGGER_KINDS = ("wandb", "none")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
