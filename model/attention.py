@@ -151,6 +151,12 @@ class AttentionSpec:
             raise ValueError(f"model.differential=true pairs heads 2h and 2h+1 into one, but model.n_head="
                              f"{self.n_head} is odd; use an even number of heads (model.n_head={self.n_head + 1} "
                              f"or {self.n_head - 1})")  # fmt: skip
+        if self.differential and self.kv_heads % 2:
+            even = [n for n in range(2, self.n_head + 1, 2) if self.n_head % n == 0]
+            raise ValueError(f"model.differential=true pairs key/value heads too (each differential head's two maps "
+                             f"read a key each of its group's pair, and a value two heads wide, the paper's grouped "
+                             f"form), but model.n_kv_head={self.n_kv_head} is odd; use an even model.n_kv_head "
+                             f"({', '.join(map(str, even))})")  # fmt: skip
         check_within_context("query_temperature", self.query_temperature, self.block_size,
                              "Llama 4's 8192 is its chunk", "off")  # fmt: skip
         check_within_context("attention_chunk", self.attention_chunk, self.block_size,
@@ -778,7 +784,7 @@ class SplitHeadsAttention(MultiHeadAttention):
             y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
                             document_starts=document_starts, selected=selected)
         else:  # every map reads both halves of its pair's values; the pairs' differences are the heads
-            k, halves = repeat_kv(k, self.n_head), self.diff.value_halves(repeat_kv(v, self.n_head))
+            k, halves = self.keys_per_query(k), self.diff.value_halves(v, self.n_head)
             # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
             calls = [torch.cat(halves, dim=-1)] if self.dropout and self.training else halves
             y = self.diff.combine(torch.cat([self.kernel(q, k, values, self.dropout, self.training, keys=keys,
@@ -798,9 +804,14 @@ class SplitHeadsAttention(MultiHeadAttention):
         B, T, _ = t.shape
         return t.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, T, heads*hd) -> (B, heads, T, hd)
 
+    def keys_per_query(self, k: torch.Tensor) -> torch.Tensor:
+        """(B, kv_heads, S, d) keys -> the key each query head reads, (B, H, S, d): its group's, or with differential
+        attention its map's of its group's pair (``DifferentialHeads.paired``)."""
+        return repeat_kv(k, self.n_head) if self.diff is None else self.diff.paired(k, self.n_head)
+
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, _ = self.heads_qkv(x, torch.arange(x.size(1), device=x.device))
-        return q, repeat_kv(k, self.n_head)
+        return q, self.keys_per_query(k)
 
 
 @register(ATTENTION_LAYOUTS)

@@ -6,6 +6,13 @@ that both maps put on the same keys cancels. Each output head is then RMS-normal
 transformers' DiffLlama) and scaled by (1 - lambda_init), and the n_head / 2 heads of 2 x head_dim fill the same
 width as before: c_proj, the parameters and the KV cache are unchanged.
 
+Key/value heads pair the same way (the paper's grouped form, its multihead_diffattn.py): key/value heads 2g and
+2g+1 are group g's, and every differential head h of the group (h // (n_head / n_kv_head) = g) reads key 2g with
+its first map, key 2g+1 with its second, and the value [v_2g, v_2g+1], 2 x head_dim wide. So n_kv_head is even
+(2: one group, multi-query), and with n_kv_head = n_head each pair reads its own keys and values, as before. Pairing
+query heads 2h with 2h+1 is the paper's convention; DiffLlama (transformers) pairs heads h and h + n_head / 2, and
+key/value heads g and g + n_kv_head / 2: the same function under a permutation of the heads' weights.
+
 lambda is learned per layer, shared by its heads: exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) +
 lambda_init, the four vectors head_dim wide, drawn N(0, 0.1). The paper starts lambda_init by depth,
 0.8 - 0.6 exp(-0.3 (l - 1)); its ablation found a constant 0.8 as good, which is the default here
@@ -48,10 +55,18 @@ class DifferentialHeads(nn.Module):
         return first - second + self.lambda_init
 
     @staticmethod
-    def value_halves(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, H, S, d) values, one per query head -> the two halves every head of pair h reads, v_2h and v_2h+1,
-        (B, H, S, d) each."""
-        return v[:, 0::2].repeat_interleave(2, dim=1), v[:, 1::2].repeat_interleave(2, dim=1)
+    def paired(t: torch.Tensor, n_head: int) -> torch.Tensor:
+        """(B, KV, S, d) key (or value) heads -> (B, n_head, S, d), the one each map reads: map 2h + c (c = 0, 1) of
+        differential head h reads head 2g + c of its group g = h // (n_head / KV)."""
+        B, KV, S, d = t.shape
+        return t.view(B, KV // 2, 2, S, d).repeat_interleave(n_head // KV, dim=1).view(B, n_head, S, d)
+
+    @classmethod
+    def value_halves(cls, v: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, KV, S, d) value heads -> the two halves both maps of differential head h read, v_2g and v_2g+1 of its
+        group g, (B, n_head, S, d) each."""
+        pairs = cls.paired(v, n_head)
+        return pairs[:, 0::2].repeat_interleave(2, dim=1), pairs[:, 1::2].repeat_interleave(2, dim=1)
 
     def combine(self, y: torch.Tensor) -> torch.Tensor:
         """(B, H, T, 2d), each map's output over its pair's values ([A_i v_2h, A_i v_2h+1]) -> (B, H / 2, T, 2d): map

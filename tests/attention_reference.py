@@ -123,6 +123,9 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         q = torch.cat((rotate(q[..., :r], positions, rope_theta), q[..., r:]), dim=-1)
         k = torch.cat((rotate(k[..., :r], positions, rope_theta), k[..., r:]), dim=-1)
     group = torch.arange(n_head, device=x.device) // (n_head // n_kv_head)  # each query head's key/value head
+    if differential:  # the paper's grouped form: map c of differential head h reads key/value head 2 g + c of its group
+        h = torch.arange(n_head, device=x.device)
+        group = 2 * ((h // 2) // (n_head // n_kv_head)) + h % 2
     k, v = k[:, group], v[:, group]
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
     if query_temperature is not None:
@@ -159,8 +162,8 @@ def differential_heads(weights: torch.Tensor, v: torch.Tensor, p: dict, lambda_i
     """The Diff Transformer's heads (Ye et al. 2024, arXiv 2410.05258, eq. 1-3), from the n_head softmax maps
     ``weights`` (B, H, T, T) and each query head's values ``v`` (B, H, T, d): head h weighs the keys by the maps'
     difference, A_2h - lambda A_2h+1, with lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, over the pair's
-    values [v_2h, v_2h+1]; then RMSNorm (no scale; eps 1e-5) and (1 - lambda_init). -> (B, T, C), heads side by
-    side."""
+    values [v_2h, v_2h+1] (with grouped heads, its group's pair of value heads, 2d wide: the paper's code); then
+    RMSNorm (no scale; eps 1e-5) and (1 - lambda_init). -> (B, T, C), heads side by side."""
     lam = (torch.exp(p["diff.lambda_q1"] @ p["diff.lambda_k1"]) - torch.exp(p["diff.lambda_q2"] @ p["diff.lambda_k2"])
            + lambda_init)  # fmt: skip
     heads = []

@@ -104,6 +104,18 @@ def kv_names_of(layout: str) -> tuple[str, ...]:
     return ("mha", "gqa", "mqa") if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else ("mha",)
 
 
+def held(n_embd: int, n_head: int, kvs: list, start: int, options: dict):
+    """The first of ``kvs`` (key/value head counts), from ``start`` on in turn, that ``options`` hold with ``n_head``
+    heads (differential attention pairs key/value heads too: an odd count is refused)."""
+    for kv in kvs[start:] + kvs[:start]:
+        try:
+            AttentionSpec(n_embd, n_head, n_kv_head=kv, **options)
+        except ValueError:
+            continue
+        return kv
+    raise AssertionError(f"no key/value heads of {kvs} hold {options} with {n_head} heads")
+
+
 def mask_cells(layout: str, deep: bool) -> dict[str, dict]:
     """The mask options of a layer's cells (``model.registry.MASKS``, those it applies): none, then each mask's
     values, the window's chosen ones (WINDOWS), another's its option's example."""
@@ -373,11 +385,12 @@ def encoding_cells(deep: bool):
         turns = encoding_layouts_kernels(e, name, options, deep, flex_turn=e % len(LAYOUTS))
         for c, (layout, kernel) in enumerate(turns):
             kv_names = kv_names_of(layout)
-            kv_name = kv_names[(c + 2 * e) % len(kv_names)]
             (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
+            kv = held(n_head * head_dim, n_head, [kvs[n] for n in kv_names], (c + 2 * e) % len(kv_names), options)
+            kv_name = next(n for n in kv_names if kvs[n] == kv)
             if "window" not in ATTENTION_LAYOUTS[layout].applies:
                 w_name, window = "full", None
-            n_kv = kvs[kv_name] if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+            n_kv = kv if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
             yield pytest.param(name, layout, kernel, n_head, head_dim, n_kv, window,
                                id=f"{name}-{layout}-{kernel}-{shape}-{kv_name}-{w_name}")  # fmt: skip
 
@@ -509,8 +522,8 @@ def encoding_decode_cells(deep: bool):
     for e, (name, options) in enumerate(ENCODINGS.items()):
         for i, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep,
                                                                    flex_turn=(e + 1) % len(LAYOUTS))):
-            kvs = (4, 2, 1) if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else (None,)
-            n_kv, (w_name, window) = kvs[(i + 2 * e) % len(kvs)], windows[(i + e) % 2]
+            kvs = [4, 2, 1] if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else [None]
+            n_kv, (w_name, window) = held(64, 4, kvs, (i + 2 * e) % len(kvs), options), windows[(i + e) % 2]
             if "window" not in ATTENTION_LAYOUTS[layout].applies:
                 w_name, window = "full", None
             yield pytest.param(name, layout, kernel, n_kv, window, id=f"{name}-{layout}-{kernel}-{n_kv}kv-{w_name}")

@@ -103,6 +103,88 @@ def test_a_block_with_two_identical_maps_per_pair_weighs_its_keys_by_one_minus_l
         torch.testing.assert_close(block(x), want, atol=1e-5, rtol=0)
 
 
+# Grouped key/value heads (issue 60, item 3): (query heads, key/value heads), one group to several, each pair's group
+# of two key heads and a value two heads wide
+GROUPED = [(4, 2), (8, 4), (8, 2), (12, 6), (12, 2), (6, 6)]
+
+
+@pytest.mark.parametrize("layout", ["fused_qkv", "separate_qkv"])
+@pytest.mark.parametrize("kernel", ["manual", "sdpa"])
+@pytest.mark.parametrize("n_head,n_kv", GROUPED, ids=[f"{h}h{kv}kv" for h, kv in GROUPED])
+def test_grouped_differential_heads_are_the_papers_formula_at_every_length(layout, kernel, n_head, n_kv):
+    """Each differential head h of group g reads key heads 2g and 2g+1 with its two maps and the value [v_2g, v_2g+1]
+    (attention_reference.differential_heads): outputs and every gradient, lengths 1 to past a few blocks."""
+    from test_attention_properties import assert_block_is_the_formula, seeded_block
+
+    block = seeded_block(layout, kernel, n_head, 4, n_kv, None, "cpu", differential=True, position="rope")
+    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, None, "cpu", [1, 2, 3, 7, 13])
+
+
+@pytest.mark.parametrize("n_head,n_kv", [(4, 2), (8, 2), (8, 4)])
+def test_with_grouped_heads_the_two_halves_of_a_differential_head_differ(n_head, n_kv):
+    """The old reading gave both maps of a pair one key and one value head: the two halves of every differential
+    head's output were exactly equal (half of each head's width wasted)."""
+    block = build_attention("fused_qkv", 8 * n_head, n_head, "manual", differential=True, n_kv_head=n_kv).eval()
+    captured = []
+    hook = block.c_proj.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    with torch.no_grad():
+        block(torch.randn(2, 9, 8 * n_head))
+    hook.remove()
+    heads = captured[0].view(2, 9, n_head // 2, 16)
+    assert (heads[..., :8] - heads[..., 8:]).abs().amax(dim=(0, 1, 3)).min() > 1e-3, "a head's halves are equal"
+
+
+def test_an_odd_number_of_key_value_heads_is_refused_naming_the_even_ones():
+    for kv in (1, 3):
+        with pytest.raises(ValueError, match=rf"model.differential=true pairs key/value heads too .* but "
+                                             rf"model.n_kv_head={kv} is odd; use an even model.n_kv_head \(2, 6\)$"):
+            config(differential=True, n_head=6, n_embd=48, n_kv_head=kv)
+
+
+@pytest.mark.parametrize("n_head,n_kv", [(4, 4), (4, 2), (8, 4), (8, 2)])
+def test_it_is_diffllamas_function_with_its_heads_permuted(n_head, n_kv):
+    """transformers' DiffLlama pairs query heads i and i + H/2 and key/value heads j and j + KV/2 (headlab, as the
+    paper: 2h, 2h+1 and 2g, 2g+1): with the heads' rows permuted, one function, at every position."""
+    from transformers import DiffLlamaConfig
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, DiffLlamaRotaryEmbedding
+
+    d, T = 8, 11
+    C = n_head * d
+    hf_config = DiffLlamaConfig(hidden_size=C, num_attention_heads=n_head, num_key_value_heads=n_kv,
+                                rms_norm_eps=1e-5, attention_bias=False, head_dim=d)  # fmt: skip
+    hf_config._attn_implementation = "eager"
+    theirs = DiffLlamaAttention(hf_config, layer_idx=2).double().eval()
+    ours = build_attention("separate_qkv", C, n_head, "manual", bias=False, n_kv_head=n_kv, differential=True,
+                           position="rope", lambda_init=theirs.lambda_init).double().eval()  # fmt: skip
+
+    def interleaved(heads: int) -> torch.Tensor:  # our head of each of theirs: i -> 2i, i + heads/2 -> 2i + 1
+        return torch.tensor([2 * i if i < heads // 2 else 2 * (i - heads // 2) + 1 for i in range(heads)])
+
+    with torch.no_grad():
+        for proj, heads in (("q_proj", n_head), ("k_proj", n_kv), ("v_proj", n_kv)):
+            rows = getattr(ours, {"q_proj": "query", "k_proj": "key", "v_proj": "value"}[proj]).weight
+            rows = rows.view(heads, d, C)
+            getattr(theirs, proj).weight.copy_(rows[interleaved(heads)].reshape(heads * d, C))
+        theirs.o_proj.weight.copy_(ours.c_proj.weight)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(theirs, name).copy_(getattr(ours.diff, name))
+    x = torch.randn(2, T, C, dtype=torch.float64)
+    cos, sin = DiffLlamaRotaryEmbedding(hf_config)(x, torch.arange(T)[None])
+    causal = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        want = theirs(x, (cos.double(), sin.double()), attention_mask=causal)[0]
+        got = ours(x)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)  # both take rotary's angles and lambda in float32
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+def test_grouped_differential_decodes_as_its_full_forward(static):
+    from test_attention_properties import assert_decodes_like_full_recomputation, decode_model, eager_or_static
+
+    model = decode_model("fused_qkv", "sdpa", 2, 7, "cpu", differential=True, position="rope")
+    assert_decodes_like_full_recomputation(model, eager_or_static(static, "cpu"), [1, 5, 13, 23], "cpu")
+
+
 @pytest.mark.slow
 def test_a_short_run_lowers_the_loss_loads_samples_and_is_refused_by_heads_and_export(tmp_path, data_cache):
     run = tiny_run(tmp_path / "run", data_cache, "model.differential=true", "model.n_head=2")
