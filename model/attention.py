@@ -534,7 +534,7 @@ class MultiHeadAttention(nn.Module):
         self.indexer = None  # DeepSeek's sparse attention: built apart, so the draws after it are the dense model's
         if spec.sparse_topk is not None:
             with own_draws():
-                self.indexer = LightningIndexer(spec)
+                self.indexer = LightningIndexer(spec, None if self.rotary is None else self.rotary.dim)
 
     def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
         """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).

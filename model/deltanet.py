@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from model.kv_cache import LayerCache
 
 CONV_SIZE = 4  # the short convolution's width (the paper's, Qwen3-Next's)
+L2_EPS = 1e-6  # the queries' and keys' L2 norm: x / sqrt(|x|^2 + eps), Qwen3-Next's, Kimi Linear's and fla's
 # The attention fields a Gated DeltaNet layer has a mechanism of its own for: the values that leave each off, and why.
 OWN_FIELDS = {
     "window": ((None,), "its state keeps a decayed summary of every earlier token, not a window"),
@@ -127,6 +128,12 @@ def _chunked(q, k, v, log_decay, beta, chunk, state):
     return torch.stack(out, dim=2).reshape(B, H, n * chunk, dv)[:, :, :T], S
 
 
+def l2_normed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` over its last dimension's L2 norm, the eps inside the root (Qwen3-Next's, Kimi Linear's and fla's, not
+    F.normalize's max(|x|, eps)): a near-zero query or key is shrunk smoothly, not blown up to unit length."""
+    return t * torch.rsqrt(t.pow(2).sum(dim=-1, keepdim=True) + L2_EPS)
+
+
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor:
     """Depthwise causal convolution of (B, T, D) over time, each output from its input and the CONV_SIZE - 1
     before it: ``past`` (B, CONV_SIZE - 1, D), the inputs before the first (None: zeros)."""
@@ -145,6 +152,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     QKV_KEY = re.compile(r"(?P<proj>in_proj)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "in_proj"
     chunk = 64  # the chunked form's positions per chunk by default (fla's); model.linear_chunk sets another
+    norm_eps = 1e-6  # the output's gated RMSNorm: Qwen3-Next's rms_norm_eps
     # Its own chunk and positions' fields (learned or none: refused otherwise, below); dropout on its output
     applies = frozenset({"linear_chunk", "position", "dropout"})
     has_attention_maps, takes_kernel = False, False
@@ -255,7 +263,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         self.conv_weight = nn.Parameter(torch.empty(3 * C, 1, CONV_SIZE))  # depthwise, over q, k and v
         self.A_log = nn.Parameter(torch.zeros(H))
         self.dt_bias = nn.Parameter(torch.zeros(H))
-        self.o_norm = nn.RMSNorm(spec.head_dim, eps=1e-6)
+        self.o_norm = nn.RMSNorm(spec.head_dim, eps=self.norm_eps)
         self.chunk = spec.linear_chunk or self.chunk
         nn.init.uniform_(self.conv_weight, -1 / math.sqrt(CONV_SIZE), 1 / math.sqrt(CONV_SIZE))
 
@@ -266,8 +274,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         H, hd = self.n_head, self.head_dim
         mixed, gate, b, a = self.in_proj(x).split([3 * C, C, H, H], dim=-1)
         q, k, v = F.silu(causal_conv(mixed, self.conv_weight, past)).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
-        q = F.normalize(q, dim=-1) * hd**-0.5
-        k = F.normalize(k, dim=-1)
+        q, k = l2_normed(q) * hd**-0.5, l2_normed(k)
         log_decay = -self.A_log.exp() * F.softplus(a + self.dt_bias)
         return q, k, v, log_decay.transpose(1, 2), b.sigmoid().transpose(1, 2), gate.view(B, T, H, hd), mixed
 

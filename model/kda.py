@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import AttentionSpec
-from model.deltanet import GatedDeltaNet, causal_conv, delta_step, run_rule
+from model.deltanet import GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
 from model.registry import ATTENTION_LAYOUTS, register
 
 
@@ -93,6 +93,7 @@ class KimiDeltaAttention(GatedDeltaNet):
     QKV_KEY = re.compile(r"(?P<proj>qkvb_proj)\.(?P<kind>weight|bias)$")  # its own names: a state dict says which
     QKV_EXAMPLE = "qkvb_proj"
     chunk = 16  # the chunked form's positions per chunk by default: its pairwise decays are chunk x chunk x head_dim
+    norm_eps = 1e-5  # the output's gated RMSNorm: Kimi Linear's rms_norm_eps
     rule = staticmethod(chunked_kda)
     gate_activation = staticmethod(torch.sigmoid)
 
@@ -134,8 +135,7 @@ class KimiDeltaAttention(GatedDeltaNet):
         H, hd = self.n_head, self.head_dim
         mixed, b = self.qkvb_proj(x).split([3 * C, H], dim=-1)
         q, k, v = F.silu(causal_conv(mixed, self.conv_weight, past)).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
-        q = F.normalize(q, dim=-1) * hd**-0.5
-        k = F.normalize(k, dim=-1)
+        q, k = l2_normed(q) * hd**-0.5, l2_normed(k)
         rate = self.A_log.exp().repeat_interleave(hd)  # each head's rate over its channels
         log_decay = -rate * F.softplus(self.decay_up(self.decay_down(x)) + self.dt_bias)  # float32 at least: dt_bias
         gate = self.gate_up(self.gate_down(x))

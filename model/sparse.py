@@ -6,9 +6,10 @@ Query token t's score of key s is
     I[t, s] = sum_j w[t, j] relu(q[t, j] . k[s])
 
 over ``model.indexer_heads`` small heads j of ``model.indexer_dim`` dims: q[t, j] and the weights w[t, j] from the
-query's input, one key k[s] per token shared by the heads (LayerNorm'd), w scaled by 1 / sqrt(heads x dim) as
-transformers' ``DeepseekV32Indexer``; with rotary positions, q and k turn as the block's do. Every head of the layer
-attends over the same selected keys.
+query's input, one key k[s] per token shared by the heads (LayerNorm'd, eps 1e-6), w scaled by 1 / sqrt(heads x
+dim) as transformers' ``DeepseekV32Indexer``; with rotary positions, q and k turn in their first dims, as many as
+the block's rotary part turns (DeepSeek-V3.2: its qk_rope_head_dim, 64 of 128), at that width's frequencies. Every
+head of the layer attends over the same selected keys.
 
 Which keys: the k of highest score among those the query sees (its masks, its document); equal scores go to the
 later key, so the choice is one function of the scores on every device and in every cache order (a ring, a static
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 INDEXER_HEADS, INDEXER_DIM = 4, 32  # model.indexer_heads / indexer_dim by default (DeepSeek-V3.2: 64 x 128)
 INDEXER_SHAPE = {"indexer_heads": INDEXER_HEADS, "indexer_dim": INDEXER_DIM}  # the model's, for every sparse layer
+KEY_NORM_EPS = 1e-6  # the indexer key's LayerNorm: DeepSeek-V3.2's
 INDEXER_SLOT = -2  # a layer cache's slot of the indexer keys (the token biases' states: -1; keys and values: 0, 1, ...)
 
 
@@ -52,14 +54,16 @@ class LightningIndexer(nn.Module):
     """One layer's indexer: its projections, the keys it selects (``forward``), and in training its KL to the
     layer's attention (``loss``, taken by the GPT with the language-model loss)."""
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec, rotary_width: int | None = None) -> None:
         super().__init__()
         self.topk, self.heads, self.dim = spec.sparse_topk, spec.indexer_heads, spec.indexer_dim
         self.wq = nn.Linear(spec.n_embd, self.heads * self.dim, bias=False)
         self.wk = nn.Linear(spec.n_embd, self.dim, bias=False)
-        self.k_norm = nn.LayerNorm(self.dim)
+        self.k_norm = nn.LayerNorm(self.dim, eps=KEY_NORM_EPS)
         self.weights_proj = nn.Linear(spec.n_embd, self.heads, bias=False)
-        self.rotary = spec.rotary(self.dim)  # as the block's queries and keys turn
+        # DeepSeek-V3.2 turns the first qk_rope_head_dim dims of its indexer's queries and keys, at that width's
+        # frequencies, as its attention turns its rotary part: here the block's rotary width (at most the indexer's)
+        self.rotary = spec.rotary(min(rotary_width or self.dim, self.dim))
         self.selecting = True  # False during the warm-up: the attention stays dense while the indexer learns
         self.loss: torch.Tensor | None = None  # the last training forward's KL, until the GPT takes it
 

@@ -189,8 +189,10 @@ def layer_norm(t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 def index_scores(block, x: torch.Tensor) -> torch.Tensor:
     """DeepSeek-V3.2's lightning indexer (its paper, eq. 1) from the block's weights, float64, (B, T, T): query t's
     score of key s, I[t, s] = sum_j w[t, j] ReLU(q[t, j] . k[s]); q[t, j] = W_q x_t's head j, k[s] = LayerNorm(W_k
-    x_s), both turned by RoFormer's rotation at their positions with rotary positions; w[t, j] = (W_w x_t)_j /
-    sqrt(heads x dim), transformers' DeepseekV32Indexer's scale."""
+    x_s) (eps 1e-6), with rotary positions both turned by RoFormer's rotation at their positions in their first
+    qk_rope_head_dim dims (the block's rotary width: its decoupled key's under MLA, its heads' rotary part else; at
+    most the indexer's width), the rest passing; w[t, j] = (W_w x_t)_j / sqrt(heads x dim), transformers'
+    DeepseekV32Indexer's scale."""
     spec = block.spec
     p = {name.removeprefix("indexer."): t.double() for name, t in block.named_parameters()
          if name.startswith("indexer.")}  # fmt: skip
@@ -199,9 +201,11 @@ def index_scores(block, x: torch.Tensor) -> torch.Tensor:
     H, d = spec.indexer_heads, spec.indexer_dim
     positions = torch.arange(T, device=x.device)
     q = (x @ p["wq.weight"].T).view(B, T, H, d).transpose(1, 2)  # (B, H, T, d)
-    k = layer_norm(x @ p["wk.weight"].T, p["k_norm.weight"], p["k_norm.bias"])  # (B, T, d)
-    if spec.position == "rope":
-        q, k = rotate(q, positions, spec.rope_theta), rotate(k, positions, spec.rope_theta)
+    k = layer_norm(x @ p["wk.weight"].T, p["k_norm.weight"], p["k_norm.bias"], eps=1e-6)  # (B, T, d); V3.2's eps
+    if spec.position == "rope":  # the first dims, as many as the block's rotary part turns, at that width's frequencies
+        r = min(spec.rope_head_dim if spec.rope_head_dim is not None else round(spec.rope_fraction * spec.head_dim), d)
+        q = torch.cat((rotate(q[..., :r], positions, spec.rope_theta), q[..., r:]), dim=-1)
+        k = torch.cat((rotate(k[..., :r], positions, spec.rope_theta), k[..., r:]), dim=-1)
     w = (x @ p["weights_proj.weight"].T) / math.sqrt(H * d)  # (B, T, H)
     scores = torch.zeros(B, T, T, dtype=torch.float64, device=x.device)
     for j in range(H):
@@ -337,7 +341,12 @@ def convolved_qkv(weight: torch.Tensor, mixed: torch.Tensor, H: int, hd: int):
     conv = torch.stack([sum(w[:, i] * mixed[:, t - (CONV_SIZE - 1) + i] for i in range(CONV_SIZE)
                             if t - (CONV_SIZE - 1) + i >= 0) for t in range(T)], dim=1)  # fmt: skip
     q, k, v = F.silu(conv).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
-    return q / q.norm(dim=-1, keepdim=True) / math.sqrt(hd), k / k.norm(dim=-1, keepdim=True), v
+    return l2_norm(q) / math.sqrt(hd), l2_norm(k), v
+
+
+def l2_norm(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """t / sqrt(|t|^2 + eps) over the last dimension: Qwen3-Next's, Kimi Linear's and fla's L2 norm."""
+    return t / torch.sqrt(t.pow(2).sum(dim=-1, keepdim=True) + eps)
 
 
 def deltanet_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:

@@ -119,6 +119,46 @@ def unambiguous_input(block, shape: tuple, gen: torch.Generator) -> torch.Tensor
     raise AssertionError("no input without a near-tie in 10 draws")
 
 
+@pytest.mark.parametrize("layout,options", [("mla", dict(kv_latent=16, rope_head_dim=8)), ("fused_qkv", {})],
+                         ids=["mla", "fused_qkv"])  # fmt: skip
+def test_the_indexer_selects_what_deepseek_v32s_indexer_selects(layout, options):
+    """transformers' DeepseekV32Indexer from the same weights (its compressed query input given the block's input):
+    the same keys for every query that sees more than top-k, its rotary turning the first qk_rope_head_dim (the
+    block's rotary width, 8) of the indexer's 16 dims, half-split, at that width's frequencies; its key norm's eps."""
+    from transformers import DeepseekV32Config
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Indexer, DeepseekV32RotaryEmbedding
+
+    C, T, topk = 32, 19, 5
+    torch.manual_seed(0)
+    block = build_attention(layout, C, 4, "manual", position="rope", sparse_topk=topk, indexer_heads=4, indexer_dim=16,
+                            block_size=32, **options).double()  # fmt: skip
+    config = DeepseekV32Config(hidden_size=C, q_lora_rank=C, qk_rope_head_dim=8, index_head_dim=16, index_n_heads=4,
+                               index_topk=topk, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    theirs = DeepseekV32Indexer(config, layer_idx=0).double()
+    ours = block.indexer
+    with torch.no_grad():
+        for mine, their in ((ours.wq, theirs.wq_b), (ours.wk, theirs.wk), (ours.k_norm, theirs.k_norm),
+                            (ours.weights_proj, theirs.weights_proj)):  # fmt: skip
+            for name, p in mine.named_parameters():
+                p.normal_()  # the LayerNorm's scale and shift too
+                getattr(their, name).copy_(p)
+    assert theirs.k_norm.eps == ours.k_norm.eps == 1e-6
+    x = torch.randn(2, T, C, dtype=torch.float64)
+    positions = torch.arange(T)
+    cos, sin = DeepseekV32RotaryEmbedding(config)(x, positions[None])
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        want = theirs(x, x, (cos, sin), causal, positions[None])  # (B, T, topk) key indices
+        selected, index = ours(x, positions, None, block.masks, None)
+    # Queries that see more than top-k keys, and whose k-th and next scores differ: ReLU leaves many scores exactly 0,
+    # and DeepSeek's topk breaks such a tie its own way (headlab's: to the later key)
+    ranked = index.masked_fill(~causal, float("-inf")).sort(dim=-1, descending=True).values
+    rows = [(b, t) for b in range(2) for t in range(topk, T) if ranked[b, t, topk - 1] > ranked[b, t, topk]]
+    assert len(rows) > T, "most rows compared"
+    assert [sorted(want[b, t].tolist()) for b, t in rows] == \
+        [selected[b, 0, t].nonzero().flatten().tolist() for b, t in rows]  # fmt: skip
+
+
 def test_the_selection_is_the_papers_top_k_with_ties_to_the_later_key():
     """The indexer's scores are the paper's formula; where several keys score exactly 0 (every head's ReLU at zero)
     the later ones are chosen, the same rule the formula and a cache in any order share."""
