@@ -70,20 +70,22 @@ def length_results(run: Run) -> list[dict]:
 
 def length_curves(runs: list[Run]) -> dict[str, dict]:
     """Per curve (variant; protocol, past context, rope scaling): the mean loss at each length and at each
-    position of its longest length over the variant's seeds, how many seeds, and the trained length."""
-    grouped: dict[str, list[tuple[dict, int]]] = defaultdict(list)
+    position of its longest length over the variant's seeds, how many seeds, the trained length and a schedule's
+    preset and kinds."""
+    grouped: dict[str, list[tuple[dict, int, Run]]] = defaultdict(list)
     for run in runs:
         for result in length_results(run):
             for row in result["lengths"]:
-                grouped[f"{run.variant} ({setting_of(row)})"].append((row, result["block_size"]))
+                grouped[f"{run.variant} ({setting_of(row)})"].append((row, result["block_size"], run))
     curves = {}
     for name, entries in sorted(grouped.items(), key=lambda item: natural_key(item[0])):
         by_length: dict[int, list[dict]] = defaultdict(list)
-        for row, _ in entries:
+        for row, _, _ in entries:
             by_length[row["length"]].append(row)
         longest = by_length[max(by_length)]
         curves[name] = {
             "block": entries[0][1],
+            "schedule": entries[0][2].schedule,
             "loss": {length: float(np.mean([r["loss"] for r in rows])) for length, rows in sorted(by_length.items())},
             "seeds": max(len(rows) for rows in by_length.values()),
             "by_position": np.nanmean([r["loss_by_position"] for r in longest], axis=0).tolist(),
@@ -107,7 +109,7 @@ def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
     fig, ax = pyplot().subplots(figsize=(11, 5))
     for name, curve in curves.items():
         style = curve_style(name, curves)
-        ax.plot(list(curve["loss"]), list(curve["loss"].values()), label=name, markersize=4, **style)
+        ax.plot(list(curve["loss"]), list(curve["loss"].values()), label=shown(name, curve), markersize=4, **style)
     for block in sorted({curve["block"] for curve in curves.values()}):
         ax.axvline(block, color="grey", linestyle=":", label=f"block_size {block} (trained length)")
     ax.set_xscale("log", base=2)
@@ -116,6 +118,12 @@ def plot_loss_vs_length(curves: dict[str, dict], out: Path) -> Path:
     ax.set_title("Loss past the trained length (evaluate.py lengths=...)", fontsize=10)
     legend(ax, curves)
     return save_figure(fig, out / "loss_vs_length.png")
+
+
+def shown(name: str, curve: dict) -> str:
+    """A curve's legend entry: its name, under a schedule's preset and kinds (``kimi_linear: KKKM, K=kda,
+    M=mla/sdpa``), which its label, led by the model's layout and kernel, does not say."""
+    return f"{curve['schedule']}\n{name}" if curve.get("schedule") else name
 
 
 def curve_style(name: str, curves: dict[str, dict]) -> dict:
@@ -141,7 +149,9 @@ def legend(ax, curves: dict[str, dict]) -> None:
     variants = list(dict.fromkeys(name.split(" (")[0] for name in curves))
     protocols = list(dict.fromkeys(setting.split(", ")[0] for setting in settings))
     contexts = list(dict.fromkeys(setting.split(", ")[1] for setting in settings))
-    handles = [Line2D([], [], color=f"C{i % 10}", label=variant) for i, variant in enumerate(variants)]
+    schedules = {name.split(" (")[0]: curve.get("schedule") for name, curve in curves.items()}
+    handles = [Line2D([], [], color=f"C{i % 10}", label=shown(variant, {"schedule": schedules[variant]}))
+               for i, variant in enumerate(variants)]  # fmt: skip
     handles += [Line2D([], [], color="grey", linestyle="--" if p == "sliding" else "-", label=f"protocol={p}")
                 for p in protocols]  # fmt: skip
     handles += [Line2D([], [], color="grey", linestyle="", marker="s" if c == "ring" else "o",
@@ -154,7 +164,8 @@ def plot_sweep_by_position(curves: dict[str, dict], out: Path) -> Path:
     """Loss against position over each curve's longest evaluated length, overlaid."""
     fig, ax = pyplot().subplots(figsize=(11, 5))
     for name, curve in curves.items():
-        ax.plot(*log_binned(curve["by_position"]), markersize=3, label=f"{name}, {len(curve['by_position'])} tokens",
+        ax.plot(*log_binned(curve["by_position"]), markersize=3,
+                label=shown(f"{name}, {len(curve['by_position'])} tokens", curve),
                 **curve_style(name, curves))  # fmt: skip
     draw_by_position(ax, min(curve["block"] for curve in curves.values()))
     ax.set_title("Loss by position over the longest evaluated length", fontsize=10)

@@ -117,8 +117,8 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = f
         group = evaluated[variant]
         mark = f" {SPEED_CAUTION}" if against == "time" and group[0].variant in cautioned else ""
         ax.plot(xs, mean, line_style(group[0].kernel), color=colour_of[group[0].variant],
-                marker=marker(group[0].layout), ms=4 + halo.get(variant, 0),
-                lw=1.5 + halo.get(variant, 0), label=f"{variant}{runs_note(group)}{mark}")  # fmt: skip
+                marker=marker(group[0].layout), ms=4 + halo.get(variant, 0), lw=1.5 + halo.get(variant, 0),
+                label=legend_name(f"{variant}{runs_note(group)}{mark}", group[0]))  # fmt: skip
         if len(group) > 1:
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[group[0].variant],
                             alpha=0.15, lw=0)  # fmt: skip
@@ -134,7 +134,9 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = f
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
         return fig
     legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                       title=legend_title(map(label_of, evaluated)), title_fontsize=8, handlelength=3.5)
+                       title=legend_title(map(label_of, evaluated)) + SCHEDULE_TITLE * any(
+                           group[0].schedule for group in evaluated.values()),
+                       title_fontsize=8, handlelength=3.5)  # fmt: skip
     note = coincide_note(groups, len(lines))
     if note:  # otherwise the reader counts the legend's entries, sees fewer lines, and wonders where they went
         ax.text(1.02, 0.0, note, transform=ax.transAxes, fontsize=8, va="bottom")
@@ -143,6 +145,12 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = f
     fig.canvas.draw()
     fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi, fig.get_figheight())
     return fig
+
+
+def legend_name(name: str, run: Run) -> str:
+    """A curve's legend entry: its name, under a schedule's preset and kinds (``kimi_linear: KKKM, K=kda,
+    M=mla/sdpa``), which its label, led by the model's layout and kernel, does not say."""
+    return f"{run.schedule}\n{name}" if run.schedule else name
 
 
 def runs_note(group: list[Run]) -> str:
@@ -176,6 +184,10 @@ def halo_widths(groups: list[list[str]]) -> dict[str, float]:
 def label_of(curve: str) -> str:
     """The run label a curve's name starts with (``by_curve`` may add the token budget after a space)."""
     return curve.split(" ", 1)[0]
+
+
+# A legend's title where a curve is a schedule's: what the line above its label says (legend_name)
+SCHEDULE_TITLE = "\na schedule: [<preset>: ]<pattern>, <kind>=<layout>[/<kernel>] above its label"
 
 
 def legend_title(variants) -> str:
@@ -241,10 +253,13 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     return path
 
 
-def tick_label(variant: str) -> str:
+def tick_label(variant: str, schedule: str | None = None) -> str:
     """A label's parts a line each, and a schedule's kinds each on a line of its own (``DDDG_D.gated_deltanet_G``:
-    three lines), so that long labels side by side do not run into each other."""
+    three lines), so that long labels side by side do not run into each other. A schedule's preset and kinds
+    (``kimi_linear: KKKM, K=kda, M=mla/sdpa``) take the place of the layout and kernel its label leads with."""
     parts = variant.split("-")
+    if schedule:
+        parts = [*schedule.split(", "), *parts[2:]]
     kinds = r"_(?=[A-Z](?:[._]|$))"  # the underscores before a kind's letter, not those inside a value
     return "\n".join(re.sub(kinds, "\n", p) if re.fullmatch(r"[A-Z]+(_[A-Z][\w.]*)+", p) else p for p in parts)
 
@@ -267,7 +282,10 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
     mids = [statistics.median(speeds[v]) for v in variants]
     errors = np.array([[m - min(speeds[v]) for v, m in zip(variants, mids)],
                        [max(speeds[v]) - m for v, m in zip(variants, mids)]])  # fmt: skip
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    schedules = {run.variant: run.schedule for run in runs}
+    ticks = [tick_label(v, schedules[v]) for v in variants]
+    # taller for ticks of many lines (a schedule's), so that the bars keep their height
+    fig, ax = plt.subplots(figsize=(8, 4.2 + 0.12 * max(0, max(t.count("\n") for t in ticks) - 3)))
     repeated = any(len(speeds[v]) > 1 for v in variants)
     bars = ax.bar(range(len(variants)), mids, color=[colour_of[v] for v in variants],
                   yerr=errors if repeated else None, capsize=4)  # fmt: skip
@@ -276,7 +294,7 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
         bar.set_alpha(0.4 if variant in shared else 1.0)
     marks = [f" {SPEED_CAUTION}" if v in shared else "" for v in variants]
     ax.bar_label(bars, labels=[f"{m:,.0f}{mark}" for m, mark in zip(mids, marks)], fontsize=8, padding=2)
-    ax.set_xticks(range(len(variants)), [tick_label(v) for v in variants], fontsize=8)
+    ax.set_xticks(range(len(variants)), ticks, fontsize=8)
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.margins(y=0.12)  # room above the tallest bar for its figure
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from analysis.runs import Run, natural_key
 from common.machine_load import busy_text, is_busy
-from model.config import GPTConfig, attention_label
+from model.config import GPTConfig, attention_label, schedule_kinds
 from model.differential import LAMBDA_INIT
 from model.score_mods import score_mod_fields, with_fields
 
@@ -28,6 +28,7 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
               "rope_fraction": lambda row: row.get("rope_fraction") not in (None, 1),
               **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()},
+              "schedule": lambda row: row.get("schedule") is not None,
               "layers": lambda row: row.get("layers") is not None}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
@@ -45,7 +46,7 @@ COLUMNS = [
     ("rope_theta", "rope theta"), ("rope_fraction", "rope fraction"), ("query_temperature", "query temperature"),
     *((mod.field, mod.column) for mod in with_fields()), ("differential", "differential lambda_init"),
     ("document_masking", "document masking"), ("sparse_topk", "sparse top-k"),
-    ("layers", "layers"),
+    ("schedule", "schedule"), ("layers", "layers"),
     ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("state_bytes", "state B/sample"),
@@ -100,10 +101,11 @@ def token_budgets(runs: list[Run]) -> str:
 def identity(run: Run) -> dict:
     """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads (or latent width),
     window, position encoding and score modifications (a field an older run.json lacks counts as its default),
-    and what its KV cache keeps per token."""
+    a schedule's preset and kinds, and what its KV cache keeps per token."""
     m = run.info["model"]
     latent = m.get("kv_latent")
-    return {"label": run.variant, "layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
+    layout, kernel = layers_run(run)
+    return {"label": run.variant, "layout": layout, "kernel": kernel, "schedule": run.schedule,
             "n_head": m.get("n_head"),
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
             "kv_latent": latent, "window": by_kind(m, "window"), "attention_chunk": by_kind(m, "attention_chunk"),
@@ -116,6 +118,17 @@ def identity(run: Run) -> dict:
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
             **decoding_bytes(run)}  # fmt: skip
+
+
+def layers_run(run: Run) -> tuple[str | None, str | None]:
+    """The layout and kernel (as ``kernel=`` spells it: sdpa_flash) the run's layers run: the model's; in a schedule
+    whose kinds run others, each kind's (``K kda, M mla`` and ``M sdpa``: Kimi Linear's KDA layers run no kernel)."""
+    kinds = schedule_kinds(run.info["model"])
+    if kinds == schedule_kinds({**run.info["model"], "layer_kinds": {}}):  # every layer the model's own
+        return run.layout, run.kernel_option
+    split = {kind: ran.partition("/") for kind, ran in kinds.items()}
+    return (", ".join(f"{kind} {layout}" for kind, (layout, _, _) in split.items()),
+            ", ".join(f"{kind} {kernel}" for kind, (_, _, kernel) in split.items() if kernel) or None)
 
 
 def by_kind(model: dict, name: str):
@@ -414,7 +427,7 @@ def position_label(position: str) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     switches = [mod.field for mod in with_fields() if mod.off is False]  # yes or -: QK-norm, sinks
-    text = ("label", "layout", "kernel", "position", *switches, "layers", "state", "sdpa_backend", "flag")
+    text = ("label", "layout", "kernel", "position", *switches, "schedule", "layers", "state", "sdpa_backend", "flag")
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]
