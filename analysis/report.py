@@ -329,28 +329,32 @@ def flag_speed_conditions(runs: list[Run], rows: list[dict]) -> None:
     """Say why a run's speed is not its variant's own, and mark each of its speed figures (``SPEED_CAUTION``): it
     ran alongside another run on its machine (and GPU), on a busy machine (other processes used a share of the
     cores), or under another split of the batch (micro-batch, accumulation, ranks) or after fewer tokens than
-    the runs it is compared with. A compile time read partly from the compile cache says so in its own cell."""
-    reasons: dict[int, list[str]] = defaultdict(list)
+    the runs it is compared with; ``speed_why`` says it in a few words, for the plots. A compile time read partly
+    from the compile cache says so in its own cell."""
+    reasons: dict[int, list[tuple[str, str]]] = defaultdict(list)  # (in a few words, in full)
     for i, others in overlapping_runs(runs).items():
-        reasons[i].append("ran alongside " + ", ".join(f"{runs[j].variant} (seed {runs[j].seed})" for j in others))
+        reasons[i].append(("ran alongside another run", "ran alongside " + ", ".join(
+            f"{runs[j].variant} (seed {runs[j].seed})" for j in others)))  # fmt: skip
     for i, run in enumerate(runs):
         others, n_cores = run.others_cores(), run.info.get("cores")
         if is_busy(others, n_cores):
-            reasons[i].append(f"a busy machine ({busy_text(others, n_cores)})")
+            reasons[i].append(("busy machine", f"a busy machine ({busy_text(others, n_cores)})"))
     trained = [i for i, run in enumerate(runs) if run.failure is None and run.steps]
     splits = {i: runs[i].batch_split for i in trained}
     if len(set(splits.values())) > 1:
         every = ", ".join(sorted({split_text(split) for split in splits.values()}, key=natural_key))
         for i, split in splits.items():
-            reasons[i].append(f"micro-batch {split_text(split)} where the runs split their batch as {every}")
+            reasons[i].append(("another batch split",
+                               f"micro-batch {split_text(split)} where the runs split their batch as {every}"))
     seen = {i: runs[i].tokens_seen for i in trained if runs[i].tokens_seen is not None}
     most = max(seen.values(), default=None)
     for i, tokens in seen.items():
         if tokens < most:
-            reasons[i].append(f"{tokens:,} tokens seen where another run saw {most:,}")
+            reasons[i].append(("fewer tokens seen", f"{tokens:,} tokens seen where another run saw {most:,}"))
     for i, why in reasons.items():
-        add_flag(rows[i], "; ".join(why) + ": its speed is not comparable")
+        add_flag(rows[i], "; ".join(full for _, full in why) + ": its speed is not comparable")
         rows[i]["speed_caution"] = True  # each of its speed figures carries SPEED_CAUTION
+        rows[i]["speed_why"] = ", ".join(short for short, _ in why)
     cached = {i: runs[i].compile_cache_hits for i in trained if runs[i].compile_cache_hits is not None}
     if any(hits for hits, _ in cached.values()):
         for i, (hits, total) in cached.items():
@@ -358,6 +362,16 @@ def flag_speed_conditions(runs: list[Run], rows: list[dict]) -> None:
             if hits:
                 add_flag(rows[i], f"compile s read {hits} of {total} graphs from the compile cache (an earlier run "
                                   f"or job compiled them): not a cold compile")  # fmt: skip
+
+
+def speed_cautions(runs: list[Run], rows: list[dict]) -> dict[str, str]:
+    """Each variant with a run whose speed is not its own, and why in a few words (its runs' reasons together):
+    what the loss-against-time plot pales and says."""
+    why: dict[str, dict[str, None]] = defaultdict(dict)
+    for run, row in zip(runs, rows):
+        if row.get("speed_caution"):
+            why[run.variant].update(dict.fromkeys(row["speed_why"].split(", ")))
+    return {variant: ", ".join(reasons) for variant, reasons in why.items()}
 
 
 def split_text(split: tuple[int | None, int | None, int]) -> str:
