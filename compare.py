@@ -28,6 +28,7 @@ from analysis.report import (
     parameter_counts,
     profile_table,
     speed_caution_note,
+    speed_cautions,
     token_budgets,
 )
 from analysis.runs import find_runs
@@ -83,7 +84,7 @@ def report(args: argparse.Namespace) -> tuple[Path, int]:
         plots = [
             plot_val_loss([run for run, _ in trained], out, "step"),
             plot_val_loss([run for run, _ in trained], out, "time",
-                          frozenset(run.variant for run, row in trained if row.get("speed_caution"))),
+                          speed_cautions([run for run, _ in trained], [row for _, row in trained])),
             plot_throughput([run for run, _ in trained], [row for _, row in trained], out),
         ]
 

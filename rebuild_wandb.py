@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from cli import OneLineErrorParser, user_errors
 from common.run_files import METRICS, RUN_INFO, WANDB_REBUILT
-from training.run_log import define_metrics, wandb_config
+from model.config import GPTConfig
+from training.run_log import define_metrics, tags_of, wandb_config
 
 
 def merged_history(run_dirs: list[Path]) -> list[tuple[int, dict]]:
@@ -49,14 +51,15 @@ def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -
 
     info = json.loads((run_dirs[-1] / RUN_INFO).read_text())
     logger = info.get("logger", {})
-    model = info.get("model", {})
+    # the tags training gave the run (a field an older run.json lacks counts as its default)
+    model = {**asdict(GPTConfig()), **info.get("model", {})}
+    tags = tags_of(model, info.get("data", {}).get("name"), logger.get("preset"), logger.get("tags", []))
     out = run_dirs[-1] / WANDB_REBUILT
     out.mkdir(exist_ok=True)
     run = wandb.init(
         project=logger.get("project", "headlab"), entity=logger.get("entity"), group=info.get("group"),
         name=info.get("name"), config=wandb_config(info), job_type="train", dir=str(out), mode=mode,
-        id=None if new_id else info.get("wandb_id"), tags=[model.get("attention"), model.get("kernel"),
-        model.get("name"), info.get("data", {}).get("name"), *logger.get("tags", []), "rebuilt"],
+        id=None if new_id else info.get("wandb_id"), tags=[*tags, "rebuilt"],
     )  # fmt: skip
     define_metrics(run)
     best = None

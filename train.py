@@ -99,6 +99,45 @@ IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant
 NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name", "data", "data.name", "data.path")  # a run name says these
 
 
+# The config groups whose options may set a schedule of layers, in the order configs/train.yaml's defaults list
+# composes them: where several are chosen, the last that sets model.layer_pattern made the model's layers.
+SCHEDULE_GROUPS = ("length_variant", "schedule", "mixing", "attention_2026")
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def schedule_preset(choices, layer_pattern: str | None) -> str | None:
+    """The option that chose the model's schedule of layers (``mixing=kimi_linear``: ``kimi_linear``), from the
+    command's choices (Hydra's ``runtime.choices``); None for a model whose layers are alike, or a schedule the
+    command line spelled (``model.layer_pattern=...``) after no preset, or after one whose layers are alike."""
+    preset = None
+    for group in SCHEDULE_GROUPS:  # the last chosen option that sets the layers made them
+        option = choices.get(group)
+        pattern = layers_set_by(group, option) if option else NOT_SET
+        if pattern is not NOT_SET:
+            preset = option if pattern else None
+    return preset if layer_pattern else None
+
+
+NOT_SET = object()
+
+
+def layers_set_by(group: str, option: str):
+    """The model.layer_pattern that ``configs/<group>/<option>.yaml`` sets (None: every layer alike), itself or
+    through an option its defaults list takes (attention_2026=kimi_linear takes mixing=kimi_linear); NOT_SET where
+    it sets none (length_variant=rope, attention_2026=sparse)."""
+    path = CONFIGS / group / f"{option}.yaml"
+    node = OmegaConf.load(path) if path.is_file() else OmegaConf.create()
+    for model in (node, node.get("model") or {}):  # a file of package model, or a global one's model
+        if "layer_pattern" in model:
+            return model["layer_pattern"]
+    for entry in node.get("defaults") or []:
+        for inner_group, inner_option in (entry.items() if isinstance(entry, DictConfig) else []):
+            pattern = layers_set_by(inner_group.lstrip("/").split("@")[0], inner_option)
+            if pattern is not NOT_SET:
+                return pattern
+    return NOT_SET
+
+
 def swept_suffix(hydra_cfg, named: tuple[str, ...]) -> str:
     """``-<key>=<value>`` for this job's value of each swept key that ``named`` leaves out, as the user spelled it
     (a ``/`` in a value becomes ``_``: it is part of a directory name)."""
@@ -182,6 +221,8 @@ def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
         cfg.logger.group = f"sweep-{os.path.basename(os.path.dirname(sweep_dir))}_{os.path.basename(sweep_dir)}"
     if multirun and cfg.logger.name is None:
         cfg.logger.name = sweep_run_name(cfg, hydra_cfg)
+    if cfg.logger.preset is None:
+        cfg.logger.preset = schedule_preset(hydra_cfg.runtime.choices, cfg.model.layer_pattern)
     with errors_for_the_launcher():
         with user_errors(USAGE):
             try:

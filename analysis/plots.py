@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import matplotlib
 
@@ -29,6 +31,8 @@ from model.registry import ATTENTION_LAYOUTS, KERNELS
 
 Curve = tuple[np.ndarray, np.ndarray]  # a line's (x, y) points
 
+# How pale a curve or bar is drawn whose speed is not its variant's own (the report's SPEED_CAUTION)
+NOT_COMPARABLE_ALPHA = 0.4
 # Each layout and kernel states its own style (model/attention.py, model/kernels.py); a run of a layout or
 # kernel this checkout does not know is drawn in these.
 UNKNOWN_COLOUR, UNKNOWN_MARKER, UNKNOWN_LINE = "tab:gray", "o", ":"
@@ -89,18 +93,21 @@ def _curve(run: Run, against: str) -> dict[int, tuple[float, float]]:
             for e in run.evals}  # fmt: skip
 
 
-def plot_val_loss(runs: list[Run], out: Path, against: str, cautioned: frozenset[str] = frozenset()) -> Path:
+def plot_val_loss(runs: list[Run], out: Path, against: str, cautioned: Mapping[str, str] = MappingProxyType({})
+                  ) -> Path:  # fmt: skip
     """``against``: "step" or "time" (training seconds: evaluation, compilation and warm-up excluded)."""
     path = out / f"val_loss_vs_{against}.png"
     save_figure(val_loss_figure(runs, against, cautioned), path)
     return path
 
 
-def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = frozenset()):
+def val_loss_figure(runs: list[Run], against: str, cautioned: Mapping[str, str] = MappingProxyType({})):
     """One line per variant; a sweep in progress draws what its runs evaluated so far (at each step, the
     seeds that reached it). Curves that lie on each other are named in a note (identical initial weights make
     every layout the same function); where only some do, they are drawn as rims of decreasing width. Against
-    time, a variant whose speed is not its own (``cautioned``: the report's flag says why) carries its mark."""
+    time, a variant whose speed is not its own (``cautioned``: the variant and why, ``speed_cautions``) is pale,
+    as its throughput bar is, and its legend entry carries the mark and says why: its place on the time axis
+    ranks nothing. A schedule's entry says its preset and kinds above its label."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
     evaluated = by_curve([run for run in runs if run.evals])
     colour_of = colours(runs)
@@ -113,20 +120,22 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = f
         lines[variant] = (xs, np.array([statistics.fmean(p) for p in points]), points)
     groups = coinciding_groups({v: (xs, mean) for v, (xs, mean, _) in lines.items()})
     halo = {} if len(groups) == 1 and len(groups[0]) == len(lines) else halo_widths(groups)  # all alike: the note
+    pale = {variant for variant, group in evaluated.items() if against == "time" and group[0].variant in cautioned}
     for variant, (xs, mean, points) in lines.items():
         group = evaluated[variant]
-        mark = f" {SPEED_CAUTION}" if against == "time" and group[0].variant in cautioned else ""
+        mark = f" {SPEED_CAUTION} {cautioned[group[0].variant]}" if variant in pale else ""
+        alpha = NOT_COMPARABLE_ALPHA if variant in pale else None
         ax.plot(xs, mean, line_style(group[0].kernel), color=colour_of[group[0].variant],
-                marker=marker(group[0].layout), ms=4 + halo.get(variant, 0),
-                lw=1.5 + halo.get(variant, 0), label=f"{variant}{runs_note(group)}{mark}")  # fmt: skip
+                marker=marker(group[0].layout), ms=4 + halo.get(variant, 0), lw=1.5 + halo.get(variant, 0),
+                alpha=alpha, label=legend_name(f"{variant}{runs_note(group)}{mark}", group[0]))  # fmt: skip
         if len(group) > 1:
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[group[0].variant],
-                            alpha=0.15, lw=0)  # fmt: skip
+                            alpha=0.15 * (alpha or 1), lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
     ax.set_ylabel("validation loss (nats/token)")
     spread = " (line: mean over runs, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
-    caution = (f"\n{SPEED_CAUTION}: not the variant's own speed (the report's flag says why)"
-               if against == "time" and cautioned & {g[0].variant for g in evaluated.values()} else "")  # fmt: skip
+    caution = (f"\n{SPEED_CAUTION} pale: not the variant's own speed, so its place in time ranks nothing (why: "
+               f"in its legend entry; the report's flag in full)" if pale else "")  # fmt: skip
     ax.set_title(f"validation loss vs {'steps' if against == 'step' else 'training time'}{spread}{caution}",
                  fontsize=10)  # fmt: skip
     ax.grid(alpha=0.3)
@@ -134,7 +143,9 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = f
         ax.text(0.5, 0.5, "no run has been evaluated yet", transform=ax.transAxes, ha="center", va="center")
         return fig
     legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                       title=legend_title(map(label_of, evaluated)), title_fontsize=8, handlelength=3.5)
+                       title=legend_title(map(label_of, evaluated)) + SCHEDULE_TITLE * any(
+                           group[0].schedule for group in evaluated.values()),
+                       title_fontsize=8, handlelength=3.5)  # fmt: skip
     note = coincide_note(groups, len(lines))
     if note:  # otherwise the reader counts the legend's entries, sees fewer lines, and wonders where they went
         ax.text(1.02, 0.0, note, transform=ax.transAxes, fontsize=8, va="bottom")
@@ -143,6 +154,12 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: frozenset[str] = f
     fig.canvas.draw()
     fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi, fig.get_figheight())
     return fig
+
+
+def legend_name(name: str, run: Run) -> str:
+    """A curve's legend entry: its name, under a schedule's preset and kinds (``kimi_linear: KKKM, K=kda,
+    M=mla/sdpa``), which its label, led by the model's layout and kernel, does not say."""
+    return f"{run.schedule}\n{name}" if run.schedule else name
 
 
 def runs_note(group: list[Run]) -> str:
@@ -176,6 +193,10 @@ def halo_widths(groups: list[list[str]]) -> dict[str, float]:
 def label_of(curve: str) -> str:
     """The run label a curve's name starts with (``by_curve`` may add the token budget after a space)."""
     return curve.split(" ", 1)[0]
+
+
+# A legend's title where a curve is a schedule's: what the line above its label says (legend_name)
+SCHEDULE_TITLE = "\na schedule: [<preset>: ]<pattern>, <kind>=<layout>[/<kernel>] above its label"
 
 
 def legend_title(variants) -> str:
@@ -241,10 +262,13 @@ def plot_throughput(runs: list[Run], rows: list[dict], out: Path) -> Path:
     return path
 
 
-def tick_label(variant: str) -> str:
+def tick_label(variant: str, schedule: str | None = None) -> str:
     """A label's parts a line each, and a schedule's kinds each on a line of its own (``DDDG_D.gated_deltanet_G``:
-    three lines), so that long labels side by side do not run into each other."""
+    three lines), so that long labels side by side do not run into each other. A schedule's preset and kinds
+    (``kimi_linear: KKKM, K=kda, M=mla/sdpa``) take the place of the layout and kernel its label leads with."""
     parts = variant.split("-")
+    if schedule:
+        parts = [*schedule.split(", "), *parts[2:]]
     kinds = r"_(?=[A-Z](?:[._]|$))"  # the underscores before a kind's letter, not those inside a value
     return "\n".join(re.sub(kinds, "\n", p) if re.fullmatch(r"[A-Z]+(_[A-Z][\w.]*)+", p) else p for p in parts)
 
@@ -267,16 +291,19 @@ def throughput_figure(runs: list[Run], rows: list[dict]):
     mids = [statistics.median(speeds[v]) for v in variants]
     errors = np.array([[m - min(speeds[v]) for v, m in zip(variants, mids)],
                        [max(speeds[v]) - m for v, m in zip(variants, mids)]])  # fmt: skip
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    schedules = {run.variant: run.schedule for run in runs}
+    ticks = [tick_label(v, schedules[v]) for v in variants]
+    # taller for ticks of many lines (a schedule's), so that the bars keep their height
+    fig, ax = plt.subplots(figsize=(8, 4.2 + 0.12 * max(0, max(t.count("\n") for t in ticks) - 3)))
     repeated = any(len(speeds[v]) > 1 for v in variants)
     bars = ax.bar(range(len(variants)), mids, color=[colour_of[v] for v in variants],
                   yerr=errors if repeated else None, capsize=4)  # fmt: skip
     for bar, variant in zip(bars, variants):
         bar.set_hatch(hatch(kernels[variant]))
-        bar.set_alpha(0.4 if variant in shared else 1.0)
+        bar.set_alpha(NOT_COMPARABLE_ALPHA if variant in shared else 1.0)
     marks = [f" {SPEED_CAUTION}" if v in shared else "" for v in variants]
     ax.bar_label(bars, labels=[f"{m:,.0f}{mark}" for m, mark in zip(mids, marks)], fontsize=8, padding=2)
-    ax.set_xticks(range(len(variants)), [tick_label(v) for v in variants], fontsize=8)
+    ax.set_xticks(range(len(variants)), ticks, fontsize=8)
     ax.set_ylabel("tokens/s (median of steady steps)")
     ax.margins(y=0.12)  # room above the tallest bar for its figure
     ax.yaxis.set_major_formatter(lambda value, _: f"{value:,.0f}")

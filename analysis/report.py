@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from analysis.runs import Run, natural_key
 from common.machine_load import busy_text, is_busy
-from model.config import GPTConfig, attention_label
+from model.config import GPTConfig, attention_label, schedule_kinds
 from model.differential import LAMBDA_INIT
 from model.score_mods import score_mod_fields, with_fields
 
@@ -28,6 +28,7 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "rope_theta": lambda row: row.get("rope_theta") not in (None, 10000),
               "rope_fraction": lambda row: row.get("rope_fraction") not in (None, 1),
               **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()},
+              "schedule": lambda row: row.get("schedule") is not None,
               "layers": lambda row: row.get("layers") is not None}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
@@ -45,7 +46,7 @@ COLUMNS = [
     ("rope_theta", "rope theta"), ("rope_fraction", "rope fraction"), ("query_temperature", "query temperature"),
     *((mod.field, mod.column) for mod in with_fields()), ("differential", "differential lambda_init"),
     ("document_masking", "document masking"), ("sparse_topk", "sparse top-k"),
-    ("layers", "layers"),
+    ("schedule", "schedule"), ("layers", "layers"),
     ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("state_bytes", "state B/sample"),
@@ -100,10 +101,11 @@ def token_budgets(runs: list[Run]) -> str:
 def identity(run: Run) -> dict:
     """How the run attends: its layout, kernel (with a chosen SDPA backend), key/value heads (or latent width),
     window, position encoding and score modifications (a field an older run.json lacks counts as its default),
-    and what its KV cache keeps per token."""
+    a schedule's preset and kinds, and what its KV cache keeps per token."""
     m = run.info["model"]
     latent = m.get("kv_latent")
-    return {"label": run.variant, "layout": run.layout, "kernel": run.kernel_option,  # as kernel= spells it: sdpa_flash
+    layout, kernel = layers_run(run)
+    return {"label": run.variant, "layout": layout, "kernel": kernel, "schedule": run.schedule,
             "n_head": m.get("n_head"),
             "kv_heads": None if latent is not None else m.get("n_kv_head") or m.get("n_head"),
             "kv_latent": latent, "window": by_kind(m, "window"), "attention_chunk": by_kind(m, "attention_chunk"),
@@ -116,6 +118,17 @@ def identity(run: Run) -> dict:
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
             **decoding_bytes(run)}  # fmt: skip
+
+
+def layers_run(run: Run) -> tuple[str | None, str | None]:
+    """The layout and kernel (as ``kernel=`` spells it: sdpa_flash) the run's layers run: the model's; in a schedule
+    whose kinds run others, each kind's (``K kda, M mla`` and ``M sdpa``: Kimi Linear's KDA layers run no kernel)."""
+    kinds = schedule_kinds(run.info["model"])
+    if kinds == schedule_kinds({**run.info["model"], "layer_kinds": {}}):  # every layer the model's own
+        return run.layout, run.kernel_option
+    split = {kind: ran.partition("/") for kind, ran in kinds.items()}
+    return (", ".join(f"{kind} {layout}" for kind, (layout, _, _) in split.items()),
+            ", ".join(f"{kind} {kernel}" for kind, (_, _, kernel) in split.items() if kernel) or None)
 
 
 def by_kind(model: dict, name: str):
@@ -316,28 +329,32 @@ def flag_speed_conditions(runs: list[Run], rows: list[dict]) -> None:
     """Say why a run's speed is not its variant's own, and mark each of its speed figures (``SPEED_CAUTION``): it
     ran alongside another run on its machine (and GPU), on a busy machine (other processes used a share of the
     cores), or under another split of the batch (micro-batch, accumulation, ranks) or after fewer tokens than
-    the runs it is compared with. A compile time read partly from the compile cache says so in its own cell."""
-    reasons: dict[int, list[str]] = defaultdict(list)
+    the runs it is compared with; ``speed_why`` says it in a few words, for the plots. A compile time read partly
+    from the compile cache says so in its own cell."""
+    reasons: dict[int, list[tuple[str, str]]] = defaultdict(list)  # (in a few words, in full)
     for i, others in overlapping_runs(runs).items():
-        reasons[i].append("ran alongside " + ", ".join(f"{runs[j].variant} (seed {runs[j].seed})" for j in others))
+        reasons[i].append(("ran alongside another run", "ran alongside " + ", ".join(
+            f"{runs[j].variant} (seed {runs[j].seed})" for j in others)))  # fmt: skip
     for i, run in enumerate(runs):
         others, n_cores = run.others_cores(), run.info.get("cores")
         if is_busy(others, n_cores):
-            reasons[i].append(f"a busy machine ({busy_text(others, n_cores)})")
+            reasons[i].append(("busy machine", f"a busy machine ({busy_text(others, n_cores)})"))
     trained = [i for i, run in enumerate(runs) if run.failure is None and run.steps]
     splits = {i: runs[i].batch_split for i in trained}
     if len(set(splits.values())) > 1:
         every = ", ".join(sorted({split_text(split) for split in splits.values()}, key=natural_key))
         for i, split in splits.items():
-            reasons[i].append(f"micro-batch {split_text(split)} where the runs split their batch as {every}")
+            reasons[i].append(("another batch split",
+                               f"micro-batch {split_text(split)} where the runs split their batch as {every}"))
     seen = {i: runs[i].tokens_seen for i in trained if runs[i].tokens_seen is not None}
     most = max(seen.values(), default=None)
     for i, tokens in seen.items():
         if tokens < most:
-            reasons[i].append(f"{tokens:,} tokens seen where another run saw {most:,}")
+            reasons[i].append(("fewer tokens seen", f"{tokens:,} tokens seen where another run saw {most:,}"))
     for i, why in reasons.items():
-        add_flag(rows[i], "; ".join(why) + ": its speed is not comparable")
+        add_flag(rows[i], "; ".join(full for _, full in why) + ": its speed is not comparable")
         rows[i]["speed_caution"] = True  # each of its speed figures carries SPEED_CAUTION
+        rows[i]["speed_why"] = ", ".join(short for short, _ in why)
     cached = {i: runs[i].compile_cache_hits for i in trained if runs[i].compile_cache_hits is not None}
     if any(hits for hits, _ in cached.values()):
         for i, (hits, total) in cached.items():
@@ -345,6 +362,16 @@ def flag_speed_conditions(runs: list[Run], rows: list[dict]) -> None:
             if hits:
                 add_flag(rows[i], f"compile s read {hits} of {total} graphs from the compile cache (an earlier run "
                                   f"or job compiled them): not a cold compile")  # fmt: skip
+
+
+def speed_cautions(runs: list[Run], rows: list[dict]) -> dict[str, str]:
+    """Each variant with a run whose speed is not its own, and why in a few words (its runs' reasons together):
+    what the loss-against-time plot pales and says."""
+    why: dict[str, dict[str, None]] = defaultdict(dict)
+    for run, row in zip(runs, rows):
+        if row.get("speed_caution"):
+            why[run.variant].update(dict.fromkeys(row["speed_why"].split(", ")))
+    return {variant: ", ".join(reasons) for variant, reasons in why.items()}
 
 
 def split_text(split: tuple[int | None, int | None, int]) -> str:
@@ -414,7 +441,7 @@ def position_label(position: str) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     switches = [mod.field for mod in with_fields() if mod.off is False]  # yes or -: QK-norm, sinks
-    text = ("label", "layout", "kernel", "position", *switches, "layers", "state", "sdpa_backend", "flag")
+    text = ("label", "layout", "kernel", "position", *switches, "schedule", "layers", "state", "sdpa_backend", "flag")
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]

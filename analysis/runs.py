@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common.run_files import FAILURE, METRICS, OWNER, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
-from model.config import GPTConfig, attention_label, kernel_option
+from model.config import GPTConfig, attention_label, kernel_option, schedule_text
 from model.registry import ATTENTION_LAYOUTS
 
 NOT_THE_FUNCTION = ("label", "layout", "implementation")  # GPTConfig reuse kinds that leave the numbers alone
@@ -55,6 +55,13 @@ class Run:
     def variant(self) -> str:
         """The run's label, as its directory and wandb name spell it: ``wrapper-sdpa-kv2`` (attention_label)."""
         return attention_label(self.info["model"], show=self.shown)
+
+    @property
+    def schedule(self) -> str | None:
+        """A schedule of layers as its preset and kinds (``kimi_linear: KKKM, K=kda, M=mla/sdpa``,
+        ``model.config.schedule_text``): its label leads with the model's layout and kernel, which some of its
+        layers may not run. None for a model whose layers are alike."""
+        return schedule_text(self.info["model"], (self.info.get("logger") or {}).get("preset"))
 
     @property
     def function(self) -> tuple:

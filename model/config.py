@@ -125,6 +125,34 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
     return "_".join(spelled)
 
 
+def schedule_kinds(model: dict) -> dict[str, str]:
+    """What each kind of a schedule's layers runs, in the pattern's order: its layout, then the kernel as
+    ``kernel=`` spells it where the layout runs one: ``{"K": "kda", "M": "mla/sdpa"}`` for Kimi Linear's KKKM
+    (a Kimi Delta Attention layer runs no kernel). {} for a model whose layers are alike. ``model`` is a
+    GPTConfig's fields (a dict, as run.json holds them)."""
+    pattern = model.get("layer_pattern")
+    if not pattern:
+        return {}
+    kinds, ran = model.get("layer_kinds") or {}, {}
+    for kind in dict.fromkeys(pattern):
+        own = kinds.get(kind)
+        layout = (own.get("attention") if isinstance(own, Mapping) else None) or model["attention"]
+        known = registry.ATTENTION_LAYOUTS.get(layout)  # one this checkout does not know: spelled as the label does
+        ran[kind] = layout if known is not None and not known.takes_kernel else f"{layout}/{kernel_option(model)}"
+    return ran
+
+
+def schedule_text(model: dict, preset: str | None = None) -> str | None:
+    """A schedule of layers as the reports and run.json say it: the preset that chose it (where one did), its
+    pattern and what each kind runs: ``kimi_linear: KKKM, K=kda, M=mla/sdpa``. None for a model whose layers are
+    alike: its label's layout and kernel say it."""
+    kinds = schedule_kinds(model)
+    if not kinds:
+        return None
+    text = ", ".join([model["layer_pattern"], *(f"{kind}={ran}" for kind, ran in kinds.items())])
+    return f"{preset}: {text}" if preset else text
+
+
 def label_parts() -> tuple[tuple[str, str], ...]:
     """What each optional part of a label (``attention_label``) is, in its order: its pattern, its title (plot
     legends, ``python train.py --help``), each registered position encoding's and modification's from its class."""

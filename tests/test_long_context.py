@@ -16,6 +16,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
+import statistics
+from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -118,21 +121,29 @@ def test_the_protocols_equal_their_definitions_token_by_token(length, stride, ba
     assert chunks["tokens"] == want.numel() and chunks["sequences"] == len(starts)
     np.testing.assert_allclose(chunks["loss_by_position"], want.mean(0).numpy(), rtol=1e-5)
     assert chunks["loss"] == pytest.approx(float(want.mean()), rel=1e-6)
+    # the text's noise: the standard error of the chunks' mean losses
+    assert chunks["loss_se"] == pytest.approx(statistics.stdev(want.mean(1).tolist()) / math.sqrt(len(starts)),
+                                              rel=1e-5)  # fmt: skip
     # sliding: windows `stride` apart from the start; each target scored once, by the first window holding it
     sliding = LengthEvaluator(tokens, length, "sliding", span, stride, batch_tokens, 1.0, torch.device("cpu"),
                               torch.float32)(model)  # fmt: skip
     window_starts = list(range(0, min(span, 60) - length + 1, stride))
     covered = window_starts[-1] + length
-    sums, counts, total = np.zeros(length), np.zeros(length), []
+    sums, counts, total, by_window = np.zeros(length), np.zeros(length), [], defaultdict(list)
     for target in range(covered):
         first = next(s for s in window_starts if s <= target < s + length)
         loss = float(token_losses(model, tokens, first, length)[target - first])
         sums[target - first] += loss
         counts[target - first] += 1
         total.append(loss)
+        by_window[first].append(loss)
     assert sliding["tokens"] == covered == len(total) and sliding["sequences"] == len(window_starts)
     np.testing.assert_allclose(sliding["loss_by_position"], sums / counts, rtol=1e-5)
     assert sliding["loss"] == pytest.approx(np.mean(total), rel=1e-6)
+    # windows that score unequal numbers of tokens: the ratio estimator's standard error over the windows
+    n, mean = len(by_window), np.mean(total)
+    spread = sum((sum(scored) - mean * len(scored)) ** 2 for scored in by_window.values())
+    assert sliding["loss_se"] == pytest.approx(math.sqrt(n / (n - 1) * spread) / len(total), rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +254,50 @@ def test_compare_reports_each_runs_loss_at_each_length_with_its_plots(rope_run, 
     assert row in capsys.readouterr().out, "the newest result of that way, as written, printed too"
     for name in ("loss_vs_length.png", "loss_by_position.png"):
         assert (out / name).stat().st_size > 10_000 and f"![{name[:-4]}]({name})" in report
+
+
+def test_the_loss_vs_length_plot_draws_each_curves_noise_as_a_band_from_the_results(rope_run, data_cache, tmp_path):
+    """A spread of a few thousandths of a nat, which the axis fills, must not read as a ranking (issue 60, item 12):
+    each curve carries its noise, the text's standard error that evaluate.py measures, or its seeds' range."""
+    from analysis.lengths import length_curves, loss_vs_length_figure, sweep_by_position_figure
+    from analysis.runs import find_runs
+
+    def run_copy(name: str, seed: int, shift: float) -> None:
+        (tmp_path / name).mkdir()
+        for file in ("run.json", "metrics.jsonl"):
+            shutil.copy(rope_run / file, tmp_path / name / file)
+        info = json.loads((tmp_path / name / "run.json").read_text())
+        info["trainer"]["seed"] = seed
+        (tmp_path / name / "run.json").write_text(json.dumps(info))
+        written = copy.deepcopy(result)
+        for row in written["lengths"]:
+            row["loss"] += shift
+        (tmp_path / name / "eval-lengths.json").write_text(json.dumps(written))
+
+    def bands(runs: list[str]) -> tuple[dict[float, tuple[float, float]], list[str]]:
+        curves = length_curves(find_runs([tmp_path / run for run in runs]))
+        by_position = sweep_by_position_figure(curves).axes[0].collections  # a band where several seeds ran
+        assert len(by_position) == (len(runs) > 1)
+        ax = loss_vs_length_figure(curves).axes[0]
+        (band,) = ax.collections
+        points = band.get_paths()[0].vertices
+        extent = {x: (points[points[:, 0] == x, 1].min(), points[points[:, 0] == x, 1].max()) for x in (32, 96)}
+        return extent, [t.get_text() for t in ax.get_legend().get_texts()]
+
+    result = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=[32, 96],
+                                                  data=DataConfig(cache_dir=str(data_cache)),
+                                                  out=str(tmp_path / "eval.json")))  # fmt: skip
+    run_copy("seed1", 1, 0.0)
+    extent, legend = bands(["seed1"])
+    for row in result["lengths"]:
+        assert 0 < row["loss_se"] < 1 and row["sequences"] > 1
+        assert extent[row["length"]] == pytest.approx((row["loss"] - row["loss_se"], row["loss"] + row["loss_se"]))
+    assert legend[-1].startswith("band: ±1 standard error over the text's"), legend
+    run_copy("seed2", 2, 0.05)  # another seed: the band is the seeds' range
+    extent, legend = bands(["seed1", "seed2"])
+    for row in result["lengths"]:
+        assert extent[row["length"]] == pytest.approx((row["loss"], row["loss"] + 0.05))
+    assert legend[-1] == "band: lowest to highest seed", legend
 
 
 def paper_inverse(dim: int, theta: float, scaling: str, s: float, trained: int) -> list[float]:

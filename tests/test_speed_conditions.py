@@ -16,7 +16,7 @@ import pytest
 from test_compare_truth import make_run, report_of, setting, table_rows
 
 from analysis.plots import throughput_figure, val_loss_figure
-from analysis.report import SPEED_CAUTION, build_rows
+from analysis.report import SPEED_CAUTION, build_rows, speed_cautions
 from analysis.runs import find_runs
 from common.machine_load import OthersLoad, busy_cores, is_busy
 from training.speed_conditions import LoadWatch
@@ -60,8 +60,16 @@ def test_a_run_on_a_busy_machine_is_flagged_with_what_the_others_used(trained_ru
     runs = find_runs([tmp_path])
     labels = [t.get_text() for t in throughput_figure(runs, build_rows(runs, None)[0]).axes[0].texts]
     assert sorted(text.endswith(SPEED_CAUTION) for text in labels) == [False, True]
-    legend = val_loss_figure(runs, "time", frozenset({"wrapper-sdpa"})).axes[0].get_legend().get_texts()
-    assert sorted(t.get_text() for t in legend) == ["fused_qkv-sdpa", f"wrapper-sdpa {SPEED_CAUTION}"]
+    # Against time its curve is pale, as its bar is, and its legend entry says why: it ranks nothing there.
+    cautioned = speed_cautions(runs, build_rows(runs, None)[0])
+    assert cautioned == {"wrapper-sdpa": "busy machine"}
+    for against, pale in (("time", {"wrapper-sdpa": True, "fused_qkv-sdpa": False}), ("step", {})):
+        ax = val_loss_figure(runs, against, cautioned).axes[0]
+        alphas = {line.get_label().split(" ")[0]: line.get_alpha() for line in ax.get_lines()}
+        assert {name: alpha is not None and alpha < 1 for name, alpha in alphas.items()} == {
+            "wrapper-sdpa": False, "fused_qkv-sdpa": False, **pale}, alphas  # fmt: skip
+        legend = sorted(t.get_text() for t in ax.get_legend().get_texts())
+        assert legend == ["fused_qkv-sdpa", f"wrapper-sdpa {SPEED_CAUTION} busy machine" if pale else "wrapper-sdpa"]
 
 
 def test_variants_that_split_their_batch_differently_are_flagged_with_each_split(trained_run, tmp_path):

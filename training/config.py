@@ -87,6 +87,9 @@ class LoggerConfig:
     name: str | None = None  # None: <attention>-<kernel>-<model>; in a sweep train.py adds the swept overrides
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
     tags: list[str] = field(default_factory=list)
+    # The preset that chose the model's schedule of layers (mixing=kimi_linear: kimi_linear): train.py passes the
+    # command's choice; run.json, the wandb tags and the reports name a schedule's run by it and its kinds
+    preset: str | None = None
 
 
 @dataclass
@@ -175,6 +178,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; choose one of: {', '.join(LOGGER_KINDS)}")
     if cfg.logger.mode not in WANDB_MODES:
         raise ValueError(f"logger.mode={cfg.logger.mode!r}; choose one of: {', '.join(WANDB_MODES)}")
+    if cfg.logger.preset is not None and not cfg.model.layer_pattern:
+        raise ValueError(f"logger.preset={cfg.logger.preset} names a schedule of layers, but every layer of this model "
+                         f"is alike (model.layer_pattern=null): set model.layer_pattern, or drop logger.preset")
 
 
 def check_final_lengths(cfg: TrainConfig) -> None:

@@ -95,6 +95,7 @@ class LengthEvaluator:
         model.eval()
         sums = torch.zeros(self.length, dtype=torch.float64)
         counts = torch.zeros(self.length, dtype=torch.float64)
+        per_sequence = torch.zeros(len(self.starts), 2, dtype=torch.float64)  # each sequence's scored loss, tokens
         batches = range(0, len(self.starts), self.batch)
         for first in tqdm(batches, desc=f"evaluate {self.length} tokens ({self.protocol})", unit="batch",
                           disable=not progress, leave=False):  # fmt: skip
@@ -105,11 +106,25 @@ class LengthEvaluator:
                 keep = self.scored(i)
                 sums[keep] += losses[row, keep]
                 counts[keep] += 1
+                per_sequence[i] = torch.tensor([float(losses[row, keep].sum()), losses[row, keep].numel()])
         model.train(was_training)
         loss = float(sums.sum() / counts.sum())
         by_position = torch.where(counts > 0, sums / counts.clamp(min=1), torch.nan)
-        return {"loss": loss, "bpb": loss / math.log(2) / self.bytes_per_token, "tokens": int(counts.sum()),
+        return {"loss": loss, "loss_se": sequence_noise(per_sequence, loss),
+                "bpb": loss / math.log(2) / self.bytes_per_token, "tokens": int(counts.sum()),
                 "sequences": len(self.starts), "loss_by_position": by_position.tolist()}  # fmt: skip
+
+
+def sequence_noise(per_sequence: torch.Tensor, loss: float) -> float | None:
+    """The standard error of a mean loss over sequences (each row: its scored tokens' summed loss and their count):
+    how much the loss would move on another stretch of text as long, the text's noise (not the seed's). The ratio
+    estimator's, sqrt(n / (n - 1) sum (s_i - loss c_i)^2) / sum c_i: for sequences of one length, the spread of
+    their mean losses over sqrt(n). None for a single sequence: no spread to measure."""
+    n = len(per_sequence)
+    if n < 2:
+        return None
+    sums, counts = per_sequence[:, 0], per_sequence[:, 1]
+    return float(torch.sqrt(n / (n - 1) * ((sums - loss * counts) ** 2).sum()) / counts.sum())
 
 
 def scaling_part(config) -> str | None:

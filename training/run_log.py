@@ -24,7 +24,7 @@ from common.run_files import (
 )
 from common.wandb_mode import wandb_mode as common_wandb_mode
 from data.config import DataConfig
-from model.config import attention_label
+from model.config import attention_label, schedule_kinds, schedule_text
 from training import slurm
 from training.config import LoggerConfig, TrainConfig
 
@@ -62,14 +62,31 @@ def data_part(data) -> str:
 
 
 def run_tags(cfg: TrainConfig) -> list[str]:
-    """The wandb tags: layout, kernel, each other part of the run's label (``kv2``, ``rope``, ``sinks``: only
-    the options set), the model, the data and the user's tags."""
-    m = cfg.model
-    parts = attention_label(vars(m), sep="|").split("|")[2:]
+    """The run's wandb tags (``tags_of``)."""
+    return tags_of(vars(cfg.model), cfg.data.name, cfg.logger.preset, cfg.logger.tags)
+
+
+def tags_of(model: dict, data: str, preset: str | None, tags: list[str]) -> list[str]:
+    """The wandb tags: what the layers run, each other part of the run's label (``kv2``, ``rope``, ``sinks``: only
+    the options set), the model, the data and the user's tags. A model's layers run its layout and kernel; a
+    schedule's are its preset (where one chose it) and, where its kinds run other layouts, what each kind runs
+    (``kimi_linear``, ``K=kda``, ``M=mla/sdpa``: not ``mla``, ``sdpa``, which three of its four layers do not run).
+    ``model`` is a GPTConfig's fields (a dict: run.json's too)."""
+    parts = attention_label(model, sep="|").split("|")[2:]
     # wandb refuses a tag past 64 characters: a long schedule's part goes as its pattern and each kind's part
     parts = [piece[:WANDB_TAG_LIMIT] for part in parts
              for piece in ([part] if len(part) <= WANDB_TAG_LIMIT else part.split("_"))]  # fmt: skip
-    return [m.attention, m.kernel, *parts, m.name, cfg.data.name, *cfg.logger.tags]
+    layers, kinds = [model["attention"], model["kernel"]], schedule_kinds(model)
+    if kinds != schedule_kinds({**model, "layer_kinds": {}}):  # some kind runs another layout than the model's
+        layers = [f"{kind}={ran}"[:WANDB_TAG_LIMIT] for kind, ran in kinds.items()]
+    return [*([preset] if kinds and preset else []), *layers, *parts, model["name"], data, *tags]
+
+
+def schedule_fact(cfg: TrainConfig) -> dict:
+    """run.json's ``schedule`` for a schedule of layers: its preset and what each kind runs (``kimi_linear: KKKM,
+    K=kda, M=mla/sdpa``); nothing for a model whose layers are alike."""
+    text = schedule_text(vars(cfg.model), cfg.logger.preset)
+    return {"schedule": text} if text else {}
 
 
 WANDB_TAG_LIMIT = 64  # characters (wandb's settings refuse a longer tag)
@@ -125,7 +142,8 @@ def claim_run_dir(run_dir: str | None, continuing: bool = False, resume_auto: bo
 def record_failure(run_dir: Path, container: dict, cfg: TrainConfig, reason: str) -> None:
     """``failure.json`` (and ``run.json`` if the run never got to write it): reports show the run as failed."""
     if not (run_dir / RUN_INFO).exists():
-        write_json(run_dir / RUN_INFO, {**container, "name": run_name(cfg), "group": cfg.logger.group})
+        write_json(run_dir / RUN_INFO, {**container, "name": run_name(cfg), "group": cfg.logger.group,
+                                        **schedule_fact(cfg)})  # fmt: skip
     write_json(run_dir / FAILURE, {"reason": reason})
 
 
@@ -222,7 +240,8 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
     """Write ``run.json`` (the resolved config, the facts reports need, status ``running`` and this process's
     segment after those of the runs it continues in place) and start wandb with the same."""
     before = read_json(run_dir / RUN_INFO) or {}
-    info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **facts, "status": "running",
+    info = {**container, "name": run_name(cfg), "group": cfg.logger.group, **schedule_fact(cfg), **facts,
+            "status": "running",
             "segments": [*before.get("segments", []), segment(device_id, started, cfg.trainer.max_steps)]}  # fmt: skip
     run = None
     if cfg.logger.kind == "wandb":
