@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -366,44 +366,80 @@ def check_heads(n_embd: int, n_head: int) -> None:
 
 
 class CausalAttentionHead(nn.Module):
-    """ONE causal attention head, d_model -> head_dim: the wrapper's building block.
+    """ONE causal attention head's projections, d_model -> head_dim: the wrapper's building block (the pipeline runs
+    its attention, as every layout's, one head at a time).
 
     The first head of each key/value group owns the group's key and value projections (its notes);
     the other heads of the group own only a query and read the group's keys and values.
     """
 
-    def __init__(self, n_embd: int, head_dim: int, kernel, dropout: float, bias: bool,
-                 owns_kv: bool = True) -> None:  # fmt: skip
+    def __init__(self, n_embd: int, head_dim: int, bias: bool, owns_kv: bool = True) -> None:
         super().__init__()
         self.query = nn.Linear(n_embd, head_dim, bias=bias)
         if owns_kv:
             self.key = nn.Linear(n_embd, head_dim, bias=bias)
             self.value = nn.Linear(n_embd, head_dim, bias=bias)
-        self.kernel = kernel
-        self.dropout = dropout
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """This head's queries, (B, 1, T, hd): a head axis of size 1 lets every kernel serve single heads too."""
         return self.query(x).unsqueeze(1)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None = None,
-                mods: ScoreMods | None = None, positions: torch.Tensor | None = None,
-                document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
-                ) -> torch.Tensor:  # fmt: skip
-        """This head's (encoded) queries over its group's keys and values -> (B, T, hd)."""
-        return self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
-                           document_starts=document_starts, selected=selected).squeeze(1)
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This head's group's keys and values, (B, 1, T, hd) each."""
         return self.key(x).unsqueeze(1), self.value(x).unsqueeze(1)
 
 
-class MultiHeadAttention(nn.Module):
-    """What every layout shares: the query heads' outputs, concatenated -> c_proj -> dropout.
+class Parts(NamedTuple):
+    """Which dims of a head's queries or keys each encoding acts on: QK-norm's and rotary's, each a slice or None
+    (none). Rotary turns the first ``rotary_dim`` dims of its slice (partial rotary: GPT-NeoX's)."""
 
-    A layout implements ``attend`` (the concatenated heads), ``queries_keys`` (for attention maps)
-    and the state-dict mapping ``to_qkv`` / ``from_qkv``.
+    normed: slice | None
+    turned: slice | None
+
+
+WHOLE = Parts(slice(None), slice(None))  # a layout's queries and keys: every dim normed, rotary from the first
+
+
+class KeyGroup(NamedTuple):
+    """What a projection makes of a block's input for one set of keys and values: the KV cache's ``slot`` for them,
+    the keys ``k`` the encodings turn before the cache keeps them, ``v`` (the values, or what they are made from
+    after the cache: MLA's latent), and the kernel ``calls`` that read them, each (its first query head, its
+    queries (B, heads, T, dq)): one call of every head (a layout that splits heads), or one per head (the wrapper);
+    and ``qk``, where the queries and keys lie side by side in one tensor (a fused projection's): (B, H + kv, T, d).
+    """
+
+    slot: int
+    k: torch.Tensor
+    v: torch.Tensor
+    calls: list[tuple[int, torch.Tensor]]
+    qk: torch.Tensor | None = None  # the queries and keys as one tensor of heads, where the projection made them so
+
+
+def on_dims(t: torch.Tensor, dims: slice, f) -> torch.Tensor:
+    """``t`` with ``f`` applied to the dims ``dims`` of its last axis, the others passing."""
+    if dims == slice(None):
+        return f(t)
+    start, stop, _ = dims.indices(t.size(-1))
+    return torch.cat((t[..., :start], f(t[..., start:stop]), t[..., stop:]), dim=-1)
+
+
+class MultiHeadAttention(nn.Module):
+    """The one pipeline every softmax layer runs, from the block's input to its output, of which a layout owns only
+    the projection:
+
+    1. the projection (``project``: the layout's, the one stage it owns): queries, keys and values, in key groups;
+    2. the heads' encodings (``encode_queries``/``encode_keys``: QK-norm, rotary positions; ``scale_queries``: the
+       query scalings) on the dims the layout's ``query_parts``/``key_parts`` say;
+    3. the key selection (``forward``: sparse attention's indexer; the masks, which the kernel applies);
+    4. the KV cache (``remember``), then ``keys_values`` (what the cache holds -> each head's keys and values: the
+       identity, or MLA's up-projection, whose content keys pass the same encodings);
+    5. the kernel with its score modifications, and the heads' combination (``attend_heads``: differential);
+    6. the heads side by side, the output gate (``gated``), the output projection ``c_proj``.
+
+    The attention maps (``queries_keys``) come from the same stages. A layout implements ``project`` (and, where the
+    cache holds something other than keys and values, ``keys_values``), its weights' common form ``to_qkv`` /
+    ``from_qkv``, and its facts; never a stage (tests/test_pipeline.py). A layer that runs no kernel (linear
+    attention) replaces the pipeline with its own form (``attend``).
     """
 
     name: ClassVar[str]  # model.attention's value
@@ -530,16 +566,27 @@ class MultiHeadAttention(nn.Module):
         self.masks = spec.masks  # which keys a query sees: causal, the window (or a model's context past its length)
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
+        self.kernel = spec.build_kernel() if self.takes_kernel else None
+        self.dropout = spec.dropout
+        self.diff = DifferentialHeads(spec.head_dim, spec.lambda_init) if spec.differential else None
+        scores, values = self.score_widths(spec)
+        self.pad_values = self.takes_kernel and "flash" in registry.kernel(spec.kernel).backends and scores > values
         self.build_encodings(spec, spec.head_dim)
         self.indexer = None  # DeepSeek's sparse attention: built apart, so the draws after it are the dense model's
         if spec.sparse_topk is not None:
             with own_draws():
                 self.indexer = LightningIndexer(spec, None if self.rotary is None else self.rotary.dim)
 
-    def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
-        """What acts on the queries and keys (QK-norm, then rotary) and on the scores (ALiBi, softcap, sinks).
-        The rotation turns ``rotary_dim`` dims (attention=mla's decoupled part), by default all ``qk_dim``."""
-        self.rotary = spec.rotary(rotary_dim or spec.rotary_dim)
+    @classmethod
+    def rotary_width(cls, spec: AttentionSpec) -> int:
+        """The dims of each head that rotary turns: ``rope_fraction`` of them (attention=mla: its decoupled part)."""
+        return spec.rotary_dim
+
+    def build_encodings(self, spec: AttentionSpec, qk_dim: int) -> None:
+        """What acts on the queries and keys (QK-norm over ``qk_dim`` dims, then rotary over ``rotary_width``) and on
+        the scores (ALiBi, softcap, sinks)."""
+        self.rotary = spec.rotary(self.rotary_width(spec))
+        self.q_norm = self.k_norm = None
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap, self.query_temperature = spec.qk_norm, spec.softcap, spec.query_temperature
@@ -557,17 +604,42 @@ class MultiHeadAttention(nn.Module):
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
         self.modifications = on_the_scores(spec)  # the registered modifications of the scores it uses, in order
 
-    def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(B, heads, T, hd) queries at ``positions`` -> normalised (qk_norm), rotated (rope), then scaled by their
-        temperature (model.query_temperature: after QK-norm, which would undo it)."""
-        q = rms_normed(self.q_norm, q) if self.qk_norm else q
-        q = q if self.rotary is None else self.rotary(q, positions)
-        return q if self.query_temperature is None else tempered(q, positions, self.query_temperature)
+    # Which dims the encodings act on, per head: a layout's are all (rotary's first rotary_dim); MLA's its own
+    query_parts: ClassVar[Parts] = WHOLE
+    key_parts: ClassVar[Parts] = WHOLE
 
-    def encode_keys(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """As ``encode_queries``, for keys: before the KV cache, which then holds them encoded."""
-        k = rms_normed(self.k_norm, k) if self.qk_norm else k
-        return k if self.rotary is None else self.rotary(k, positions)
+    def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, heads, T, dq) queries at ``positions`` -> normalised (qk_norm), rotated (rope), then scaled
+        (``scale_queries``: after QK-norm, which would undo a scaling)."""
+        return self.scale_queries(self.encoded(q, positions, self.q_norm, self.query_parts), positions)
+
+    def encode_keys(self, k: torch.Tensor, positions: torch.Tensor, parts: Parts | None = None) -> torch.Tensor:
+        """As ``encode_queries``, for keys (``parts``: the dims, the layout's ``key_parts`` by default): before the
+        KV cache, which then holds them encoded."""
+        return self.encoded(k, positions, self.k_norm, parts or self.key_parts)
+
+    def encode_queries_keys(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                            qk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Both encodings at once: queries and keys that the projection made side by side in one tensor ``qk`` (a
+        fused projection's) turn in one rotary call where nothing normalises them first (in a decode step of the
+        nano model, rotary's extra cost was its calls), the same numbers as one call each."""
+        if qk is None or self.rotary is None or self.qk_norm or not self.query_parts == self.key_parts == WHOLE:
+            return self.encode_queries(q, positions), self.encode_keys(k, positions)
+        q, k = self.encoded(qk, positions, None, WHOLE).split([q.size(1), k.size(1)], dim=1)  # nothing to normalise
+        return self.scale_queries(q, positions), k
+
+    def encoded(self, t: torch.Tensor, positions: torch.Tensor, norm: nn.RMSNorm | None, parts: Parts) -> torch.Tensor:
+        """QK-norm over ``parts.normed``, then rotary over ``parts.turned``: the heads' encodings, the one code that
+        applies them."""
+        if self.qk_norm and parts.normed is not None:
+            t = on_dims(t, parts.normed, lambda u: rms_normed(norm, u))
+        if self.rotary is not None and parts.turned is not None:
+            t = on_dims(t, parts.turned, lambda u: self.rotary(u, positions))
+        return t
+
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The queries' scalings: Llama 4's temperature by position (model.query_temperature)."""
+        return q if self.query_temperature is None else tempered(q, positions, self.query_temperature)
 
     def score_mods(self, x: torch.Tensor, cache: LayerCache | None = None, keys_like: torch.Tensor | None = None):
         """The score modifications of this block (``model.score_mods``) at its input ``x``, or None when it has none;
@@ -612,19 +684,78 @@ class MultiHeadAttention(nn.Module):
             return y * gate
         return (y.unflatten(-1, (gate.size(-1), -1)) * gate.unsqueeze(-1)).flatten(-2)
 
+    def project(self, x: torch.Tensor) -> list[KeyGroup]:
+        """The layout's projection of the block's input (B, T, C): its key groups (``KeyGroup``)."""
+        raise NotImplementedError
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the cache holds of a key group -> its keys and values, (B, kv, S, dq) and (B, kv, S, dv): as they
+        are, for a layout that caches keys and values."""
+        return k, v
+
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
                document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
                ) -> torch.Tensor:  # fmt: skip
-        """(B, T, C) -> the heads' outputs concatenated, (B, T, C). ``positions`` (T,) are the tokens' absolute
-        positions, computed once by the GPT: a learned encoding was added to the embeddings; rotary turns the
-        queries and keys here (``encode_queries``/``encode_keys``), ALiBi biases the scores (``score_mods``).
+        """(B, T, C) -> the heads' outputs side by side, (B, T, n_head * dv): the pipeline's stages 1, 2, 4 and 5.
+        ``positions`` (T,) are the tokens' absolute positions, computed once by the GPT: a learned encoding was added
+        to the embeddings; rotary turns the queries and keys here, ALiBi biases the scores (``score_mods``).
         ``selected`` (B, 1, T, keys): the keys sparse attention chose for each query (``model.sparse``), else None."""
-        raise NotImplementedError
+        outputs, mods, first_group = [], None, True
+        for group in self.project(x):
+            whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
+            if whole:
+                q, k = self.encode_queries_keys(group.calls[0][1], group.k, positions, group.qk)
+            else:
+                k = self.encode_keys(group.k, positions)
+            k, v, keys = remember(cache, group.slot, k, group.v)
+            if first_group:  # a token bias's states, kept beside the first group's keys
+                mods, first_group = self.score_mods(x, cache, k), False
+            k, v = self.keys_values(k, v, positions)
+            for head, queries in group.calls:
+                q = q if whole else self.encode_queries(queries, positions)
+                heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
+                outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
+        if len(outputs) == 1:
+            y = outputs[0]
+            return y.transpose(1, 2).contiguous().view(*y.shape[:1], y.size(2), -1)  # (B, T, H * dv)
+        return torch.cat([y.transpose(1, 2).flatten(2) for y in outputs], dim=-1)  # one head each: views
+
+    def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None,
+                     mods: ScoreMods | None, positions: torch.Tensor | None, documents: torch.Tensor | None,
+                     selected: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """The kernel with the score modifications, over (B, h, T, dq) queries and their key group's keys and values,
+        then the heads' combination (differential attention) -> (B, h, T, dv)."""
+        if self.diff is not None:  # every map reads both halves of its pair's values; the pairs' differences are heads
+            k, halves = self.keys_per_query(k, q.size(1)), self.diff.value_halves(v, q.size(1))
+            # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
+            calls = [torch.cat(halves, dim=-1)] if self.dropout and self.training else halves
+            return self.diff.combine(torch.cat([self.kernel(q, k, values, self.dropout, self.training, keys=keys,
+                                                            mods=mods, positions=positions, document_starts=documents,
+                                                            selected=selected)
+                                                for values in calls], dim=-1))  # fmt: skip
+        # PyTorch's flash implementation takes values only as wide as the queries (MLA's are narrower): padded with
+        # zeros and the padding cut from the output (DeepSeek's own code), faster than the math fallback on a CPU
+        pad = q.size(-1) - v.size(-1) if self.pad_values else 0
+        y = self.kernel(q, k, F.pad(v, (0, pad)) if pad else v, self.dropout, self.training, keys=keys, mods=mods,
+                        positions=positions, document_starts=documents, selected=selected)  # fmt: skip
+        return y[..., : v.size(-1)] if pad else y
+
+    def keys_per_query(self, k: torch.Tensor, heads: int) -> torch.Tensor:
+        """(B, kv, S, d) keys -> the key each of ``heads`` query heads reads, (B, heads, S, d): its group's, or with
+        differential attention its map's of its group's pair (``DifferentialHeads.paired``)."""
+        return repeat_kv(k, heads) if self.diff is None else self.diff.paired(k, heads)
 
     def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each query head's queries and keys, (B, H, T, head_dim), encoded (qk_norm, rope) at positions 0..T-1:
-        what its attention weights come from."""
-        raise NotImplementedError
+        """Each query head's queries and keys, (B, H, T, dq), encoded at positions 0..T-1 by the pipeline's own
+        stages: what its attention weights come from."""
+        positions = torch.arange(x.size(1), device=x.device)
+        queries, keys = [], []
+        for group in self.project(x):
+            k, _ = self.keys_values(self.encode_keys(group.k, positions), group.v, positions)
+            for _, q in group.calls:
+                queries.append(self.encode_queries(q, positions))
+                keys.append(self.keys_per_query(k, q.size(1)))
+        return torch.cat(queries, dim=1), torch.cat(keys, dim=1)
 
     @torch.no_grad()
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
@@ -674,33 +805,18 @@ class WrapperAttention(MultiHeadAttention):
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        kernel, group = spec.build_kernel(), spec.n_head // spec.kv_heads
+        group = spec.n_head // spec.kv_heads
         self.heads = nn.ModuleList(
-            CausalAttentionHead(spec.n_embd, spec.head_dim, kernel, spec.dropout, spec.bias, owns_kv=h % group == 0)
+            CausalAttentionHead(spec.n_embd, spec.head_dim, spec.bias, owns_kv=h % group == 0)
             for h in range(spec.n_head)
         )
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
-               ) -> torch.Tensor:  # fmt: skip
+    def project(self, x: torch.Tensor) -> list[KeyGroup]:
+        """Each key/value group's notes (its first head's keys and values), read by each of its heads alone."""
         group, heads = self.n_head // self.n_kv_head, list(self.heads)  # not heads[h]: slow
-        outputs = []
-        for g in range(self.n_kv_head):
-            k, v = heads[g * group].keys_values(x)  # the group's notes, once
-            k, v, keys = remember(cache, g, self.encode_keys(k, positions), v)
-            if g == 0:
-                mods = self.score_mods(x, cache, k)
-            for h in range(g * group, (g + 1) * group):
-                q = self.encode_queries(heads[h].queries(x), positions)
-                outputs.append(heads[h](q, k, v, keys, None if mods is None else mods.head(h), positions,
-                                        document_starts, selected))  # fmt: skip
-        return torch.cat(outputs, dim=-1)
-
-    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        group, positions = self.n_head // self.n_kv_head, torch.arange(x.size(1), device=x.device)
-        keys = torch.cat([self.heads[g * group].keys_values(x)[0] for g in range(self.n_kv_head)], dim=1)
-        queries = torch.cat([head.queries(x) for head in self.heads], dim=1)
-        return self.encode_queries(queries, positions), repeat_kv(self.encode_keys(keys, positions), self.n_head)
+        return [KeyGroup(g, *heads[g * group].keys_values(x),
+                         [(h, heads[h].queries(x)) for h in range(g * group, (g + 1) * group)])
+                for g in range(self.n_kv_head)]  # fmt: skip
 
     @classmethod
     def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
@@ -755,10 +871,7 @@ class SplitHeadsAttention(MultiHeadAttention):
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        self.kernel = spec.build_kernel()
-        self.dropout = spec.dropout
         self.kv_width = spec.kv_heads * spec.head_dim
-        self.diff = DifferentialHeads(spec.head_dim, spec.lambda_init) if spec.differential else None
 
     @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
@@ -769,49 +882,19 @@ class SplitHeadsAttention(MultiHeadAttention):
         """Its own initial draws (``GPT.reset_parameters``): differential attention's lambda vectors."""
         return DifferentialHeads.initial(name, template)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, T, C), k and v (B, T, kv_width)."""
         raise NotImplementedError
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
-               ) -> torch.Tensor:  # fmt: skip
-        B, T, C = x.shape
-        q, k, v = self.heads_qkv(x, positions)
-        k, v, keys = remember(cache, 0, k, v)
-        mods = self.score_mods(x, cache, k)
-        if self.diff is None:
-            y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
-                            document_starts=document_starts, selected=selected)
-        else:  # every map reads both halves of its pair's values; the pairs' differences are the heads
-            k, halves = self.keys_per_query(k), self.diff.value_halves(v, self.n_head)
-            # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
-            calls = [torch.cat(halves, dim=-1)] if self.dropout and self.training else halves
-            y = self.diff.combine(torch.cat([self.kernel(q, k, values, self.dropout, self.training, keys=keys,
-                                                         mods=mods, positions=positions,
-                                                         document_starts=document_starts, selected=selected)
-                                             for values in calls], dim=-1))  # fmt: skip
-        return y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, H * hd)
-
-    def heads_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, T, C) -> queries (B, H, T, hd), keys and values (B, kv_heads, T, hd); queries and keys encoded."""
-        q, k, v = self.project(x)
-        q = self.encode_queries(self.split_heads(q, self.n_head), positions)
-        k = self.encode_keys(self.split_heads(k, self.n_kv_head), positions)
-        return q, k, self.split_heads(v, self.n_kv_head)
+    def project(self, x: torch.Tensor) -> list[KeyGroup]:
+        """Full-width q, k, v, split into heads: one key group, one call of every head."""
+        q, k, v = self.projections(x)
+        return [KeyGroup(0, self.split_heads(k, self.n_kv_head), self.split_heads(v, self.n_kv_head),
+                         [(0, self.split_heads(q, self.n_head))])]  # fmt: skip
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         B, T, _ = t.shape
         return t.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, T, heads*hd) -> (B, heads, T, hd)
-
-    def keys_per_query(self, k: torch.Tensor) -> torch.Tensor:
-        """(B, kv_heads, S, d) keys -> the key each query head reads, (B, H, S, d): its group's, or with differential
-        attention its map's of its group's pair (``DifferentialHeads.paired``)."""
-        return repeat_kv(k, self.n_head) if self.diff is None else self.diff.paired(k, self.n_head)
-
-    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, _ = self.heads_qkv(x, torch.arange(x.size(1), device=x.device))
-        return q, self.keys_per_query(k)
 
 
 @register(ATTENTION_LAYOUTS)
@@ -826,7 +909,7 @@ class SeparateQKVAttention(SplitHeadsAttention):
         for name, width in zip(self.LINEARS, (spec.n_embd, self.kv_width, self.kv_width)):
             setattr(self, name, nn.Linear(spec.n_embd, width, bias=spec.bias))
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = (getattr(self, name) for name in self.LINEARS)
         return q(x), k(x), v(x)
 
@@ -863,8 +946,17 @@ class FusedQKVAttention(SplitHeadsAttention):
         super().__init__(spec)
         self.c_attn = nn.Linear(spec.n_embd, spec.n_embd + 2 * self.kv_width, bias=spec.bias)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.c_attn(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
+
+    def project(self, x: torch.Tensor) -> list[KeyGroup]:
+        """As every layout that splits heads, with its queries and keys side by side in c_attn's output, as one
+        tensor of heads: the encodings turn them in one call."""
+        B, T, C = x.shape
+        qk, v = self.c_attn(x).split([C + self.kv_width, self.kv_width], dim=-1)
+        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = qk.split([self.n_head, self.n_kv_head], dim=1)
+        return [KeyGroup(0, k, self.split_heads(v, self.n_kv_head), [(0, q)], qk)]
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:

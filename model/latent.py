@@ -21,21 +21,15 @@ other layouts (``model.convert`` refuses, naming this). The weights follow DeepS
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import AttentionSpec, MultiHeadAttention, check_one_pair, remember, rms_normed, tempered
+from model.attention import AttentionSpec, KeyGroup, MultiHeadAttention, Parts, check_one_pair, rms_normed
 from model.convert import ConvertsToNoOther
-from model.kernels import repeat_kv
 from model.options import check_applied
 from model.registry import ATTENTION_LAYOUTS, register
-
-if TYPE_CHECKING:
-    from model.kv_cache import LayerCache
 
 
 def positive_int(value) -> bool:
@@ -97,63 +91,38 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
         super().__init__(spec)
         self.rope_dim = spec.rope_head_dim or 0
         self.kv_latent = spec.kv_latent
-        self.kernel, self.dropout = spec.build_kernel(), spec.dropout
-        # PyTorch's flash implementation takes values only as wide as the queries (head_dim + rope_head_dim here):
-        # for a kernel that may use it, values are padded with zeros and the padding cut from the output (what
-        # DeepSeek's own code does); on a CPU that is faster than the math implementation SDPA falls back to.
-        self.pad_values = bool(self.rope_dim) and "flash" in registry.kernel(spec.kernel).backends
         H, hd, r = spec.n_head, spec.head_dim, self.rope_dim
+        # QK-norm on each head's content dims, rotary on its decoupled part (the queries' last rope_head_dim; all of
+        # the cached shared key): the pipeline's encodings, on these dims
+        self.query_parts = Parts(slice(0, hd), slice(hd, None))
+        self.key_parts = Parts(None, slice(None))
         self.wq = nn.Linear(spec.n_embd, H * (hd + r), bias=spec.bias)  # W_Q and W_QR, per head
         self.wkv_a = nn.Linear(spec.n_embd, spec.kv_latent + r, bias=spec.bias)  # W_DKV and W_KR
         self.kv_norm = nn.RMSNorm(spec.kv_latent, eps=1e-6)
         self.wkv_b = nn.Linear(spec.kv_latent, H * 2 * hd, bias=spec.bias)  # W_UK and W_UV, per head
 
-    def build_encodings(self, spec: AttentionSpec, qk_dim: int, rotary_dim: int | None = None) -> None:
-        # QK-norm acts on the content part (head_dim); the rotation on the decoupled part alone.
-        super().build_encodings(spec, qk_dim, rotary_dim=spec.rope_head_dim)
+    @classmethod
+    def rotary_width(cls, spec: AttentionSpec) -> int:
+        return spec.rope_head_dim or 0  # the decoupled part alone (QK-norm acts on the content dims: head_dim)
 
-    def latent_and_rotary_key(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, C) -> the latents (B, 1, T, kv_latent) and the rotated shared keys (B, 1, T, rope_head_dim):
-        what the cache keeps (a head axis of size 1, as a key/value head)."""
-        latent, k_rope = self.wkv_a(x).split([self.kv_latent, self.rope_dim], dim=-1)
-        latent, k_rope = rms_normed(self.kv_norm, latent).unsqueeze(1), k_rope.unsqueeze(1)
-        return latent, (k_rope if self.rotary is None else self.rotary(k_rope, positions))
-
-    def queries(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> (B, H, T, head_dim + rope_head_dim): the content part normalised (qk_norm), the rotary
-        part turned."""
+    def project(self, x: torch.Tensor) -> list[KeyGroup]:
+        """The queries (B, H, T, head_dim + rope_head_dim: [content; rotary] per head) and what the cache keeps: the
+        shared rotary key (B, 1, T, rope_head_dim), the keys the encodings turn, and the normalised latent (B, 1, T,
+        kv_latent), which ``keys_values`` up-projects (a head axis of size 1, as a key/value head)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_head, self.head_dim + self.rope_dim).transpose(1, 2)
-        content, rotary = q.split([self.head_dim, self.rope_dim], dim=-1)
-        content = rms_normed(self.q_norm, content) if self.qk_norm else content
-        q = content if self.rotary is None else torch.cat((content, self.rotary(rotary, positions)), dim=-1)
-        return q if self.query_temperature is None else tempered(q, positions, self.query_temperature)
+        latent, k_rope = self.wkv_a(x).split([self.kv_latent, self.rope_dim], dim=-1)
+        return [KeyGroup(0, k_rope.unsqueeze(1), rms_normed(self.kv_norm, latent).unsqueeze(1), [(0, q)])]
 
-    def keys_values(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached latents (B, 1, S, kv_latent) and rotary keys (B, 1, S, rope_head_dim) -> each head's keys
-        (B, H, S, head_dim + rope_head_dim) and values (B, H, S, head_dim): up-projected per head."""
+    def keys_values(self, k_rope: torch.Tensor, latent: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Cached rotary keys (B, 1, S, rope_head_dim) and latents (B, 1, S, kv_latent) -> each head's keys (B, H, S,
+        head_dim + rope_head_dim), the content part up-projected and encoded (QK-norm) by the pipeline, and values
+        (B, H, S, head_dim)."""
         B, _, S, _ = latent.shape
         kv = self.wkv_b(latent.squeeze(1)).view(B, S, self.n_head, 2 * self.head_dim).transpose(1, 2)
         k, v = kv.split([self.head_dim, self.head_dim], dim=-1)
-        k = rms_normed(self.k_norm, k) if self.qk_norm else k
+        k = self.encode_keys(k, positions, Parts(slice(None), None))
         if self.rotary is not None:
             k = torch.cat((k, k_rope.expand(B, self.n_head, S, self.rope_dim)), dim=-1)  # one key, every head
         return k, v
-
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
-               document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
-               ) -> torch.Tensor:  # fmt: skip
-        B, T, C = x.shape
-        q = self.queries(x, positions)
-        latent, k_rope, keys = remember(cache, 0, *self.latent_and_rotary_key(x, positions))
-        k, v = self.keys_values(latent, k_rope)
-        v = F.pad(v, (0, self.rope_dim)) if self.pad_values else v
-        mods = self.score_mods(x, cache, latent)
-        y = self.kernel(q, k, v, self.dropout, self.training, keys=keys, mods=mods, positions=positions,
-                        document_starts=document_starts, selected=selected)
-        return y[..., : self.head_dim].transpose(1, 2).contiguous().view(B, T, C)
-
-    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(x.size(1), device=x.device)
-        k, _ = self.keys_values(*self.latent_and_rotary_key(x, positions))
-        return self.queries(x, positions), repeat_kv(k, self.n_head)

@@ -267,24 +267,29 @@ def test_a_decode_steps_angles_are_the_tables_own_rows_at_every_position_dtype_a
     (1, 1, 2, 1), (2, 1, 8, 7), (3, 3, 16, 13), (4, 2, 32, 1), (4, 4, 32, 64), (6, 3, 4, 129), (8, 1, 64, 31),
 ])  # fmt: skip
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_fused_qkv_turns_queries_and_keys_in_one_call_with_the_numbers_of_one_call_each(
+def test_queries_and_keys_side_by_side_turn_in_one_call_with_the_numbers_of_one_call_each(
     heads, kv_heads, head_dim, seq_len, dtype
 ):
-    # c_attn's queries and keys sit side by side, so fused_qkv rotates them as one tensor (a decode step's
-    # cost): the same queries, keys, values and input gradients, bit for bit, as rotating each on its own.
-    from model.attention import SplitHeadsAttention, build_attention
+    # c_attn's queries and keys sit side by side: fused_qkv's projection gives them as one tensor too, which the
+    # pipeline turns in one call (a decode step's cost): the same queries, keys and gradients, bit for bit, as each.
+    from model.attention import build_attention
 
     torch.manual_seed(heads * 100 + seq_len)
-    block = build_attention("fused_qkv", heads * head_dim, heads, "sdpa", n_kv_head=kv_heads, position="rope").to(dtype)
+    block = build_attention("fused_qkv", heads * head_dim, heads, "sdpa", n_kv_head=kv_heads, position="rope",
+                            query_temperature=3).to(dtype)  # fmt: skip
     x = torch.randn(2, seq_len, heads * head_dim, dtype=dtype, requires_grad=True)
+    positions = torch.arange(5, 5 + seq_len)
     outs, grads = [], []
-    for heads_qkv in (block.heads_qkv, lambda x, p: SplitHeadsAttention.heads_qkv(block, x, p)):
-        qkv = heads_qkv(x, torch.arange(5, 5 + seq_len))
-        weights = [torch.randn_like(t, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(qkv)]
-        grads.append(torch.autograd.grad(sum((t * w).sum() for t, w in zip(qkv, weights)), x)[0])
-        outs.append(qkv)
-    for joint, each in zip(*outs):
-        assert joint.shape == each.shape and torch.equal(joint, each)
+    for joint in (True, False):
+        [group] = block.project(x)
+        q = group.calls[0][1]
+        encoded = block.encode_queries_keys(q, group.k, positions, group.qk if joint else None)
+        weights = [torch.randn_like(t, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(encoded)]
+        grads.append(torch.autograd.grad(sum((t * w).sum() for t, w in zip(encoded, weights)), x)[0])
+        outs.append(encoded)
+    assert group.qk is not None and group.qk.shape[1] == heads + kv_heads
+    for a, b in zip(*outs):
+        assert a.shape == b.shape and torch.equal(a, b)
     assert torch.equal(*grads)
 
 
