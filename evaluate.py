@@ -35,6 +35,11 @@ renamed into place: a full disk leaves the earlier file as it was.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import itertools
 import json
 import os
@@ -390,6 +395,7 @@ def run(cfg: EvaluateConfig) -> dict:
                              f"lengths")  # fmt: skip
     if skipped:
         print(skipped)
+    start_up_over()  # the evaluation begins
     evaluator = Evaluator(data.tokens["val"], block, windows, batch, data.bytes_per_token("val"), device, dtype)
     metrics = evaluator(model)
     result = {**metrics, "source": cfg.source, "checkpoint": str(loaded.path) if loaded.path else None,

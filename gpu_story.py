@@ -25,6 +25,11 @@ limit at batch 1, ...): a SHORT is a finding, not an error.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import csv
 import datetime
@@ -297,6 +302,7 @@ def story(args: argparse.Namespace) -> tuple[Path, list[Check]]:
     name = device_name(device)
     machine = re.sub(r"[^\w.-]+", "_", name)
     folder = Path(args.out or ROOT / "gpu-story" / f"{datetime.date.today()}_{machine}")
+    start_up_over()  # the stages begin
     folder.mkdir(parents=True, exist_ok=True)
     if not args.quick:
         prepare(args, folder)

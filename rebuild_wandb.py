@@ -15,6 +15,11 @@ first part of the history with the second.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import json
 from pathlib import Path
@@ -79,6 +84,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--mode", choices=["offline", "online"], default="offline", help="online uploads at once")
     p.add_argument("--new-id", action="store_true", help="a new wandb run instead of the original run's id")
     args = p.parse_args(argv)
+    start_up_over()  # the rebuild begins
     folder = rebuild(args.run_dirs, args.mode, args.new_id)
     if args.mode == "offline":
         print(f"rebuilt {len(args.run_dirs)} run director{'y' if len(args.run_dirs) == 1 else 'ies'} into "

@@ -10,6 +10,11 @@
 
 from __future__ import annotations
 
+from common.startup import guard_start_up
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import contextlib
 import importlib.util
 import itertools
@@ -30,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
 from cli.console import to_the_terminal
-from common.run_files import RUN_INFO, remove_husk
+from common.run_files import OWNER, RUN_INFO, remove_husk
 from model.config import LABEL_AXES, attention_label, label_grammar
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
@@ -149,21 +154,22 @@ def main(cfg: DictConfig) -> float | None:
 
 
 HYDRAS_OWN = {".hydra", "train.log"}  # what Hydra writes into a job's folder before the job starts
+NO_RUN = {*HYDRAS_OWN, OWNER}  # and a run that claimed it, then stopped before its run.json (Ctrl-C as it started)
 
 
 @contextlib.contextmanager
 def no_husk_left(output_dir: Path, cfg: DictConfig):
-    """A command that ends without a run (refused, a plan, a sweep preset without -m) removes the folder Hydra
-    made for it, and the folders above it that this leaves empty (inside the working directory): they would later
-    look like a run. Kept: a folder holding anything a run writes, and Hydra's folder (its train.log) of a command
-    whose run is elsewhere (trainer.run_dir), found there."""
+    """A command that ends without a run (refused, a plan, a sweep preset without -m, stopped as it started)
+    removes the folder Hydra made for it, and the folders above it that this leaves empty (inside the working
+    directory): they would later look like a run. Kept: a folder holding anything a run writes, and Hydra's folder
+    (its train.log) of a command whose run is elsewhere (trainer.run_dir), found there."""
     try:
         yield
     finally:
         run_dir = cfg.trainer.run_dir  # set by run_command unless the command was refused before
         ran = not cfg.trainer.plan and run_dir is not None and (Path(run_dir) / RUN_INFO).exists()
         if from_environment().is_main and not ran:
-            remove_husk(output_dir, HYDRAS_OWN)
+            remove_husk(output_dir, NO_RUN)
 
 
 def run_command(cfg: DictConfig, hydra_cfg) -> float | None:

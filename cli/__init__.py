@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf.errors import MissingMandatoryValue
 
 from cli.overrides import check_overrides  # noqa: F401  (re-exported: every script's first check)
+from common.startup import StartupInterrupted, interruption
 
 
 def refuse_renamed_options(renamed: dict[str, str], argv: list[str] | None = None) -> None:
@@ -110,7 +111,7 @@ def user_errors(usage: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM where headlab stops cleanly (data preparation)
-        if not str(err):
+        if not str(err) or isinstance(err, StartupInterrupted):  # the start-up guard says it as the process ends
             raise
         sys.exit(f"interrupted: {err}")
     except MissingMandatoryValue as err:
@@ -118,6 +119,8 @@ def user_errors(usage: str) -> Iterator[None]:
             raise
         sys.exit(f"error: {err.full_key or 'a required option'} is required; usage: {usage}")
     except (ValueError, OSError, RuntimeError) as err:
+        if interruption() is not None:  # raised by a library that a stop signal interrupted as the script started
+            raise interruption() from err
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _raised_by_headlab(err):
             raise
         sys.exit("error: " + " ".join(str(err).split()))  # one line

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import socket
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common.run_files import (
@@ -217,6 +221,25 @@ def segment(device_id: str, start: float, max_steps: int) -> dict:
             **({"slurm": slurm.job_facts()} if slurm.in_slurm_job() else {})}  # fmt: skip
 
 
+@contextlib.contextmanager
+def nothing_of_wandb_if_interrupted(run_dir: Path) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while wandb starts (the script's start-up: common/startup.py) keeps none of it: the folders
+    it made in ``run_dir`` go, and its exception hook (which would print the interruption's traceback above the
+    start-up's one line) gives way to the one before. Its exit handler never runs: the process ends by the signal."""
+    folder, hook = run_dir / "wandb", sys.excepthook
+    before = set(folder.iterdir()) if folder.is_dir() else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        sys.excepthook = hook
+        if before is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:  # a run continued in place: its earlier segments' wandb folders stay
+            for path in set(folder.iterdir()) - before:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink()
+        raise
+
+
 def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None,
                  device_id: str, started: float) -> RunLog:  # fmt: skip
     """Write ``run.json`` (the resolved config, the facts reports need, status ``running`` and this process's
@@ -230,11 +253,12 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
 
         mode = wandb_mode(cfg.logger)
         tags = run_tags(cfg)
-        run = wandb.init(
-            project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
-            tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
-            resume="allow" if wandb_id else None, job_type="train",
-        )  # fmt: skip
+        with nothing_of_wandb_if_interrupted(run_dir):
+            run = wandb.init(
+                project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
+                tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
+                resume="allow" if wandb_id else None, job_type="train",
+            )  # fmt: skip
         define_metrics(run)
         info = {**info, "wandb_id": run.id}  # for rebuild_wandb.py
     write_json(run_dir / RUN_INFO, info)
