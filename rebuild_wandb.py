@@ -1,4 +1,4 @@
-"""Rebuild a run's wandb history from its ``metrics.jsonl`` and ``run.json``: nothing logged is lost.
+"""Rebuild a run's wandb history from its ``metrics.jsonl``, ``samples.txt`` and ``run.json``: nothing logged is lost.
 
     python rebuild_wandb.py runs/2026-11-21/10-00-00_fused_qkv-sdpa                 # a damaged or missing .wandb
     python rebuild_wandb.py runs/.../10-00-00_fused_qkv-sdpa runs/.../11-00-00_fused_qkv-sdpa   # a run and its resume
@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from cli import OneLineErrorParser, user_errors
-from common.run_files import METRICS, RUN_INFO, WANDB_REBUILT
+from common.run_files import METRICS, RUN_INFO, WANDB_REBUILT, read_samples
 from training.run_log import define_metrics, wandb_config
 
 
@@ -65,7 +65,10 @@ def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -
     )  # fmt: skip
     define_metrics(run)
     best = None
+    samples = {step: text for run_dir in run_dirs for step, text in read_samples(run_dir).items()}  # later wins
     for step, metrics in merged_history(run_dirs):
+        if step in samples:  # the end-of-run sample, as the training run logged it: a table at its step
+            metrics = {**metrics, "samples": wandb.Table(columns=["step", "text"], data=[[step, samples[step]]])}
         run.log(metrics, step=step)
         if "val/loss" in metrics and (best is None or metrics["val/loss"] < best[1]["val/loss"]):
             best = (step, metrics)

@@ -24,6 +24,7 @@ from common.run_files import (
     read_json,
     remove_stale_checkpoints,
     rewrite_in_place,
+    sample_entry,
     write_json,
 )
 from common.wandb_mode import wandb_mode as common_wandb_mode
@@ -166,7 +167,7 @@ class RunLog:
     def sample(self, step: int, text: str) -> None:
         """Generated text: a ``samples.txt`` line in the run directory and a wandb Table."""
         with open(self.path.with_name(SAMPLES), "a") as f:
-            f.write(f"--- step {step} ---\n{text}\n")
+            f.write(sample_entry(step, text))
         if self.wandb_run is not None:
             import wandb
 
@@ -253,11 +254,14 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
 
         mode = wandb_mode(cfg.logger)
         tags = run_tags(cfg)
+        # A continued offline run: wandb's closing lines would say to upload this segment alone with wandb sync, which
+        # replaces the first segment's history; the run's last words say how to upload it whole (rebuild_wandb.py).
+        quiet = wandb.Settings(quiet=True) if mode == "offline" and wandb_id else None
         with nothing_of_wandb_if_interrupted(run_dir):
             run = wandb.init(
                 project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
                 tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
-                resume="allow" if wandb_id else None, job_type="train",
+                resume="allow" if wandb_id else None, job_type="train", settings=quiet,
             )  # fmt: skip
         define_metrics(run)
         info = {**info, "wandb_id": run.id}  # for rebuild_wandb.py
