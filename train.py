@@ -33,7 +33,7 @@ from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from cli import refuse_renamed_options, user_errors
+from cli import refuse_renamed_options, set_by, user_errors
 from cli.console import to_the_terminal
 from common.run_files import OWNER, RUN_INFO, remove_husk
 from model.config import LABEL_AXES, attention_label, label_grammar
@@ -187,7 +187,9 @@ def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
     if multirun and cfg.logger.name is None:
         cfg.logger.name = sweep_run_name(cfg, hydra_cfg)
     with errors_for_the_launcher():
-        with user_errors("python train.py [group=option ...] [key=value ...]; python train.py --help lists them"):
+        typed = list(hydra_cfg.overrides.task)
+        with user_errors("python train.py [group=option ...] [key=value ...]; python train.py --help lists them",
+                         as_typed=lambda message: set_by(message, typed, "train")):
             try:
                 summary = train(cfg)
             except RunFailed as err:

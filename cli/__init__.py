@@ -7,12 +7,12 @@ import contextlib
 import difflib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from omegaconf.errors import MissingMandatoryValue
 
-from cli.overrides import check_overrides  # noqa: F401  (re-exported: every script's first check)
+from cli.overrides import check_overrides, set_by  # noqa: F401  (re-exported: every script's first check)
 from common.startup import StartupInterrupted, interruption
 
 
@@ -102,11 +102,12 @@ def _raised_by_headlab(err: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def user_errors(usage: str) -> Iterator[None]:
+def user_errors(usage: str, as_typed: Callable[[str], str] | None = None) -> Iterator[None]:
     """Turn the errors a user can fix (a bad or missing option, a missing file) into one line on stderr.
 
     Only errors headlab raised itself, with their fix in the message; anything from deep inside a
     library keeps its traceback, and ``HYDRA_FULL_ERROR=1`` keeps every traceback, as for Hydra's own.
+    ``as_typed`` words the line in the options the command typed (``set_by``: which of them set the one named).
     """
     try:
         yield
@@ -123,7 +124,8 @@ def user_errors(usage: str) -> Iterator[None]:
             raise interruption() from err
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _raised_by_headlab(err):
             raise
-        sys.exit("error: " + " ".join(str(err).split()))  # one line
+        message = " ".join(str(err).split())  # one line
+        sys.exit("error: " + (as_typed(message) if as_typed else message))
 
 
 def check_at_least(option: str, value, low, hint: str = "") -> None:
