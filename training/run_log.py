@@ -43,12 +43,15 @@ def run_name(cfg: TrainConfig) -> str:
     """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
     from the defaults), then the data where it is not the default corpus (``-tinyshakespeare``, ``-my_notes``
     for data.path=my_notes.txt), or the name train.py made (with a sweep's other overrides)."""
-    if cfg.logger.name:
-        return cfg.logger.name
-    how = attention_label(vars(cfg.model), sep="-").replace(", ", "-").replace(" kv heads", "kv").replace(
-        " kv head", "kv").replace("window ", "window")  # fmt: skip
-    data = data_part(cfg.data)
-    return f"{how}-{cfg.model.name}" + (f"-{data}" if data else "")
+    return cfg.logger.name or run_label(vars(cfg.model), cfg.data, model_name=cfg.model.name)
+
+
+def run_label(model: dict, data, show: tuple[str, ...] | list[str] = (), model_name: str | None = None) -> str:
+    """What a run's directory and its name both say of it, in this order: how it attends (``attention_label``,
+    spelling ``show``'s axes at their default too), the model (``model_name``: the name gives it, the directory
+    leaves it to its config), and the data where it is not the default corpus: the directory
+    ``fused_qkv-sdpa-my_notes``, the name ``fused_qkv-sdpa-nano-my_notes``."""
+    return "-".join(part for part in (attention_label(model, show=show), model_name, data_part(data)) if part)
 
 
 GENERIC_DATA = ("files", "hub")  # configs/data's names that say only where the text comes from
