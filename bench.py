@@ -26,6 +26,11 @@ over --repeats rounds (default 5). Writes bench.csv, bench.md and bench.png
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import itertools
 import json
@@ -987,6 +992,7 @@ def main_plain(args: argparse.Namespace) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    start_up_over()  # the measurements begin
     if args.mode == "decode":
         return main_decode(args)
     if args.mode == "plain":

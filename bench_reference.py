@@ -17,6 +17,11 @@ shared machine's slow moments hit both sides. Needs transformers (the dev extra)
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import json
 import math
@@ -582,6 +587,7 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--{option.replace('_', '-')} {getattr(args, option)} must be at least 1")
     device = resolve_device(args.device, option="--device")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
+    start_up_over()  # the measurements begin
     {"train-step": train_step, "levers": lever_step, "generate": generation, "sample-process": sample_process,
      "prepare": prepare_speed, "decode-positions": decode_positions,
      "decode-rounding": decode_rounding}[args.what](args)  # fmt: skip

@@ -12,6 +12,11 @@ as they got, and their state says which.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import time
 from collections import Counter
@@ -58,6 +63,7 @@ def main(argv: list[str] | None = None) -> Path:
         raise ValueError(f"--out {args.out} is a file (or a named pipe); give a folder for the report")
     if args.watch is not None and not args.watch > 0:
         raise ValueError(f"--watch {args.watch} must be a positive number of seconds")
+    start_up_over()  # the report begins
     while True:
         out, still_going = report(args)
         if args.watch is None or not still_going:

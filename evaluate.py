@@ -35,6 +35,11 @@ renamed into place: a full disk leaves the earlier file as it was.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import itertools
 import json
 import os
@@ -396,6 +401,7 @@ def run(cfg: EvaluateConfig) -> dict:
                              f"lengths")  # fmt: skip
     if skipped:
         print(skipped)
+    start_up_over()  # the evaluation begins
     evaluator = Evaluator(data.tokens["val"], block, windows, batch, data.bytes_per_token("val"), device, dtype)
     metrics = evaluator(model)
     result = {**metrics, "source": cfg.source, "checkpoint": str(loaded.path) if loaded.path else None,
@@ -412,13 +418,16 @@ def run(cfg: EvaluateConfig) -> dict:
                                              batch * block, device, dtype, progress=True, usable=usable)  # fmt: skip
         result["retrieval_skipped"] = skipped
     summary = (f"val/loss {metrics['val/loss']:.4f}  val/bpb {metrics['val/bpb']:.4f}  ({loaded.name}, {windows} "
-               f"windows of {block} tokens of data={cfg.data.name})")  # fmt: skip
-    tables = [*([length_table(result["lengths"], block)] if lengths else []),
+               f"windows of {block} tokens spread over the validation split of data={cfg.data.name}, as training "
+               f"measures val/loss)")  # fmt: skip
+    tables = [*([by_length_note(result["lengths"], block, windows), length_table(result["lengths"], block)]
+                if lengths else []),
               *([retrieval_table(result["retrieval"], block)] if tasks else []),
               *([skipped] if skipped else [])]  # fmt: skip
     write_result(out, result, "\n".join([summary, *tables]))
     print(f"{summary}; written to {out}")
     if lengths:
+        print(by_length_note(result["lengths"], block, windows))
         print(length_table(result["lengths"], block))
         picture = out.with_suffix(".png")
         scaled = f", rope_scaling={scaling_part(model.config)}" if cfg.rope_scaling else ""
@@ -435,6 +444,15 @@ def run(cfg: EvaluateConfig) -> dict:
         draw(lambda path: plot_retrieval(result["retrieval"], block, path, title), picture, out)
         print(f"retrieval heatmap: {picture}")
     return result
+
+
+def by_length_note(rows: list[dict], block: int, windows: int) -> str:
+    """Which text the length table reads: not val/loss's windows, so its row at the trained length is another loss."""
+    longest = max(row["length"] for row in rows)
+    trained = (f"; its loss at {block} tokens (1x) is over that stretch, not over val/loss's windows above"
+               if any(row["length"] == block for row in rows) else "")  # fmt: skip
+    return (f"by length: every length reads the same first {windows * longest:,} tokens of the validation split "
+            f"({windows} windows x the longest length, {longest}){trained}:")  # fmt: skip
 
 
 def length_table(rows: list[dict], block: int) -> str:

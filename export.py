@@ -18,6 +18,11 @@ never writes (an evaluation's ``eval-*.json``, a README) are kept, and named.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import json
 import os
 import shutil
@@ -68,6 +73,7 @@ def run(cfg: ExportConfig) -> Path:
     if loaded.path is None:
         raise ValueError(f"source={cfg.source!r} is already in the Hugging Face format: nothing to export")
     check_gpt2_holds(loaded.model.config)  # before anything is written
+    start_up_over()  # the writing begins
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out.parent, f".{out.name}{TMP_MARK}*")  # the staging folders of killed exports
     staged = temporary_name(out)

@@ -25,6 +25,11 @@ limit at batch 1, ...): a SHORT is a finding, not an error.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import csv
 import datetime
@@ -40,6 +45,7 @@ from pathlib import Path
 
 from analysis.tables import markdown_table, write_text
 from cli import OneLineErrorParser
+from common.machine_load import OthersLoad, busy_text, is_busy
 
 ROOT = Path(__file__).resolve().parent
 BUDGET_S = 600  # the whole story, data preparation apart
@@ -74,8 +80,31 @@ class Stage:
 # ------------------------------------------------------------------ the stages
 
 
+# The stages' options that this script's own flags set: a stage's message naming one (an offline hint:
+# ``data.tokenizer=bytes``) is shown as the flag that sets it (``--tokenizer bytes``), which this script takes.
+FLAG_OF = {"data": "--data", "data.tokenizer": "--tokenizer", "trainer.device": "--device"}
+
+
 def data_options(args: argparse.Namespace) -> list[str]:
     return [f"data={args.data}", f"data.tokenizer={args.tokenizer}"]
+
+
+def in_our_flags(text: str) -> str:
+    """A stage's message in this script's words: ``data.tokenizer=bytes`` -> ``--tokenizer bytes``."""
+    for key, flag in FLAG_OF.items():
+        text = re.sub(rf"(?<![\w.+~-]){re.escape(key)}=(?=[^\s=])", f"{flag} ", text)
+    return text
+
+
+def last_line(output: str) -> str:
+    """A process's last line of output, as its one-line error: ``error: `` once (this script says it)."""
+    lines = output.strip().splitlines()
+    return in_our_flags(lines[-1].removeprefix("error: ")) if lines else ""
+
+
+def as_text(output: str | bytes | None) -> str:
+    """What a process wrote: a killed process's output comes as bytes even with ``text=True`` (subprocess)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def tests_command(args: argparse.Namespace, out: Path) -> list[str]:
@@ -261,6 +290,9 @@ STAGES = [
 # ------------------------------------------------------------------ running them
 
 
+OUT_OF_TIME = ("still running", "no time left")  # a stage killed at the end of its share of the budget, or not begun
+
+
 def run_stage(stage: Stage, args: argparse.Namespace, folder: Path, seconds: float) -> list[Check]:
     """The stage's process, killed past ``seconds``; its output kept in its folder."""
     out = folder / stage.name
@@ -272,15 +304,15 @@ def run_stage(stage: Stage, args: argparse.Namespace, folder: Path, seconds: flo
         done = subprocess.run(command, capture_output=True, text=True, timeout=max(1.0, seconds), cwd=folder,
                               env={**os.environ, **stage.env})  # fmt: skip
     except subprocess.TimeoutExpired as ran:
-        (out / "output.log").write_text(f"{ran.stdout or ''}{ran.stderr or ''}")
-        return [Check(stage.name, "the stage", f"still running after {seconds:.0f} s: killed", f"{seconds:.0f} s",
+        (out / "output.log").write_text(as_text(ran.stdout) + as_text(ran.stderr))
+        return [Check(stage.name, "the stage", f"{OUT_OF_TIME[0]} after {seconds:.0f} s: killed", f"{seconds:.0f} s",
                       "NOT RUN")]  # fmt: skip
     took = time.perf_counter() - start
     (out / "output.log").write_text(done.stdout + done.stderr)
     try:
         checks = stage.read(args, out)
     except (OSError, ValueError, KeyError, AttributeError) as err:  # it wrote nothing readable
-        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:200]
+        last = (last_line(done.stderr) or last_line(done.stdout) or "no output")[:200]
         return [Check(stage.name, "the stage", f"exit {done.returncode}: {last} ({type(err).__name__})", "",
                       "FAILED")]  # fmt: skip
     if done.returncode != 0 and not any(c.verdict == "FAILED" for c in checks):
@@ -297,10 +329,12 @@ def story(args: argparse.Namespace) -> tuple[Path, list[Check]]:
     name = device_name(device)
     machine = re.sub(r"[^\w.-]+", "_", name)
     folder = Path(args.out or ROOT / "gpu-story" / f"{datetime.date.today()}_{machine}")
+    start_up_over()  # the stages begin
     folder.mkdir(parents=True, exist_ok=True)
     if not args.quick:
         prepare(args, folder)
     checks, deadline = [], time.perf_counter() + args.budget
+    load = OthersLoad(children=True)  # the cores other processes use while the stages run: a busy machine
     for i, stage in enumerate(s for s in STAGES if s.name in args.stages):
         if stage.gpu_only and device.type != "cuda":
             checks.append(Check(stage.name, "the stage", f"needs CUDA ({name})", "", "NOT RUN"))
@@ -308,6 +342,10 @@ def story(args: argparse.Namespace) -> tuple[Path, list[Check]]:
         left = deadline - time.perf_counter()
         later = sum(s.share for s in STAGES[i + 1 :] if s.name in args.stages)
         seconds = left * stage.share / (stage.share + later) if later else left
+        if seconds < 1:  # the budget is spent
+            checks.append(Check(stage.name, "the stage", f"{OUT_OF_TIME[1]} of --budget {args.budget:g} s", "",
+                                "NOT RUN"))  # fmt: skip
+            continue
         print(f"[gpu_story] {stage.name}: up to {seconds:.0f} s", flush=True)
         checks += run_stage(stage, args, folder, seconds)
     header = (f"{name}, torch {torch.__version__}, {datetime.datetime.now():%Y-%m-%d %H:%M}, "
@@ -321,9 +359,25 @@ def story(args: argparse.Namespace) -> tuple[Path, list[Check]]:
     write_text(folder / "gpu_story.md", f"# The GPU story\n\n{header}\n\n{table}\n\n{summary}\n")
     write_text(folder / "gpu_story.json", json.dumps({"header": header, "checks": [asdict(c) for c in checks]},
                                                      indent=2))  # fmt: skip
-    print(f"\n{header}\n\n{table}\n\n{summary}\nwritten to {folder}/ (gpu_story.md, gpu_story.json, each stage's "
-          f"output)")  # fmt: skip
+    late = out_of_time(checks, args.budget, load.since_start())
+    print(f"\n{header}\n\n{table}\n\n{summary}\n{late and late + chr(10)}written to {folder}/ (gpu_story.md, "
+          f"gpu_story.json, each stage's output)")  # fmt: skip
+    if all(c.verdict == "NOT RUN" for c in checks):  # a table of NOT RUN is no story: said, and not a success
+        raise SystemExit(f"error: nothing was measured ({'; '.join(f'{c.stage}: {c.measured}' for c in checks)})"
+                         f"{f'. {late}' if late else ''}")  # fmt: skip
     return folder, checks
+
+
+def out_of_time(checks: list[Check], budget: float, others: float | None) -> str:
+    """The stages that ran out of the budget (killed at their share, or not begun), why and what to change; ""
+    where none did."""
+    late = [c.stage for c in checks if c.measured.startswith(OUT_OF_TIME)]
+    if not late:
+        return ""
+    busy = f" on a busy machine ({busy_text(others)} meanwhile)" if is_busy(others) else ""
+    return (f"{', '.join(late)} ran out of --budget {budget:g} s{busy}: "
+            + ("run it on a quieter machine, or give it more time" if busy else "give it more time")
+            + f" (--budget {2 * budget:g})")  # fmt: skip
 
 
 def prepare(args: argparse.Namespace, folder: Path) -> None:
@@ -332,8 +386,9 @@ def prepare(args: argparse.Namespace, folder: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "data", *data_options(args)], capture_output=True, text=True)
     (folder / "data.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise SystemExit(f"error: preparing {' '.join(data_options(args))} failed: "
-                         f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+        flags = in_our_flags(" ".join(data_options(args)))
+        raise SystemExit(f"error: preparing the sweep's data ({flags}) failed: "
+                         f"{last_line(done.stderr) or f'exit {done.returncode}'}")
     print(f"[gpu_story] data ready in {time.perf_counter() - start:.0f} s", flush=True)
 
 
@@ -352,4 +407,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    story(parse_args())
+    story(parse_args())  # exits 1 where nothing was measured

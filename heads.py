@@ -18,6 +18,11 @@ for a run, ``heads-<name>/`` otherwise):
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -161,6 +166,7 @@ def run(cfg: HeadsConfig) -> Path:
     block = model.config.block_size
     x, y = validation_windows(replace(cfg.data, tokenizer=tokenizer.name), cfg.windows, block, device)
     out = Path(cfg.out) if cfg.out else default_out(cfg, loaded.path)
+    start_up_over()  # the study begins
     out.mkdir(parents=True, exist_ok=True)
     # how it attends: its layout, and the options set that change what a head attends to (-rope, -sinks, ...)
     name = f"{loaded.name} ({'-'.join([model.config.attention, *attention_label(vars(model.config)).split('-')[2:]])})"

@@ -1,4 +1,4 @@
-"""Rebuild a run's wandb history from its ``metrics.jsonl`` and ``run.json``: nothing logged is lost.
+"""Rebuild a run's wandb history from its ``metrics.jsonl``, ``samples.txt`` and ``run.json``: nothing logged is lost.
 
     python rebuild_wandb.py runs/2026-11-21/10-00-00_fused_qkv-sdpa                 # a damaged or missing .wandb
     python rebuild_wandb.py runs/.../10-00-00_fused_qkv-sdpa runs/.../11-00-00_fused_qkv-sdpa   # a run and its resume
@@ -15,13 +15,18 @@ first part of the history with the second.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 from cli import OneLineErrorParser, user_errors
-from common.run_files import METRICS, RUN_INFO, WANDB_REBUILT
+from common.run_files import METRICS, RUN_INFO, WANDB_REBUILT, read_samples
 from model.config import GPTConfig
 from training.run_log import define_metrics, tags_of, wandb_config
 
@@ -63,7 +68,10 @@ def rebuild(run_dirs: list[Path], mode: str = "offline", new_id: bool = False) -
     )  # fmt: skip
     define_metrics(run)
     best = None
+    samples = {step: text for run_dir in run_dirs for step, text in read_samples(run_dir).items()}  # later wins
     for step, metrics in merged_history(run_dirs):
+        if step in samples:  # the end-of-run sample, as the training run logged it: a table at its step
+            metrics = {**metrics, "samples": wandb.Table(columns=["step", "text"], data=[[step, samples[step]]])}
         run.log(metrics, step=step)
         if "val/loss" in metrics and (best is None or metrics["val/loss"] < best[1]["val/loss"]):
             best = (step, metrics)
@@ -82,6 +90,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--mode", choices=["offline", "online"], default="offline", help="online uploads at once")
     p.add_argument("--new-id", action="store_true", help="a new wandb run instead of the original run's id")
     args = p.parse_args(argv)
+    start_up_over()  # the rebuild begins
     folder = rebuild(args.run_dirs, args.mode, args.new_id)
     if args.mode == "offline":
         print(f"rebuilt {len(args.run_dirs)} run director{'y' if len(args.run_dirs) == 1 else 'ies'} into "

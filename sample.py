@@ -11,6 +11,11 @@ Tokens stream to stdout as they are generated; notices and speed go to stderr.
 
 from __future__ import annotations
 
+from common.startup import guard_start_up, start_up_over
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import codecs
 import math
 import sys
@@ -155,6 +160,7 @@ def run(cfg: SampleConfig) -> list[str]:
         notice(f"kernel={kernel.name}: compiling the kernel for this length (first call only: 18 s on a 2-core CPU, "
                f"5 s once torch's compile cache holds it; docs/attention.md)"
                f"{'' if cfg.use_cache else ', and once more for the next length'}")
+    start_up_over()  # the tokens begin
     if cfg.num_samples > 1:
         print(f"--- sample 1/{cfg.num_samples} ---", flush=True)
     print(prefix, end="", flush=True)  # the first sample streams; the others are printed when all are done

@@ -10,6 +10,11 @@
 
 from __future__ import annotations
 
+from common.startup import guard_start_up
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 import contextlib
 import importlib.util
 import itertools
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,17 +34,17 @@ from hydra.errors import OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from cli import refuse_renamed_options, user_errors
+from cli import refuse_renamed_options, set_by, user_errors
 from cli.console import to_the_terminal
-from common.run_files import RUN_INFO, remove_husk
-from model.config import LABEL_AXES, attention_label, label_grammar
+from common.run_files import OWNER, RUN_INFO, remove_husk
+from model.config import LABEL_AXES, label_grammar
 from training import slurm
 from training.config import TrainConfig  # noqa: F401  (registers the config schema with Hydra)
 from training.continuation import STOP_AT_STEP, continue_command
 from training.distributed import from_environment, relaunch_prefix
 from training.loop import RunFailed, train
 from training.plan import plan_variants
-from training.run_log import data_part
+from training.run_log import run_label
 
 USAGE = "python train.py [group=option ...] [key=value ...]; python train.py --help lists them"
 RENAMED = {
@@ -91,12 +97,13 @@ def _sweep_command_line(multirun_yaml: str, mtime_ns: int) -> tuple[str, ...]:
     return _SWEEP_COMMAND_LINES[key]
 
 
-# Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash, -rope; the groups score_mods,
-# kv_cache, length_variant, schedule and mixing set its axes); the others join a run's name.
+# Swept keys that a run's directory already spells (run_label: attention_label's -kv2, -window64, sdpa_flash, -rope,
+# whose axes the groups score_mods, kv_cache, length_variant, schedule and mixing set; then the data); the others
+# join its name.
 IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant", "schedule", "mixing",
                 "model.attention", "model.kernel", "model.sdpa_backend",
-                *(f"model.{axis}" for axis in LABEL_AXES))  # fmt: skip
-NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name", "data", "data.name", "data.path")  # a run name says these
+                *(f"model.{axis}" for axis in LABEL_AXES), "data", "data.name", "data.path")  # fmt: skip
+NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name")  # a run name says these too
 
 
 # The config groups whose options may set a schedule of layers, in the order configs/train.yaml's defaults list
@@ -145,35 +152,36 @@ def swept_suffix(hydra_cfg, named: tuple[str, ...]) -> str:
     return "".join(f"-{k}={job[k].replace('/', '_')}" for k in swept_keys(hydra_cfg) if k in job and k not in named)
 
 
-def swept_label(model, hydra_cfg) -> str:
-    """attention_label, spelling the key/value heads and window wherever the sweep varies them (``-kv4`` too)."""
+def swept_axes(hydra_cfg) -> list[str]:
+    """The label's axes spelled at their default too: those the sweep varies (the key/value heads, ``-kv4``)."""
     swept = swept_keys(hydra_cfg)
-    show = [axis for axis in LABEL_AXES if f"model.{axis}" in swept or (axis == "n_kv_head" and "kv_cache" in swept)]
-    return attention_label(model, show=show)
+    return [axis for axis in LABEL_AXES if f"model.{axis}" in swept or (axis == "n_kv_head" and "kv_cache" in swept)]
 
 
 def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
-    """``<label>-<model>`` (and the data, where it is not the default corpus) and this job's values of the other
-    swept keys: ``wrapper-sdpa-kv4-nano``, ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default
-    name already says it all."""
-    model, data = OmegaConf.to_container(cfg.model, resolve=True), data_part(cfg.data)
-    named = f"{cfg.model.name}-{data}" if data else cfg.model.name
-    name = f"{swept_label(model, hydra_cfg)}-{named}{swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)}"
-    return None if name == f"{attention_label(model)}-{named}" else name
+    """The run's label with the model (run_label: how it attends, the model, the data where it is not the default
+    corpus) and this job's values of the other swept keys: ``wrapper-sdpa-kv4-nano``,
+    ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default name already says it all."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    label = run_label(model, cfg.data, swept_axes(hydra_cfg), cfg.model.name)
+    name = label + swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)
+    return None if name == run_label(model, cfg.data, model_name=cfg.model.name) else name
 
 
-def run_dir_name(model: DictConfig) -> str:
-    """The run directory's name after its time or job number (configs/train.yaml): the run's label, and in a
-    multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
+def run_dir_name(model: DictConfig, data: DictConfig) -> str:
+    """The run directory's name after its time or job number (configs/train.yaml): the run's label as its name
+    spells it, less the model (run_label: ``fused_qkv-sdpa``, ``fused_qkv-sdpa-my_notes`` on your own file), and
+    in a multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
     with user_errors(USAGE):  # Hydra resolves this before main: a share of the context that rounds down to nothing
         model = OmegaConf.to_container(model, resolve=True)
+    data = SimpleNamespace(name=data.name, path=None if OmegaConf.is_missing(data, "path") else data.path)
     try:
         hydra_cfg = HydraConfig.get()
     except ValueError:  # the config printed outside a run (--cfg hydra): no sweep to read
-        return attention_label(model)
+        return run_label(model, data)
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        return attention_label(model)
-    return swept_label(model, hydra_cfg) + swept_suffix(hydra_cfg, IN_THE_LABEL)
+        return run_label(model, data)
+    return run_label(model, data, swept_axes(hydra_cfg)) + swept_suffix(hydra_cfg, IN_THE_LABEL)
 
 
 OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)
@@ -190,21 +198,22 @@ def main(cfg: DictConfig) -> float | None:
 
 
 HYDRAS_OWN = {".hydra", "train.log"}  # what Hydra writes into a job's folder before the job starts
+NO_RUN = {*HYDRAS_OWN, OWNER}  # and a run that claimed it, then stopped before its run.json (Ctrl-C as it started)
 
 
 @contextlib.contextmanager
 def no_husk_left(output_dir: Path, cfg: DictConfig):
-    """A command that ends without a run (refused, a plan, a sweep preset without -m) removes the folder Hydra
-    made for it, and the folders above it that this leaves empty (inside the working directory): they would later
-    look like a run. Kept: a folder holding anything a run writes, and Hydra's folder (its train.log) of a command
-    whose run is elsewhere (trainer.run_dir), found there."""
+    """A command that ends without a run (refused, a plan, a sweep preset without -m, stopped as it started)
+    removes the folder Hydra made for it, and the folders above it that this leaves empty (inside the working
+    directory): they would later look like a run. Kept: a folder holding anything a run writes, and Hydra's folder
+    (its train.log) of a command whose run is elsewhere (trainer.run_dir), found there."""
     try:
         yield
     finally:
         run_dir = cfg.trainer.run_dir  # set by run_command unless the command was refused before
         ran = not cfg.trainer.plan and run_dir is not None and (Path(run_dir) / RUN_INFO).exists()
         if from_environment().is_main and not ran:
-            remove_husk(output_dir, HYDRAS_OWN)
+            remove_husk(output_dir, NO_RUN)
 
 
 def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
@@ -224,7 +233,8 @@ def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
     if cfg.logger.preset is None:
         cfg.logger.preset = schedule_preset(hydra_cfg.runtime.choices, cfg.model.layer_pattern)
     with errors_for_the_launcher():
-        with user_errors(USAGE):
+        typed = list(hydra_cfg.overrides.task)
+        with user_errors(USAGE, as_typed=lambda message: set_by(message, typed, "train")):
             try:
                 summary = train(cfg)
             except RunFailed as err:

@@ -7,12 +7,13 @@ import contextlib
 import difflib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue, OmegaConfBaseException
 
-from cli.overrides import check_overrides  # noqa: F401  (re-exported: every script's first check)
+from cli.overrides import check_overrides, set_by  # noqa: F401  (re-exported: every script's first check)
+from common.startup import StartupInterrupted, interruption
 
 
 def refuse_renamed_options(renamed: dict[str, str], argv: list[str] | None = None) -> None:
@@ -111,16 +112,17 @@ def _resolver_refusal(err: BaseException) -> ValueError | None:
 
 
 @contextlib.contextmanager
-def user_errors(usage: str) -> Iterator[None]:
+def user_errors(usage: str, as_typed: Callable[[str], str] | None = None) -> Iterator[None]:
     """Turn the errors a user can fix (a bad or missing option, a missing file) into one line on stderr.
 
     Only errors headlab raised itself, with their fix in the message; anything from deep inside a
     library keeps its traceback, and ``HYDRA_FULL_ERROR=1`` keeps every traceback, as for Hydra's own.
+    ``as_typed`` words the line in the options the command typed (``set_by``: which of them set the one named).
     """
     try:
         yield
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM where headlab stops cleanly (data preparation)
-        if not str(err):
+        if not str(err) or isinstance(err, StartupInterrupted):  # the start-up guard says it as the process ends
             raise
         sys.exit(f"interrupted: {err}")
     except MissingMandatoryValue as err:
@@ -133,9 +135,12 @@ def user_errors(usage: str) -> Iterator[None]:
             raise
         sys.exit("error: " + " ".join(str(cause).split()))
     except (ValueError, OSError, RuntimeError) as err:
+        if interruption() is not None:  # raised by a library that a stop signal interrupted as the script started
+            raise interruption() from err
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or not _raised_by_headlab(err):
             raise
-        sys.exit("error: " + " ".join(str(err).split()))  # one line
+        message = " ".join(str(err).split())  # one line
+        sys.exit("error: " + (as_typed(message) if as_typed else message))
 
 
 def check_at_least(option: str, value, low, hint: str = "") -> None:

@@ -8,6 +8,7 @@ import contextlib
 import difflib
 import io
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -50,6 +51,34 @@ def check_overrides(config_name: str, command: str, argv: list[str] | None = Non
     for _, unreadable in parsed_args:  # the key is right (checked first: promt=f(x) is a typo of the key)
         if unreadable:
             sys.exit(unreadable)
+
+
+def set_by(message: str, overrides: list[str], config_name: str) -> str:
+    """``message``, an error that begins with an option the command did not type (``trainer.device=cuda but no
+    CUDA GPU is visible``), saying which option it typed set it: ``trainer.device=cuda (set by trainer=gpu) but
+    ...``. Each group it chose (``trainer=gpu``, ``experiment=...``) is left out of the config in turn: the one
+    whose absence changes the value set it. Unchanged where the option was typed, or came from the defaults.
+    Called inside the script's Hydra run (where ``compose`` reads its config), on the way to an error only."""
+    from hydra import compose
+
+    typed = re.match(r"([A-Za-z_][\w.]*)=(\S+?)(?=[\s,;:)]|$)", message)
+    if typed is None:
+        return message
+    key = typed.group(1)
+    keys = [o.partition("=")[0].lstrip("+~") for o in overrides]
+    if key in keys:
+        return message
+    try:
+        value = OmegaConf.select(compose(config_name, overrides=overrides), key)
+        for override, typed_key in zip(overrides, keys):
+            if "." in typed_key or "=" not in override:  # a value, not a group's choice: it sets only itself
+                continue
+            without = [o for o in overrides if o != override]
+            if OmegaConf.select(compose(config_name, overrides=without), key) != value:
+                return message.replace(typed.group(0), f"{typed.group(0)} (set by {override})", 1)
+    except Exception:  # noqa: BLE001  (the config cannot be composed again here: the error as it was, never another)
+        return message
+    return message
 
 
 def _parse_override(arg: str, config_name: str, command: str):

@@ -51,26 +51,28 @@ def _machine_busy_ticks() -> int | None:
     return user + nice + system + irq + softirq + steal
 
 
-def _own_ticks() -> int | None:
-    """This process's CPU time (every thread, user and system), in clock ticks."""
+def _own_ticks(children: bool = False) -> int | None:
+    """This process's CPU time (every thread, user and system), in clock ticks; with ``children``, that of the
+    child processes it has waited for too (a script whose work is its children's: gpu_story.py's stages)."""
     try:
         fields = _SELF.read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    own = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return own + (int(fields[13]) + int(fields[14]) if children else 0)  # cutime, cstime (16 and 17)
 
 
 class OthersLoad:
     """Cores used by other processes between readings: ``since_last()`` is their average since the previous
     reading (or the start), ``since_start()`` over the whole span; None where the system does not say (not
-    Linux)."""
+    Linux). With ``children``, the child processes this one has waited for are not others."""
 
-    def __init__(self) -> None:
+    def __init__(self, children: bool = False) -> None:
+        self.children = children
         self.start = self.last = self._sample()
 
-    @staticmethod
-    def _sample() -> tuple[float, int, int] | None:
-        machine, own = _machine_busy_ticks(), _own_ticks()
+    def _sample(self) -> tuple[float, int, int] | None:
+        machine, own = _machine_busy_ticks(), _own_ticks(self.children)
         return None if machine is None or own is None else (time.monotonic(), machine, own)
 
     @staticmethod

@@ -6,7 +6,7 @@ A run directory (``train.py``'s output) holds::
     metrics.jsonl   one JSON record per step or evaluation, appended (METRICS)
     last.pt         the latest checkpoint; best.pt the best evaluation's (LAST, BEST)
     failure.json    why the run could not finish, e.g. out of memory (FAILURE)
-    samples.txt     text generated at the end (SAMPLES)
+    samples.txt     text generated at the end, under a ``--- step N ---`` line (SAMPLES: sample_entry, read_samples)
     train.log       Hydra's copy of the console, named after train.py (TRAIN_LOG)
     profile/        trainer.profile=true (PROFILE), holding:
       time_by_kind.json   milliseconds per step by kind of work (PROFILE_SUMMARY)
@@ -26,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -103,6 +104,28 @@ def remove_husk(folder: Path, only: set[str]) -> None:
             parent.rmdir()
         except OSError:  # it holds other runs
             break
+
+
+def sample_entry(step: int, text: str) -> str:
+    """What samples.txt holds of one sample: its step's line, then the text."""
+    return f"--- step {step} ---\n{text}\n"
+
+
+def read_samples(run_dir: Path) -> dict[int, str]:
+    """samples.txt's texts by step (a run continued in place samples again at its new last step); {} if none."""
+    path = run_dir / SAMPLES
+    if not path.exists():
+        return {}
+    samples: dict[int, str] = {}
+    step = None
+    for line in path.read_text().splitlines(keepends=True):
+        head = re.fullmatch(r"--- step (\d+) ---\n", line)
+        if head:
+            step = int(head.group(1))
+            samples[step] = ""
+        elif step is not None:
+            samples[step] += line
+    return {step: text.removesuffix("\n") for step, text in samples.items()}
 
 
 def read_json(path: Path) -> dict | None:

@@ -8,6 +8,11 @@ with network access).
 
 from __future__ import annotations
 
+from common.startup import guard_start_up
+
+if __name__ == "__main__":
+    guard_start_up()  # first: Ctrl-C or SIGTERM during the imports below (torch: seconds) is one line
+
 from dataclasses import dataclass, field
 
 import hydra

@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from common.run_files import TMP_MARK, folder_lock, remove_leftovers, temporary_name
 from data.config import DataConfig, data_cache_dir
-from data.sources import check_source, load_documents, source_identity
-from data.tokenizers import Tokenizer, get_tokenizer
+from data.sources import DownloadFailed, check_source, fetch_source, load_documents, source_identity
+from data.tokenizers import Tokenizer, TokenizerUnavailable, get_tokenizer
 
 log = logging.getLogger("headlab.data")
 
@@ -71,6 +71,25 @@ def prepared_dir(cfg: DataConfig, tokenizer: Tokenizer, settings: dict | None = 
     return data_cache_dir(cfg) / f"{cfg.name}-{tokenizer.name}-{digest}"
 
 
+def data_tokenizer(cfg: DataConfig) -> Tokenizer:
+    """``cfg``'s tokenizer. Offline, where its rank file cannot be downloaded, the source's text is fetched too
+    (a URL's, kept): where that fails as well, one error names both downloads and the one fix that needs neither.
+    The tokenizer's own fix (``data.tokenizer=bytes``) would lead straight to the source's error."""
+    try:
+        return get_tokenizer(cfg.tokenizer)
+    except TokenizerUnavailable as tokenizer_err:
+        try:
+            fetch_source(cfg)
+        except DownloadFailed as err:
+            raise RuntimeError(
+                f"data={cfg.name} needs two downloads and neither could be made: its text (data.url={err.url!r}: "
+                f"{err.reason}) and the rank file of tokenizer {tokenizer_err.name!r} ({tokenizer_err.reason}); run "
+                f"once with network access (both are kept), or, offline, download the file yourself and use "
+                f"data.source=files data.path=<the file> data.tokenizer=bytes"
+            ) from tokenizer_err
+        raise
+
+
 def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
     """Prepare (or reuse) the token files of ``cfg``; returns their directory."""
     return prepare_or_reuse(cfg, tokenizer)[0]
@@ -79,7 +98,7 @@ def prepare(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> Path:
 def prepare_or_reuse(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> tuple[Path, bool]:
     """The directory of ``cfg``'s token files, and whether this call prepared them (False: they were there)."""
     check_source(cfg)  # a wrong data.path is named before a tokenizer's download can fail
-    tokenizer = tokenizer or get_tokenizer(cfg.tokenizer)
+    tokenizer = tokenizer or data_tokenizer(cfg)
     settings = settings_of(cfg, tokenizer)  # stats the source files once
     target = prepared_dir(cfg, tokenizer, settings)
     if (target / "meta.json").exists():

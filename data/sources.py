@@ -225,6 +225,22 @@ def _only_text(ds, column: str):
     return ds.remove_columns(extra) if extra else ds
 
 
+class DownloadFailed(RuntimeError):
+    """A URL's text could not be downloaded (offline): ``url``, and why (``reason``)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url, self.reason = url, reason
+        super().__init__(f"could not download data.url={url!r} ({reason}); check the network, or download the file "
+                         f"yourself and use data.source=files data.path=<the file>")  # fmt: skip
+
+
+def fetch_source(cfg: DataConfig) -> None:
+    """Download what the source reads from the network and is not in the cache yet: a URL's text (kept, so that
+    preparing reads it there)."""
+    if cfg.source == "url":
+        download(cfg.url, data_cache_dir(cfg))
+
+
 def download(url: str, cache_dir: Path) -> str:
     """Fetch a URL once into ``cache_dir/downloads`` (atomically); later calls reuse the file."""
     folder = cache_dir / "downloads"
@@ -243,9 +259,6 @@ def download(url: str, cache_dir: Path) -> str:
                     bar.update(len(chunk))
     except (urllib.error.URLError, OSError) as err:
         partial.unlink(missing_ok=True)
-        raise RuntimeError(
-            f"could not download data.url={url!r} ({err}); check the network, or download the file "
-            f"yourself and use data.source=files data.path=<the file>"
-        ) from err
+        raise DownloadFailed(url, str(err)) from err
     os.replace(partial, target)
     return str(target)

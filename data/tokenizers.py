@@ -25,6 +25,18 @@ def _bytes_encoding() -> tiktoken.Encoding:
     )
 
 
+class TokenizerUnavailable(RuntimeError):
+    """A tokenizer whose rank file tiktoken could not download (offline): ``name``, and why (``reason``)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(
+            f"tokenizer {name!r} needs its rank file, which tiktoken downloads once (it could not: {reason}); run "
+            f"once with network access, or set TIKTOKEN_CACHE_DIR to a folder holding the rank file (it looked in "
+            f"{tiktoken_cache_dir()}); offline, data.tokenizer=bytes needs no download"
+        )
+
+
 def _downloaded(name: str, encoding: str | None = None):
     """A tiktoken encoding by name; ``encoding`` loads another tiktoken encoding with the same tokens."""
 
@@ -32,12 +44,7 @@ def _downloaded(name: str, encoding: str | None = None):
         try:
             return tiktoken.get_encoding(encoding or name)
         except Exception as err:  # requests/urllib errors when the rank file cannot be fetched
-            raise RuntimeError(
-                f"tokenizer {name!r} needs its rank file, which tiktoken downloads once (it could not: "
-                f"{type(err).__name__}); run once with network access, or set TIKTOKEN_CACHE_DIR to a folder "
-                f"holding the rank file (it looked in {tiktoken_cache_dir()}); offline, data.tokenizer=bytes "
-                f"needs no download"
-            ) from err
+            raise TokenizerUnavailable(name, type(err).__name__) from err
 
     return load
 

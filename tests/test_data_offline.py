@@ -8,7 +8,9 @@ import os
 
 import pytest
 from helpers import TINY, compose_train, run_cli, run_script, write_text_corpus
+from omegaconf import OmegaConf
 
+from data.prepare import prepare
 from data.tokenizers import get_tokenizer
 
 TEXT = "document {i}: the quick brown fox jumps over the lazy dog, again and again.\n" * 20
@@ -67,3 +69,41 @@ def test_the_tokenizer_error_names_the_cache_folder_tiktoken_looked_in(tmp_path,
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "ranks"))
     with pytest.raises(RuntimeError, match=f"it looked in {tmp_path / 'ranks'}"):
         get_tokenizer("o200k_base")
+
+
+# Tiny Shakespeare's text from a URL that refuses at once, as no network does: the discard port of this machine.
+UNREACHABLE_URL = "http://127.0.0.1:9/tinyshakespeare/input.txt"
+FIX = "data.source=files data.path=<the file> data.tokenizer=bytes"
+
+
+def test_tiny_shakespeare_offline_gives_the_one_fix_that_works(tmp_path):
+    """data=tinyshakespeare downloads its text and GPT-2's ranks: offline neither comes. The error names both, and
+    its fix needs neither (the tokenizer's fix alone, data.tokenizer=bytes, led straight to the download's error)."""
+    options = ("data=tinyshakespeare", f"data.url={UNREACHABLE_URL}", f"data.cache_dir={tmp_path / 'cache'}")
+    with pytest.raises(RuntimeError) as err:
+        prepare(OmegaConf.to_object(compose_train(*options).data))
+    said = str(err.value)
+    assert said.startswith(f"data=tinyshakespeare needs two downloads and neither could be made: its text "
+                           f"(data.url='{UNREACHABLE_URL}': ") and "the rank file of tokenizer 'gpt2'" in said, said
+    assert said.endswith(f"offline, download the file yourself and use {FIX}"), said
+    (tmp_path / "input.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400)
+    fixed = FIX.replace("<the file>", str(tmp_path / "input.txt")).split()
+    meta = json.loads((prepare(OmegaConf.to_object(compose_train(*options, *fixed).data)) / "meta.json").read_text())
+    assert meta["tokenizer"] == "bytes"
+
+
+@pytest.mark.slow
+def test_tiny_shakespeare_offline_gives_the_one_fix_that_works_on_the_command_line(tmp_path):
+    """The same, as a user runs it: python -m data, its one line, then the line's fix."""
+    env, cache, url = user_env(tmp_path), f"data.cache_dir={tmp_path / 'cache'}", UNREACHABLE_URL
+    result = run_script("-m data", "data=tinyshakespeare", f"data.url={url}", cache, env=env)
+    assert result.returncode != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: data=tinyshakespeare needs two downloads and neither could be made: its text "
+                           f"(data.url='{url}': ") and "the rank file of tokenizer 'gpt2'" in line, line  # fmt: skip
+    assert line.endswith(f"offline, download the file yourself and use {FIX}"), line
+    (tmp_path / "input.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 400)
+    fixed = FIX.replace("<the file>", str(tmp_path / "input.txt")).split()
+    result = run_script("-m data", "data=tinyshakespeare", f"data.url={url}", cache, *fixed, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("prepared: ") and "(bytes, uint16)" in result.stdout

@@ -122,16 +122,19 @@ def test_a_larger_budget_extends_a_finished_run_alike_in_place_and_in_a_new_dire
 
 
 @pytest.mark.slow
-def test_a_continued_offline_wandb_run_names_rebuild_wandb_and_its_config_keeps_no_status(tmp_path, data_cache,
-                                                                                          log_lines):  # fmt: skip
+def test_a_continued_offline_wandb_run_names_rebuild_wandb_not_wandb_sync_and_its_config_keeps_no_status(
+        tmp_path, data_cache, log_lines, capfd):  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"
     common = ("logger.mode=offline", "trainer.max_steps=12")
     train(tiny(first, data_cache, *common, "trainer.stop_at_step=4"))
     # A run without earlier segments names no rebuild (once a test of its own, with a run of its own).
     assert not any("rebuild_wandb" in line for line in log_lines()), "one segment: nothing to rebuild"
+    assert "You can sync this run to the cloud by running:" in "".join(capfd.readouterr()), "one segment: wandb sync"
     train(tiny(first, data_cache, *common, "trainer.stop_at_step=8", "trainer.resume=auto"))
     hint = "upload its whole history with: python rebuild_wandb.py {}, then wandb sync <the folder it prints>"
     assert any(hint.format(first) in line for line in log_lines())
+    said = "".join(capfd.readouterr())
+    assert "wandb sync" not in said, "wandb's own wandb sync line (one segment over the other) is not said above it"
     train(tiny(second, data_cache, *common, f"trainer.resume={first}"))
     assert any(hint.format(f"{first} {second}") in line for line in log_lines())
     assert run_info(second)["continues"] == [str(first)]

@@ -4,10 +4,11 @@ its own, its output read into one table of checks with verdicts, written where d
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
-from helpers import run_script
+from helpers import run_script, user_env
 
 
 @pytest.mark.slow
@@ -38,3 +39,55 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     assert "| stage | check | measured | goal | verdict |" in table and "--quick" in table
     assert not list((out / "sweep" / "sweep").glob("*/*.pt")), "the sweep's checkpoints are not the story"
     assert result.stdout.rstrip().endswith("(gpu_story.md, gpu_story.json, each stage's output)")
+
+
+def test_a_story_that_measured_nothing_says_why_and_what_to_change_and_fails(tmp_path):
+    """Out of time before any stage measured (a busy CPU killed every stage at its share): not a table of NOT RUN
+    and exit 0 after the whole budget, but one line naming --budget and a quieter machine, and exit 1."""
+    out = tmp_path / "story"
+    result = run_script("gpu_story.py", "--quick", "--device", "cpu", "--budget", "0.5", "--stages", "step", "loss",
+                        "--out", str(out), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: nothing was measured (step: no time left of --budget 0.5 s; loss: "), line
+    assert "step, loss ran out of --budget 0.5 s" in line and line.endswith("give it more time (--budget 1)"), line
+    checks = json.loads((out / "gpu_story.json").read_text())["checks"]
+    assert [c["verdict"] for c in checks] == ["NOT RUN", "NOT RUN"], "the table is written all the same"
+
+
+def test_a_stage_killed_at_its_share_of_the_budget_keeps_its_output_as_text(tmp_path):
+    """subprocess gives a killed process's output as bytes even with text=True: its log is that text, not a
+    Python bytes literal."""
+    import gpu_story
+
+    printing = [sys.executable, "-S", "-c", "import time; print('halfway there', flush=True); time.sleep(60)"]
+    stage = gpu_story.Stage("stalled", 1.0, lambda args, out: printing, lambda args, out: [])
+    (check,) = gpu_story.run_stage(stage, gpu_story.parse_args([]), tmp_path, seconds=2)
+    assert check.verdict == "NOT RUN" and check.measured == "still running after 2 s: killed"
+    assert (tmp_path / "stalled" / "output.log").read_text() == "halfway there\n"
+
+
+def test_a_stage_error_is_said_in_this_scripts_options():
+    """The data's offline error (GPT-2's ranks cannot be fetched; the suite's tiktoken cache is empty) offers its
+    offline tokenizer as gpu_story.py spells it: --tokenizer bytes, not data.tokenizer=bytes, which it refuses."""
+    import gpu_story
+    from data.tokenizers import get_tokenizer
+
+    with pytest.raises(RuntimeError) as err:
+        get_tokenizer("gpt2")
+    said = gpu_story.last_line(f"some progress\nerror: {err.value}")
+    assert said.startswith("tokenizer 'gpt2' needs its rank file") and "data.tokenizer" not in said, said
+    assert said.endswith("offline, --tokenizer bytes needs no download"), said
+    assert gpu_story.parse_args(["--tokenizer", "bytes"]).tokenizer == "bytes", "the option it names is this script's"
+
+
+@pytest.mark.slow
+def test_a_data_preparation_error_names_this_scripts_option_not_train_pys(tmp_path):
+    """The same, end to end: gpu_story.py prepares its data with python -m data, offline."""
+    result = run_script("gpu_story.py", "--device", "cpu", "--stages", "plain", "--out", str(tmp_path / "story"),
+                        cwd=tmp_path, env=user_env(TIKTOKEN_CACHE_DIR=str(tmp_path / "empty")))  # fmt: skip
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: preparing the sweep's data (--data pystdlib --tokenizer gpt2) failed: tokenizer "
+                           "'gpt2' needs its rank file"), line
+    assert line.endswith("offline, --tokenizer bytes needs no download") and "data.tokenizer" not in line, line

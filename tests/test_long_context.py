@@ -170,6 +170,25 @@ def test_evaluate_writes_the_loss_at_each_length_and_position_over_one_stretch_o
     assert "loss by position, the mean over each span of 32 positions" in out
 
 
+def test_evaluate_says_which_of_its_two_losses_at_the_trained_length_is_which(rope_run, data_cache, capsys):
+    """val/loss (training's windows, spread over the split) and the length table's 1x row (the first windows x the
+    longest length tokens) are two losses at the trained length: the console says which text each reads."""
+    data = DataConfig(cache_dir=str(data_cache))
+    result = evaluate.run(evaluate.EvaluateConfig(source=str(rope_run), device="cpu", lengths=["1x", "2x"],
+                                                  data=data, out=str(rope_run / "two-losses.json")))  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    trained = result["lengths"][0]
+    assert trained["length"] == 32 and trained["loss"] != pytest.approx(result["val/loss"]), "two losses at 32"
+    assert lines[0].startswith(f"val/loss {result['val/loss']:.4f}  val/bpb {result['val/bpb']:.4f}  (")
+    assert "8 windows of 32 tokens spread over the validation split of data=pystdlib, as training measures " \
+           "val/loss)" in lines[0], lines[0]  # fmt: skip
+    assert lines[1] == ("by length: every length reads the same first 512 tokens of the validation split (8 windows x "
+                        "the longest length, 64); its loss at 32 tokens (1x) is over that stretch, not over "
+                        "val/loss's windows above:"), lines[1]  # fmt: skip
+    assert lines[2].startswith("| length |")
+    assert lines[4].startswith(f"| 32 | 1x | chunks | ring | none | {trained['loss']:.4f} |"), lines[4]
+
+
 def test_evaluate_scores_retrieval_at_each_length_and_depth_in_its_json_table_and_heatmap(rope_run, data_cache,
                                                                                           capsys):  # fmt: skip
     from data.retrieval import QUERIES, examples

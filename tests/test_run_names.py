@@ -7,9 +7,11 @@ import csv
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
-from helpers import TINY, as_if_quiet, compose_train, run_cli
+from helpers import CONFIGS, TINY, as_if_quiet, compose_train, run_cli
+from omegaconf import OmegaConf
 
 import compare
 from analysis.plots import throughput_figure, val_loss_figure
@@ -144,3 +146,38 @@ def test_a_run_on_other_data_says_its_data_in_its_name(tmp_path, data_cache):
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=2", "data=files", f"data.path={notes}",
                         f"trainer.run_dir={run}", f"data.cache_dir={tmp_path / 'cache'}"))  # fmt: skip
     assert json.loads((run / "run.json").read_text())["name"] == "fused_qkv-sdpa-nano-notes"
+
+
+
+@pytest.mark.parametrize(("overrides", "folder", "name"), [
+    ((), "fused_qkv-sdpa", "fused_qkv-sdpa-nano"),
+    (("data=files", "data.path=/home/me/my notes.txt"), "fused_qkv-sdpa-my_notes", "fused_qkv-sdpa-nano-my_notes"),
+    (("data=tinyshakespeare",), "fused_qkv-sdpa-tinyshakespeare", "fused_qkv-sdpa-nano-tinyshakespeare"),
+    (("model.n_kv_head=2", "data=hub", "data.path=HuggingFaceFW/fineweb-edu"), "fused_qkv-sdpa-kv2-fineweb-edu",
+     "fused_qkv-sdpa-kv2-nano-fineweb-edu"),
+])  # fmt: skip
+def test_a_run_directory_says_what_the_run_name_says_but_the_model(overrides, folder, name):
+    """One label makes both (training/run_log.py's run_label): a run on your own data carries it in its folder as in
+    its name, runs/<date>/<time>_fused_qkv-sdpa-my_notes holding the run fused_qkv-sdpa-nano-my_notes."""
+    from hydra import compose, initialize_config_dir
+
+    import train  # noqa: F401  (registers the run_dir_name resolver that configs/train.yaml names)
+    from training.run_log import run_name
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    assert Path(cfg.hydra.run.dir).name.split("_", 1)[1] == folder
+    assert run_name(OmegaConf.to_object(compose_train(*overrides))) == name
+
+
+@pytest.mark.slow
+def test_a_sweep_over_your_own_files_names_each_directory_by_its_file(tmp_path_factory, data_cache):
+    texts = tmp_path_factory.mktemp("texts")
+    for stem in ("essays", "letters"):
+        (texts / f"{stem}.txt").write_text(f"{stem}: the quick brown fox jumps over the lazy dog. " * 400)
+    sweep = multirun(tmp_path_factory, data_cache, "files", "trainer.max_steps=2", "data=files",
+                     f"data.path={texts / 'essays.txt'},{texts / 'letters.txt'}")  # fmt: skip
+    dirs = run_dirs(sweep)
+    assert [p.name for p in dirs] == ["0_fused_qkv-sdpa-essays", "1_fused_qkv-sdpa-letters"]
+    assert [json.loads((p / "run.json").read_text())["name"] for p in dirs] == [
+        "fused_qkv-sdpa-nano-essays", "fused_qkv-sdpa-nano-letters"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import CONFIGS, TINY, compose_train, run_cli
+from helpers import CONFIGS, TINY, compose_train, run_cli, user_env
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
@@ -120,6 +120,34 @@ def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="trainer.device=cuda but no CUDA GPU is visible.*trainer.device=cpu"):
         train(cfg)
     assert not (tmp_path / "cache").exists(), "no data was prepared"
+
+
+@pytest.mark.slow
+def test_trainer_gpu_without_a_gpu_is_refused_in_the_words_the_command_typed(tmp_path):
+    """trainer=gpu on a CPU: the refusal names trainer=gpu, which set trainer.device=cuda (the user never typed)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = run_cli("trainer=gpu", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, env=user_env())
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith("error: trainer.device=cuda (set by trainer=gpu) but no CUDA GPU "
+                                                     "is visible"), result.stderr[-2000:]  # fmt: skip
+
+
+@pytest.mark.parametrize(("typed", "said"), [
+    (["trainer=gpu"], "trainer.device=cuda (set by trainer=gpu) but ..."),
+    (["experiment=gpt2_small", "logger=none"], "trainer.device=cuda (set by experiment=gpt2_small) but ..."),
+    (["trainer=gpu", "trainer.device=cuda"], "trainer.device=cuda but ..."),  # typed: as typed
+    (["logger=none"], "trainer.device=cuda but ..."),  # no choice typed sets it (here: not even the config)
+])  # fmt: skip
+def test_an_error_names_the_typed_choice_that_set_the_option_it_names(typed, said):
+    from hydra import initialize_config_dir
+
+    from cli import set_by
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        assert set_by("trainer.device=cuda but ...", typed, "train") == said
 
 
 def test_block_size_longer_than_the_data_allows_is_refused(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -61,6 +62,19 @@ def test_rebuilding_the_wandb_history_from_metrics_gives_the_same_values_step_fo
                 assert steps[record["step"]][key] == pytest.approx(value, rel=1e-12), (record["step"], key)
     (run,) = [r.run for r in read_complete(rebuilt) if r.WhichOneof("record_type") == "run"]
     assert run.run_id == wandb_file(offline_run).stem.removeprefix("run-"), "the original run's id"
+
+
+def test_rebuilding_keeps_the_end_of_run_sample_as_its_table(offline_run):
+    """The training run logged its closing sample as a wandb table at its last step: the rebuilt run has it too."""
+    def tables(folder: Path) -> list[dict]:
+        return [json.loads(path.read_text()) for path in folder.glob("**/files/media/table/samples_*.table.json")]
+
+    (original,) = tables(offline_run / "wandb")
+    assert original["data"][0][0] == 20 and len(original["data"][0][1]) > 0
+    folder = rebuild_wandb.main([str(offline_run)])
+    (rebuilt,) = folder.glob("run-*.wandb")
+    assert history(rebuilt)[20]["samples/_type"] == "table-file", "logged at the step the run logged it"
+    assert tables(folder) == [original], "the same text"
 
 
 def test_a_resumed_run_rebuilds_as_one_history(tmp_path, data_cache):

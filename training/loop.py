@@ -28,8 +28,7 @@ from common.machine_load import cores
 from common.run_files import BEST, FAILURE, LAST, PROFILE, RUN_INFO, write_json
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
-from data.prepare import PreparationInterrupted, prepare
-from data.tokenizers import get_tokenizer
+from data.prepare import PreparationInterrupted, data_tokenizer, prepare
 from model import GPT
 from model.checkpoint import Checkpoint
 from model.compiling import compile_for_training, eager
@@ -70,7 +69,7 @@ def run(setup: RunSetup) -> dict:
     """Data (prepared on demand, before any process group exists), the process group, the run directory,
     then the steps. A run out of memory is recorded as failed in its directory."""
     config, dist, device = setup.config, setup.dist, setup.device
-    tokenizer = get_tokenizer(config.data.tokenizer)
+    tokenizer = data_tokenizer(config.data)  # offline, its error covers the source's download too
     model_config = for_tokenizer(config.model, tokenizer.vocab_size, tokenizer.eot_id)
     try:
         data = PreparedData(prepare(config.data, tokenizer))  # every rank; a file lock makes one of them prepare

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import socket
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common.run_files import (
@@ -20,6 +24,7 @@ from common.run_files import (
     read_json,
     remove_stale_checkpoints,
     rewrite_in_place,
+    sample_entry,
     write_json,
 )
 from common.wandb_mode import wandb_mode as common_wandb_mode
@@ -38,12 +43,15 @@ def run_name(cfg: TrainConfig) -> str:
     """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
     from the defaults), then the data where it is not the default corpus (``-tinyshakespeare``, ``-my_notes``
     for data.path=my_notes.txt), or the name train.py made (with a sweep's other overrides)."""
-    if cfg.logger.name:
-        return cfg.logger.name
-    how = attention_label(vars(cfg.model), sep="-").replace(", ", "-").replace(" kv heads", "kv").replace(
-        " kv head", "kv").replace("window ", "window")  # fmt: skip
-    data = data_part(cfg.data)
-    return f"{how}-{cfg.model.name}" + (f"-{data}" if data else "")
+    return cfg.logger.name or run_label(vars(cfg.model), cfg.data, model_name=cfg.model.name)
+
+
+def run_label(model: dict, data, show: tuple[str, ...] | list[str] = (), model_name: str | None = None) -> str:
+    """What a run's directory and its name both say of it, in this order: how it attends (``attention_label``,
+    spelling ``show``'s axes at their default too), the model (``model_name``: the name gives it, the directory
+    leaves it to its config), and the data where it is not the default corpus: the directory
+    ``fused_qkv-sdpa-my_notes``, the name ``fused_qkv-sdpa-nano-my_notes``."""
+    return "-".join(part for part in (attention_label(model, show=show), model_name, data_part(data)) if part)
 
 
 GENERIC_DATA = ("files", "hub")  # configs/data's names that say only where the text comes from
@@ -180,7 +188,7 @@ class RunLog:
     def sample(self, step: int, text: str) -> None:
         """Generated text: a ``samples.txt`` line in the run directory and a wandb Table."""
         with open(self.path.with_name(SAMPLES), "a") as f:
-            f.write(f"--- step {step} ---\n{text}\n")
+            f.write(sample_entry(step, text))
         if self.wandb_run is not None:
             import wandb
 
@@ -235,6 +243,25 @@ def segment(device_id: str, start: float, max_steps: int) -> dict:
             **({"slurm": slurm.job_facts()} if slurm.in_slurm_job() else {})}  # fmt: skip
 
 
+@contextlib.contextmanager
+def nothing_of_wandb_if_interrupted(run_dir: Path) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while wandb starts (the script's start-up: common/startup.py) keeps none of it: the folders
+    it made in ``run_dir`` go, and its exception hook (which would print the interruption's traceback above the
+    start-up's one line) gives way to the one before. Its exit handler never runs: the process ends by the signal."""
+    folder, hook = run_dir / "wandb", sys.excepthook
+    before = set(folder.iterdir()) if folder.is_dir() else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        sys.excepthook = hook
+        if before is None:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:  # a run continued in place: its earlier segments' wandb folders stay
+            for path in set(folder.iterdir()) - before:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink()
+        raise
+
+
 def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, wandb_id: str | None,
                  device_id: str, started: float) -> RunLog:  # fmt: skip
     """Write ``run.json`` (the resolved config, the facts reports need, status ``running`` and this process's
@@ -249,11 +276,15 @@ def open_run_log(cfg: TrainConfig, container: dict, run_dir: Path, facts: dict, 
 
         mode = wandb_mode(cfg.logger)
         tags = run_tags(cfg)
-        run = wandb.init(
-            project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
-            tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
-            resume="allow" if wandb_id else None, job_type="train",
-        )  # fmt: skip
+        # A continued offline run: wandb's closing lines would say to upload this segment alone with wandb sync, which
+        # replaces the first segment's history; the run's last words say how to upload it whole (rebuild_wandb.py).
+        quiet = wandb.Settings(quiet=True) if mode == "offline" and wandb_id else None
+        with nothing_of_wandb_if_interrupted(run_dir):
+            run = wandb.init(
+                project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group, name=info["name"],
+                tags=tags, config=wandb_config(info), dir=str(run_dir), mode=mode, id=wandb_id,
+                resume="allow" if wandb_id else None, job_type="train", settings=quiet,
+            )  # fmt: skip
         define_metrics(run)
         info = {**info, "wandb_id": run.id}  # for rebuild_wandb.py
     write_json(run_dir / RUN_INFO, info)

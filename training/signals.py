@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 
+from common.startup import StartupInterrupted, start_up_over
 from training import slurm
 
 log = logging.getLogger("headlab.train")
@@ -31,6 +32,10 @@ class StopSignals:
         self.requested, self.signal = True, name
 
     def __enter__(self) -> StopSignals:
+        try:
+            start_up_over()  # the script's start-up guard (common/startup.py) hands over
+        except StartupInterrupted as err:  # it came while starting and a library swallowed it: stop before a step
+            self.requested, self.signal = True, signal.Signals(err.signum).name
         signals = [signal.SIGINT, signal.SIGTERM]
         if slurm.in_slurm_job():
             signals.append(signal.SIGUSR2)  # the launcher's warning before the time limit (--signal=USR2@...)
