@@ -58,11 +58,18 @@ def test_the_fast_paths_claim_nothing_a_wrapped_ring_or_keys_in_order_contradict
 @pytest.mark.parametrize(("options", "expected"), [
     (dict(attention_chunk=5), 5),
     (dict(attention_chunk=5, window=3), 3),
-    (dict(attention_chunk=3, window=5), 3),
     (dict(attention_chunk=16), 16),  # the whole context: Llama 4's, cutting only past it
 ])  # fmt: skip
 def test_the_cache_keeps_a_chunk_at_most(options, expected):
     assert config(block_size=16, **options).cache_capacity == expected
+
+
+@pytest.mark.parametrize("window", [3, 5])
+def test_a_window_no_shorter_than_its_chunk_is_refused_as_cutting_nothing(window):
+    """A query sees at most its chunk's keys: a window of the chunk's length or more changes nothing (issue 60)."""
+    with pytest.raises(ValueError, match=rf"^model.window={window} cuts nothing inside model.attention_chunk=3: a "
+                                         rf"query sees at most the 3 keys of its chunk"):  # fmt: skip
+        config(block_size=16, attention_chunk=3, window=window)
 
 
 def test_a_chunk_of_its_own_in_each_kind_and_a_window_decode_past_every_wrap_of_their_rings():
