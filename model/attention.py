@@ -32,7 +32,7 @@ from model.masks import HeldKeys, Masks
 from model.masks import capacity as mask_capacity
 from model.masks import of_spec as masks_of
 from model.masks import options_set as masks_set
-from model.options import applied, check_applied, option_fields, spelled, takers
+from model.options import applied, check_applied, check_conflicts, option_fields, spelled, takers
 from model.positions import ROPE_SCALINGS, alibi_slopes
 from model.registry import ATTENTION_LAYOUTS, KERNELS, POSITIONS, SCORE_MODS, lookup, register
 from model.score_mods import GATES, ScoreMods, finite_number, on_the_scores
@@ -49,16 +49,18 @@ PROJECTIONS = ("query", "key", "value")
 
 
 def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
-           values: tuple = (), **needs):  # fmt: skip
+           values: tuple = (), conflicts: dict[str, str] | None = None, **needs):  # fmt: skip
     """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
     other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
     option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
     schedule's layer kind may set it for its layers (``model.config.LAYER_FIELDS``; not a model-wide setting: the
     rotary scaling a reading applies, dropout, a layout's own widths), and whether a run's label spells it
-    (``attention_label``: two runs that differ in it must not share a name; not dropout, a training setting)."""
+    (``attention_label``: two runs that differ in it must not share a name; not dropout, a training setting), and
+    the options it cannot coexist with, each with why (``conflicts``: refused in one line naming both, whichever is
+    set first; the pair walk, tests/test_option_pairs.py, holds every other pair to change the function)."""
     return field(default=default, metadata={"example": example, "values": values, "with": needs,
                                             "same_function": same_function, "per_layer": per_layer,
-                                            "labelled": labelled})  # fmt: skip
+                                            "labelled": labelled, "conflicts": conflicts or {}})  # fmt: skip
 
 
 TEMPERATURE_SCALE = 0.1  # Llama 4's attn_scale: how fast the queries' temperature grows with log(position)
@@ -181,6 +183,7 @@ class AttentionSpec:
         check_sparse(self)
         for mod in SCORE_MODS.values():
             mod.check(getattr(self, mod.field))
+        check_conflicts(self)
 
     def check_kernel_applies(self) -> None:
         """Refuse what this attention needs its kernel to apply (``kernel_effects``) and the kernel does not, naming
@@ -423,6 +426,27 @@ def on_dims(t: torch.Tensor, dims: slice, f) -> torch.Tensor:
     return torch.cat((t[..., :start], f(t[..., start:stop]), t[..., stop:]), dim=-1)
 
 
+# The options each stage of the pipeline applies (model.options): a layer that runs the pipeline applies all of them,
+# with its projection's own (``projection_options``), but for those its projection declares it cannot hold
+# (``cannot_hold``, with why). A new option goes in the stage that applies it, and every pipeline layer applies it
+# there (tests/test_pipeline.py proves each stage reaches every layer's output); a layer that runs no kernel states
+# its own ``applies``.
+STAGE_OPTIONS = {
+    "encodings": frozenset({"position", "qk_norm", "query_temperature"}),  # with the position encoding's own fields
+    "key selection": frozenset({"window", "attention_chunk", "document_masking", "sparse_topk", "indexer_heads",
+                                "indexer_dim"}),
+    "kernel": frozenset({"softcap", "sinks", "forget_gate", "dropout"}),
+    "combination": frozenset({"differential", "lambda_init"}),
+    "gate": frozenset({"gate"}),
+}  # fmt: skip
+# The plan's terms a layer states about itself (what it keeps for backward, computes, caches, carries): a layer takes
+# none from another registered layer (KDA once priced itself as Gated DeltaNet). A pipeline layer's memory and FLOPs
+# come from the widths its projection states; a layer that runs no kernel states them all.
+PIPELINE_TERMS = ("input_casts", "score_widths", "kv_width")
+OWN_FORM_TERMS = ("input_casts", "score_widths", "kv_width", "cache_width", "mixing_flops", "state_bytes",
+                  "activation_bytes")  # fmt: skip
+
+
 class MultiHeadAttention(nn.Module):
     """The one pipeline every softmax layer runs, from the block's input to its output, of which a layout owns only
     the projection:
@@ -450,27 +474,45 @@ class MultiHeadAttention(nn.Module):
     # The function it computes: layouts of one function convert exactly (model.convert); what that function is
     function: ClassVar[str] = "mha"
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
-    # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer of this layout
-    # applies; its position encoding's own come with "position". Any other set away from its off value is refused.
-    applies: ClassVar[frozenset[str]] = frozenset({"n_kv_head", "window", "attention_chunk", "document_masking",
-                                                   "position", "sparse_topk", "indexer_heads", "indexer_dim",
-                                                   "query_temperature", "qk_norm", "softcap", "sinks", "gate",
-                                                   "forget_gate", "dropout"})  # fmt: skip
+    # The options (model.options: AttentionSpec's fields but its shape and the kernel's choice) a layer applies; its
+    # position encoding's own come with "position". Any other set away from its off value is refused. A pipeline
+    # layer's are its stages' (STAGE_OPTIONS) and its projection's, less what its projection cannot hold, made as the
+    # class is defined; a layer that runs no kernel declares its own.
+    applies: ClassVar[frozenset[str]]
+    projection_options: ClassVar[frozenset[str]] = frozenset({"n_kv_head"})  # the projection's own: key/value heads
+    cannot_hold: ClassVar[dict[str, str]] = {}  # stage options its projection cannot hold, and why
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
     takes_kernel: ClassVar[bool] = True  # runs model.kernel (a linear layer runs its own form)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
     marker: ClassVar[str] = "o"
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.takes_kernel:  # a pipeline layer: its stages' options, its projection's, less what it cannot hold
+            stages = frozenset().union(*STAGE_OPTIONS.values())
+            cls.applies = (stages | cls.projection_options) - set(cls.cannot_hold)
+
     @classmethod
     def check_registration(cls, registry: dict[str, type]) -> None:
-        """Its weight names must be its own: a state dict's layout is read from them (``model.convert``, layouts
-        asked in the order they were registered), so a name an earlier layout's ``QKV_KEY`` claims (another
-        function's ``in_proj``) would load as that layout. Refused as the class is registered, naming both; so is a
-        layer that runs no kernel (linear attention) without its own memory estimate (``activation_bytes``)."""
-        if not cls.takes_kernel and not callable(getattr(cls, "activation_bytes", None)):
-            raise ValueError(f"attention={cls.name} runs no kernel: the plan's memory estimate would price it as "
-                             f"softmax attention's projections and scores; give it activation_bytes(spec, batch, "
-                             f"seq_len, dtype_bytes), what a layer keeps for backward, measured")  # fmt: skip
+        """Refused as the class is registered, naming why: weight names another layer's ``QKV_KEY`` claims (a state
+        dict's layout is read from them, layers asked in the order they were registered: another function's
+        ``in_proj`` would load as that layer); options or plan terms taken from another registered layer (a layer
+        applies an option, and prices itself, only where it says so itself: ``applies``, ``OWN_FORM_TERMS``); a layer
+        that runs no kernel without its own ``applies`` or plan terms (the pipeline's would price it as softmax
+        attention's projections and scores)."""
+        terms = PIPELINE_TERMS if cls.takes_kernel else (*OWN_FORM_TERMS, "applies")
+        for name in terms:
+            owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+            # a layout of the same function may share a term (a renamed separate_qkv); another function may not
+            if owner is cls or (owner in registry.values() and owner.function == cls.function):
+                continue
+            if owner is not None and owner not in registry.values() and cls.takes_kernel:
+                continue  # the pipeline's shared projection classes (SplitHeadsAttention)
+            taken = f"takes {name} from attention={owner.name}" if owner in registry.values() else \
+                f"states no {name} of its own"  # fmt: skip
+            what = "its options are" if name == "applies" else "a plan term is"
+            raise ValueError(f"attention={cls.name} {taken}: {what} the layer's own (what it applies, keeps for "
+                             f"backward, computes, caches, carries); define {name} in its class")  # fmt: skip
         mine = cls.QKV_EXAMPLE.replace(".N.", ".0.") + ".weight"
         for other in registry.values():
             match = other.QKV_KEY.search(mine)
@@ -495,7 +537,7 @@ class MultiHeadAttention(nn.Module):
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
         """The widths, over all query heads, of the score matmul (queries . keys) and the value matmul: what
         the attention's FLOPs per key scale with (``GPT.flops_per_token``)."""
-        return spec.n_embd, spec.n_embd
+        raise NotImplementedError
 
     @classmethod
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
@@ -524,8 +566,8 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def kv_width(cls, spec: AttentionSpec) -> int:
-        """Numbers of keys and values a KV cache keeps per token per layer: a key and a value per key/value head."""
-        return 2 * spec.kv_heads * spec.head_dim
+        """Numbers of keys and values (or what they are made from) a KV cache keeps per token per layer."""
+        raise NotImplementedError
 
     @classmethod
     def unapplied(cls, spec) -> list[tuple[str, object, tuple, str]]:
@@ -798,6 +840,17 @@ class WrapperAttention(MultiHeadAttention):
     name, colour, marker = "wrapper", "tab:blue", "o"
     QKV_KEY = re.compile(r"heads\.(?P<head>\d+)\.(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "heads.N.query"
+    # Its heads attend one by one: differential attention combines a pair's two maps, which one call must hold
+    cannot_hold = dict.fromkeys(("differential", "lambda_init"), "its heads attend one at a time, and differential "
+                                "attention combines a pair of heads' maps")  # fmt: skip
+
+    @classmethod
+    def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
+        return spec.n_embd, spec.n_embd
+
+    @classmethod
+    def kv_width(cls, spec: AttentionSpec) -> int:
+        return 2 * spec.kv_heads * spec.head_dim  # a key and a value per key/value group
 
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
@@ -866,9 +919,6 @@ class WrapperAttention(MultiHeadAttention):
 class SplitHeadsAttention(MultiHeadAttention):
     """Layouts that project full-width q, k, v, then split them into heads for one kernel call."""
 
-    # Differential attention pairs the heads of one kernel call (a wrapper's heads attend one by one: it refuses)
-    applies = MultiHeadAttention.applies | {"differential", "lambda_init"}
-
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self.kv_width = spec.kv_heads * spec.head_dim
@@ -876,6 +926,10 @@ class SplitHeadsAttention(MultiHeadAttention):
     @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
         return spec.n_embd, spec.n_embd * (2 if spec.differential else 1)  # each map reads its pair's values
+
+    @classmethod
+    def kv_width(cls, spec: AttentionSpec) -> int:
+        return 2 * spec.kv_heads * spec.head_dim  # a key and a value per key/value head
 
     @staticmethod
     def initial_tensor(name: str, template: torch.Tensor) -> torch.Tensor | None:

@@ -228,6 +228,10 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         return 1  # in_proj alone reads the block's input
 
     @classmethod
+    def kv_width(cls, spec: AttentionSpec) -> int:
+        return 0  # no keys and values kept per token: a state (``state_bytes``)
+
+    @classmethod
     def activation_bytes(cls, spec: AttentionSpec, batch: int, seq_len: int, dtype_bytes: int) -> dict[str, int]:
         """What one layer keeps for backward, in place of softmax attention's parts (the plan's memory), counted
         from what autograd saves: in the activations' dtype, in_proj's input and output and the views of it,
@@ -289,7 +293,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         q, k, v, log_decay, beta, gate, mixed = self.inputs(x, past[0])
         o, state = self.rule(q, k, v, log_decay, beta, min(self.chunk, T), past[1])
         if cache is not None:
-            remember_state(cache, mixed, state, past[0], held)
+            remember_state(cache, mixed, state, past[0])
         o = F.rms_norm(o.transpose(1, 2), (self.head_dim,), self.o_norm.weight.to(o.dtype), self.o_norm.eps)
         return (o * self.gate_activation(gate)).reshape(B, T, C)
 
@@ -298,14 +302,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
                          f"softmax over keys")  # fmt: skip
 
 
-def remember_state(cache: LayerCache, mixed: torch.Tensor, state: torch.Tensor, past: torch.Tensor | None,
-                   held: tuple[torch.Tensor, torch.Tensor] | None) -> None:  # fmt: skip
+def remember_state(cache: LayerCache, mixed: torch.Tensor, state: torch.Tensor, past: torch.Tensor | None) -> None:
     """Keep the state and the convolution's last CONV_SIZE - 1 inputs (after ``past``, the ones before this
-    call's) in the layer's cache slot, written in place once made (a captured decode step refers to them)."""
+    call's) in the layer's cache slot (``LayerCache.keep_state``: in place once made)."""
     before = past if past is not None else mixed.new_zeros(mixed.size(0), CONV_SIZE - 1, mixed.size(2))
-    tail = torch.cat((before, mixed), dim=1)[:, -(CONV_SIZE - 1) :]
-    if held is None:
-        cache.slots[0] = (tail.clone(), state.clone())
-    else:
-        held[0].copy_(tail)
-        held[1].copy_(state)
+    cache.keep_state(0, torch.cat((before, mixed), dim=1)[:, -(CONV_SIZE - 1) :], state)

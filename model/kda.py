@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention import AttentionSpec
-from model.deltanet import GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
+from model.deltanet import CONV_SIZE, GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
 from model.registry import ATTENTION_LAYOUTS, register
 
 
@@ -96,6 +96,29 @@ class KimiDeltaAttention(GatedDeltaNet):
     norm_eps = 1e-5  # the output's gated RMSNorm: Kimi Linear's rms_norm_eps
     rule = staticmethod(chunked_kda)
     gate_activation = staticmethod(torch.sigmoid)
+    applies = frozenset({"linear_chunk", "position", "dropout"})  # its chunk, learned or no positions, output dropout
+
+    @classmethod
+    def input_casts(cls, n_head: int, kv_heads: int) -> int:
+        return 3  # qkvb_proj and the two low-rank projections' first halves read the block's input
+
+    @classmethod
+    def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
+        return 0, 0  # no score matrix (``mixing_flops``)
+
+    @classmethod
+    def kv_width(cls, spec: AttentionSpec) -> int:
+        return 0  # a state, no keys and values per token
+
+    @classmethod
+    def cache_width(cls, spec: AttentionSpec) -> int:
+        return 0  # nothing per token: the state is fixed-size (``state_bytes``)
+
+    @classmethod
+    def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
+        """Each head's head_dim x head_dim state (float32) and the convolution's last CONV_SIZE - 1 inputs of q, k
+        and v (in the activations' dtype), whatever the length: Gated DeltaNet's shapes."""
+        return 4 * spec.n_head * spec.head_dim**2 + dtype_bytes * (CONV_SIZE - 1) * 3 * spec.n_embd
 
     @classmethod
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:

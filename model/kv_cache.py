@@ -33,6 +33,17 @@ class LayerCache:
     def capacity(self) -> int:
         return self.owner.capacities[self.index]
 
+    def keep_state(self, slot: int, *tensors: torch.Tensor) -> None:
+        """Keep a layer's fixed-size decoding state (a linear layer's matrix state, its convolution's last inputs) in
+        ``slot``: copied into place once made, never replaced, since a captured decode step (a CUDA graph) reads
+        the buffers it was captured with. The one way a layer keeps a state: reassigning one would pass on a CPU."""
+        held = self.slots.get(slot)
+        if held is None:
+            self.slots[slot] = tuple(t.clone() for t in tensors)
+            return
+        for buffer, t in zip(held, tensors, strict=True):
+            buffer.copy_(t)
+
     def update(self, slot: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Store the new positions' per-token tensors (keys and values, each its own width: attention=mla's latents
         and rotary keys; a modification's state per key, ``ScoreMod.cache_width``), each (batch, heads, new, width);

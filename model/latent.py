@@ -41,7 +41,9 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "mla", "tab:purple", "D"
     function = "mla"
     computes = "keys and values through a kv_latent-wide latent"
-    applies = MultiHeadAttention.applies - {"n_kv_head"} | {"kv_latent", "rope_head_dim"}
+    projection_options = frozenset({"kv_latent", "rope_head_dim"})  # a latent and a decoupled rotary key, no kv heads
+    cannot_hold = dict.fromkeys(("differential", "lambda_init"), "its heads' keys and values come from one latent, "
+                                "and differential attention pairs key/value heads")  # fmt: skip
     QKV_KEY = re.compile(r"(?P<proj>wq|wkv_a|wkv_b)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "wkv_a"
 

@@ -86,8 +86,9 @@ def refusal(layout, spec, name: str, value, offs: tuple) -> str:
                 f"applies: a new option is refused until one does); set model.{name}={off}")  # fmt: skip
     layouts = [w for w in who if w.startswith("attention=")]
     here = f"attention={layout.name}" if layouts else f"model.position={spec.position}"
-    return (f"model.{name}={spelled(value)} is an option of {' or '.join(who)}, but {here}; use {' or '.join(who)}, or "
-            f"model.{name}={off}")  # fmt: skip
+    why = getattr(layout, "cannot_hold", {}).get(name)  # a stage's option its projection cannot hold, and why
+    return (f"model.{name}={spelled(value)} is an option of {' or '.join(who)}, but {here}"
+            f"{f' ({why})' if why else ''}; use {' or '.join(who)}, or model.{name}={off}")  # fmt: skip
 
 
 def check_applied(layout, spec) -> None:
@@ -97,3 +98,24 @@ def check_applied(layout, spec) -> None:
         raise ValueError(refusal(layout, spec, name, value, offs))
     if layout.takes_kernel:
         spec.check_kernel_applies()
+
+
+def declared_conflicts(spec_class=None) -> dict[tuple[str, str], str]:
+    """Every pair of options declared unable to coexist (``option(conflicts=...)``, either side), with why."""
+    if spec_class is None:
+        from model.attention import AttentionSpec as spec_class
+    pairs = {}
+    for f in fields(spec_class):
+        for other, why in f.metadata.get("conflicts", {}).items():
+            pairs[tuple(sorted((f.name, other)))] = why
+    return pairs
+
+
+def check_conflicts(spec, declared: dict[tuple[str, str], str] | None = None) -> None:
+    """Refuse two options set together that declare they cannot coexist (``declared``: every declared pair), in one
+    line naming both and why."""
+    for (a, b), why in (declared_conflicts(type(spec)) if declared is None else declared).items():
+        if is_set(spec, a) and is_set(spec, b):
+            raise ValueError(f"model.{a}={spelled(getattr(spec, a))} and model.{b}={spelled(getattr(spec, b))} cannot "
+                             f"both be set: {why}; set model.{a}={spelled(off_values(spec, a)[0])} or "
+                             f"model.{b}={spelled(off_values(spec, b)[0])}")  # fmt: skip

@@ -219,3 +219,22 @@ def test_the_gpt2_layouts_compute_one_function_for_every_pair_they_build(first):
             checked += 1
     assert checked, f"no pair with {first} built in two GPT-2 layouts"
     assert not problems, "\n".join(problems)
+
+
+def test_every_declared_conflict_is_refused_in_one_line_naming_both_and_why():
+    """An option declares the options it cannot coexist with (``option(conflicts=...)``): refused together, in one
+    line naming both and why, in every layer that applies both (the walk above holds every other pair to change the
+    function). The mechanism too, on a pair declared here: today's options all coexist."""
+    from model.options import check_conflicts, declared_conflicts
+
+    for (a, b), why in declared_conflicts().items():
+        fa, fb = DECLARED[a].metadata, DECLARED[b].metadata
+        for layout in sorted(ATTENTION_LAYOUTS):
+            both = model(layout, {**fa["with"], **fb["with"], a: fa["example"], b: fb["example"]})
+            assert isinstance(both, ValueError), f"attention={layout} took model.{a} with model.{b}: {why}"
+            assert f"model.{a}=" in str(both) and f"model.{b}=" in str(both), str(both)
+    spec = AttentionSpec(N_EMBD, N_HEAD, sinks=True, softcap=3.0)
+    with pytest.raises(ValueError, match=r"^model.sinks=true and model.softcap=3.0 cannot both be set: a reason; set "
+                                         r"model.sinks=false or model.softcap=null$"):  # fmt: skip
+        check_conflicts(spec, {("sinks", "softcap"): "a reason"})
+    check_conflicts(AttentionSpec(N_EMBD, N_HEAD, sinks=True), {("sinks", "softcap"): "a reason"})  # one alone: taken

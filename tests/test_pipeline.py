@@ -18,7 +18,7 @@ import torch
 from test_options import layout_defaults
 
 from model import ATTENTION_LAYOUTS, GPT, GPTConfig, KVCache
-from model.attention import MultiHeadAttention
+from model.attention import AttentionSpec, MultiHeadAttention
 
 SOFTMAX = sorted(name for name, cls in ATTENTION_LAYOUTS.items() if cls.takes_kernel)
 
@@ -27,6 +27,7 @@ SOFTMAX = sorted(name for name, cls in ATTENTION_LAYOUTS.items() if cls.takes_ke
 PROJECTION_AND_FACTS = {
     "project", "projections", "split_heads", "keys_values", "to_qkv", "from_qkv", "heads_in", "input_casts",
     "score_widths", "kv_width", "rotary_width", "query_parts", "key_parts", "initial_tensor", "check_spec",
+    "projection_options", "cannot_hold",
     "name", "colour", "marker", "QKV_KEY", "QKV_EXAMPLE", "LINEARS", "canonical", "function", "computes", "applies",
     "__init__", "__module__", "__qualname__", "__doc__", "__annotations__", "__firstlineno__",
     "__static_attributes__", "__dict__", "__weakref__", "__parameters__", "_abc_impl",
@@ -95,3 +96,44 @@ def test_each_stage_reaches_every_layouts_output_on_every_path(layout, stage, op
         if path == "maps" and stage in ("attend_heads", "gated"):  # the maps are the kernel's input, not its output
             continue
         assert not torch.allclose(out, probed[path]), f"attention={layout}'s {path} goes around the stage {stage}"
+
+
+def test_every_option_has_its_place_a_stage_a_projection_or_a_layer_of_its_own_form():
+    """An option is applied where it is declared: by a stage of the pipeline (then by every pipeline layer, which the
+    probes above prove reach the output), by a projection, by a layer that runs its own form, or by a position
+    encoding (its fields). One declared nowhere would be refused everywhere: said here, before a user finds it."""
+    from model.attention import STAGE_OPTIONS
+    from model.options import option_fields
+    from model.registry import POSITIONS
+
+    placed = set().union(*STAGE_OPTIONS.values())
+    placed |= {name for cls in ATTENTION_LAYOUTS.values() for name in getattr(cls, "projection_options", ())}
+    placed |= {name for cls in ATTENTION_LAYOUTS.values() if not cls.takes_kernel for name in cls.applies}
+    placed |= {name for cls in POSITIONS.values() for name in cls.fields}
+    assert set(option_fields()) <= placed, f"options with no place: {sorted(set(option_fields()) - placed)}"
+
+
+def keeps_a_state(layout: str) -> bool:
+    """Whether a layer carries a fixed-size decoding state (``state_bytes``: a linear layer's)."""
+    return ATTENTION_LAYOUTS[layout].state_bytes(AttentionSpec(32, 4, **layout_defaults(layout)), 4) > 0
+
+
+@pytest.mark.parametrize("layout", [name for name in sorted(ATTENTION_LAYOUTS) if keeps_a_state(name)])
+def test_a_layers_decoding_state_is_written_in_place_for_a_captured_step(layout):
+    """A CUDA graph replays the buffers it captured: a layer's state must be written into them, never replaced
+    (a reassigned state passes every CPU test). Every layer that keeps a state, through static decode steps."""
+    from model.decoding import StaticStep
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=4, n_embd=32, attention=layout,
+                       **{"position": "none", **layout_defaults(layout)})  # fmt: skip
+    gpt = GPT(config).eval()
+    cache = KVCache(1, gpt.cache_capacities)
+    idx = torch.randint(0, 32, (2, 8))
+    with torch.inference_mode():
+        gpt(idx[:, :4], cache=cache)
+        held = [t.data_ptr() for t in cache.layers[0].slots[0]]
+        step = StaticStep(gpt, cache, 2, torch.device("cpu"))
+        for t in range(4, 8):
+            step(idx[:, t : t + 1], t)
+    assert [t.data_ptr() for t in cache.layers[0].slots[0]] == held, f"attention={layout} replaced its state"

@@ -237,29 +237,41 @@ def test_a_layout_whose_weight_names_another_layout_claims_is_refused_as_it_regi
     assert registry["renamed_qkv"] is RenamedQKVAttention
 
 
-def test_a_linear_layer_without_its_own_memory_estimate_is_refused_as_it_registers():
-    """A layer that runs no kernel (linear attention) keeps other tensors than softmax attention's projections and
-    scores: without ``activation_bytes`` the plan would price it as softmax attention (a retention layer was
-    under-counted by a third to a half). Refused as it registers, naming the method; with it, registered."""
+def test_a_layer_of_its_own_form_states_its_options_and_plan_terms_or_is_refused_as_it_registers():
+    """A layer that runs no kernel (linear attention) applies only the options it says and prices itself only as it
+    says: a layer built on Gated DeltaNet (as KDA is) took its applies, memory and FLOP estimates silently (issue
+    61). Refused as it registers, naming the term and where it came from; with its own, registered. A layout of the
+    same function may share them (a renamed separate_qkv)."""
+    from model.attention import OWN_FORM_TERMS
+    from model.deltanet import GatedDeltaNet
     from model.registry import register
 
-    class LinearLayer(RenamedQKVAttention):
-        name, takes_kernel = "linear_layer", False
+    class Retention(GatedDeltaNet):
+        name, function = "retention", "retention"
+        QKV_KEY, QKV_EXAMPLE = re.compile(r"(?P<proj>ret_proj)\.(?P<kind>weight|bias)$"), "ret_proj"
 
     registry = dict(ATTENTION_LAYOUTS)
-    with pytest.raises(ValueError, match=r"attention=linear_layer runs no kernel: .* give it activation_bytes"):
-        register(registry)(LinearLayer)
-    assert "linear_layer" not in registry
+    with pytest.raises(ValueError, match=r"^attention=retention takes input_casts from attention=gated_deltanet: a "
+                                         r"plan term is the layer's own .*; define input_casts in its class$"):
+        register(registry)(Retention)
+    assert "retention" not in registry
 
-    class MeasuredLinearLayer(LinearLayer):
-        name = "measured_linear_layer"
+    class Measured(Retention):
+        name = "measured_retention"
+        applies = frozenset({"position", "dropout"})
+        locals().update({term: classmethod(lambda cls, *args: 0) for term in OWN_FORM_TERMS})
 
-        @classmethod
-        def activation_bytes(cls, spec, batch, seq_len, dtype_bytes):
-            return {"its state's steps": batch * seq_len * spec.n_embd * 4}
+    register(registry)(Measured)
+    assert registry["measured_retention"] is Measured
 
-    register(registry)(MeasuredLinearLayer)
-    assert registry["measured_linear_layer"] is MeasuredLinearLayer
+    class Unsaid(Measured):  # every term of its own, but its options inherited
+        name, function = "unsaid", "unsaid"
+        locals().update({term: classmethod(lambda cls, *args: 0) for term in OWN_FORM_TERMS})
+
+    with pytest.raises(ValueError, match=r"^attention=unsaid takes applies from attention=measured_retention: its "
+                                         r"options are the layer's own"):  # fmt: skip
+        register(registry)(Unsaid)
+    register(registry)(RenamedQKVAttention)  # separate_qkv's widths, one function: shared
 
 
 def test_no_layout_shadows_an_attribute_the_base_attention_sets():
@@ -270,6 +282,7 @@ def test_no_layout_shadows_an_attribute_the_base_attention_sets():
 
     class Probe(MultiHeadAttention):
         name = "probe"
+        score_widths = classmethod(lambda cls, spec: (spec.n_embd, spec.n_embd))
 
     probe = Probe(AttentionSpec(16, 2))
     set_by_base = set(vars(probe)) | set(probe._modules) | set(probe._parameters) | set(probe._buffers)
