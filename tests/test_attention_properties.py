@@ -29,7 +29,8 @@ import re
 
 import pytest
 import torch
-from attention_reference import REFERENCED_MASKS, REFERENCES, reference
+from attention_reference import REFERENCED_MASKS, REFERENCES, Formula, Tolerance, formula_of, reference
+from cell_failures import CellFailures
 from helpers import CONFIGS, tiny_gpt_config
 from omegaconf import OmegaConf
 
@@ -64,22 +65,13 @@ OPTION_EXAMPLES = {f.name: f.metadata["example"] for f in dataclasses.fields(Att
 
 
 
-def assert_near(got: torch.Tensor, want: torch.Tensor, what: str, scale: float | None = None) -> None:
-    """float32 against the float64 formula: round-off, relative to ``scale`` (by default the tensor's own); a
-    wrong mask or head moves values by their own size."""
+def near(failures: CellFailures, got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, what: str,
+         scale: float | None = None) -> None:
+    """float32 against the float64 formula, within the formula's ``tolerance``, relative to ``scale`` (by default
+    the tensor's own largest value); a miss is kept in ``failures``."""
     got, want = got.double(), want.double()
-    scale = 1.0 + (want.abs().max().item() if scale is None else scale)
-    assert_close(got, want, 2e-5 * scale, 1e-4, what)
-
-
-def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, what: str) -> None:
-    """torch.testing.assert_close's test, |got - want| <= atol + rtol |want| everywhere, in one expression: its
-    checks cost more than a decoding step at these sizes. It runs, to say what differs, only where that fails
-    (NaN fails both: assert_close's equal_nan is False)."""
-    alike = (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
-    if alike and bool(((got - want).abs() <= atol + rtol * want.abs()).all()):
-        return
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+    atol, rtol = tolerance.bounds(want.abs().max().item() if scale is None else scale)
+    failures.compare(got, want, atol, rtol, what)
 
 
 def flex_unavailable(device: str) -> str | None:
@@ -236,7 +228,9 @@ def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, de
 def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, device, sample, **options):
     """The block against the float64 formula of its function (``attention_reference.reference``, its options read
     from its spec) at each length of ``sample`` (batch 1-3 in turn), in eval mode and in training mode with the
-    gradients of the input and of every parameter (not flex's on a CPU)."""
+    gradients of the input and of every parameter (not flex's on a CPU), each within its formula's tolerances
+    (``REFERENCES``). Every length is checked: the cell fails once, naming each length where an output or a
+    gradient lies outside them, and the lengths that hold."""
     C = block.c_proj.in_features
     if kernel == "flex" and flex_unavailable(device):
         with pytest.raises(ValueError, match="kernel=flex cannot run on this CPU"), torch.no_grad():
@@ -244,31 +238,43 @@ def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, devic
         return
     grads = kernel != "flex" or device == "cuda"  # a CPU has no FlexAttention backward (torch 2.13)
     gen = torch.Generator(device=device).manual_seed(1)
-    params = list(block.parameters())
+    formula = formula_of(block)
+    failures = CellFailures(f"{layout} x {kernel} against the {type(block).function} formula of "
+                            f"tests/attention_reference.py (outputs: {formula.outputs}; gradients: "
+                            f"{formula.gradients}, scale the largest of every gradient)")  # fmt: skip
     for i, T in enumerate(sample):
         B = 1 + i % 3
         x = torch.randn(B, T, C, device=device, generator=gen).requires_grad_(grads)
-        where = f"T={T}, batch {B}"
-        with torch.set_grad_enabled(grads):  # the formula once: its values here, its gradients below
-            ref = reference(block, x)
-        expected = ref.detach()
+        weights = torch.randn(B, T, C, device=device, generator=gen) if grads else None  # the gradients' weighting
+        with failures.at(T, f"T={T}, batch {B}"):
+            formula_holds_at(block, x, weights, formula, failures)
+    failures.raise_any()
+
+
+def formula_holds_at(block, x: torch.Tensor, weights: torch.Tensor | None, formula: Formula,
+                     failures: CellFailures) -> None:
+    """One length of ``assert_block_is_the_formula``: the outputs in eval and training mode, and with ``weights``
+    the gradients of sum(out * weights) by the input and every parameter."""
+    with torch.set_grad_enabled(weights is not None):  # the formula once: its values here, its gradients below
+        ref = reference(block, x)
+    expected = ref.detach()
+    with torch.no_grad():
+        near(failures, block.eval()(x), expected, formula.outputs, "eval output")
+    block.train()  # dropout 0: the training path (sdpa's dropout argument, flex's) computes the same
+    if weights is None:
         with torch.no_grad():
-            assert_near(block.eval()(x), expected, f"eval, {where}")
-        block.train()  # dropout 0: the training path (sdpa's dropout argument, flex's) computes the same
-        if not grads:
-            with torch.no_grad():
-                assert_near(block(x), expected, f"train, {where}")
-            continue
-        out = block(x)
-        assert_near(out, expected, f"train, {where}")
-        weights = torch.randn(out.shape, device=device, generator=gen)
-        got = torch.autograd.grad((out * weights).sum(), [x, *params])
-        want = torch.autograd.grad((ref * weights.double()).sum(), [x, *params])
-        # One scale for every gradient: some are zero in exact arithmetic (a key bias shifts a whole row of scores,
-        # which softmax ignores) and in float32 keep the round-off of the terms that cancel.
-        scale = max(w.abs().max().item() for w in want)
-        for (name, _), g, w in zip([("x", x), *block.named_parameters()], got, want):
-            assert_near(g, w, f"d/d{name}, {where}", scale)
+            near(failures, block(x), expected, formula.outputs, "train output")
+        return
+    out = block(x)
+    near(failures, out, expected, formula.outputs, "train output")
+    params = [p for _, p in block.named_parameters()]
+    got = torch.autograd.grad((out * weights).sum(), [x, *params])
+    want = torch.autograd.grad((ref * weights.double()).sum(), [x, *params])
+    # One scale for every gradient: some are zero in exact arithmetic (a key bias shifts a whole row of scores,
+    # which softmax ignores) and in float32 keep the round-off of the terms that cancel.
+    scale = max(w.abs().max().item() for w in want)
+    for name, g, w in zip(["x", *(name for name, _ in block.named_parameters())], got, want):
+        near(failures, g, w, formula.gradients, f"d/d{name}", scale)
 
 
 # The values of issue 30: position encodings (model.position) and score modifications (model.qk_norm, softcap,
@@ -435,6 +441,7 @@ DECODE_BLOCK = 24
 PROMPTS = [1, 2, 5, 8, 13, 23]
 DEEP_PROMPTS = list(range(1, DECODE_BLOCK))
 DECODE_WINDOWS = {"full": None, "window7": 7}
+DECODE_ATOL = 1e-4  # a step's logits against the full forward's: two float32 computations of one function
 
 
 def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, **options) -> GPT:
@@ -470,26 +477,30 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
     """From each prompt length (batch sizes ``batches`` in turn), fill the cache, then decode one position at a time
     to ``total`` positions (the end of the context, or past it for a model without a position table); every
     step's logits must be those of a full forward over the whole sequence at that position. A cache holds its
-    window (or the context, when shorter), never the whole sequence, and never grows past it."""
+    window (or the context, when shorter), never the whole sequence, and never grows past it. Every prompt is
+    checked: the cell fails once, naming each prompt and position that failed, and the prompts that hold."""
     config = model.config
     capacity = config.cache_capacity  # its masks' (the window), at most the context
     gen = torch.Generator(device=device).manual_seed(2)
+    failures = CellFailures(f"cached decoding against a full forward over the whole sequence (logits within "
+                            f"{DECODE_ATOL})", counted="prompt lengths", key="prompt")  # fmt: skip
     for i, prompt in enumerate(prompts):
         B = batches[i % len(batches)]
         idx = torch.randint(0, 64, (B, total), device=device, generator=gen)
-        with torch.inference_mode():
+        with failures.at(prompt, f"prompt {prompt}, batch {B}"), torch.inference_mode():
             full, _ = model(idx, idx)
             cache = KVCache(model.config.n_layer)
             first = model(idx[:, :prompt], cache=cache)[0][:, -1]
-            assert_close(first, full[:, prompt - 1], 1e-4, 0, f"prompt {prompt}")
+            failures.compare(first, full[:, prompt - 1], DECODE_ATOL, 0, "the prompt's last logits")
             held = {buffer.size(2) for buffer in cache.buffers()}
             if any(config.cache_widths):  # a KV cache (a linear layer keeps a state of fixed size instead)
-                assert held == {capacity}, f"prompt {prompt}: the cache holds {held} positions, not {capacity}"
+                failures.check(held == {capacity}, f"the cache holds {held} positions, not {capacity}")
             bounded = cache.nbytes()
             step = make_step(model, cache, B)
             for t in range(prompt, total):
-                assert_close(step(idx[:, t : t + 1], t), full[:, t], 1e-4, 0, f"prompt {prompt}, position {t}")
-            assert cache.nbytes() == bounded, f"prompt {prompt}: the cache grew past its capacity"
+                failures.compare(step(idx[:, t : t + 1], t), full[:, t], DECODE_ATOL, 0, f"position {t}")
+            failures.check(cache.nbytes() == bounded, "the cache grew past its capacity")
+    failures.raise_any()
 
 
 def eager_or_static(static: bool, device: str):
