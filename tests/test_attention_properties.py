@@ -26,11 +26,14 @@ import dataclasses
 import functools
 import itertools
 import re
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
 from attention_reference import REFERENCED_MASKS, REFERENCES, Formula, Tolerance, formula_of, reference
 from cell_failures import CellFailures
+from grid_census import TIERS, Cell, registered_values, shortfalls, tally
+from grid_floors import FLOORS
 from helpers import CONFIGS, tiny_gpt_config
 from omegaconf import OmegaConf
 
@@ -140,21 +143,33 @@ def cells(deep: bool):
 
 def pytest_generate_tests(metafunc):
     deep = metafunc.config.getoption("--deep")
-    for name, make in (("cell", cells), ("encoding_cell", encoding_cells),
-                       ("encoding_decode_cell", encoding_decode_cells), ("past_context_cell", past_context_cells)):
+    for name in GRIDS:  # each grid's fixture: its cells as this run gets them
         if name in metafunc.fixturenames:
-            params = flex_cells_deep(list(make(deep)), keep_first=name == "cell")
-            metafunc.parametrize(name, [pytest.param(p.values, id=p.id, marks=p.marks) for p in params])
+            metafunc.parametrize(name, [pytest.param(p.values, id=p.id, marks=p.marks) for p in scheduled(name, deep)])
 
 
-def flex_cells_deep(params: list, keep_first: bool) -> list:
-    """A grid's flex cells marked deep (all, or all but the first with ``keep_first``): each compiles graphs of
-    its own, 10-30 s of a fresh machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at
-    every default length and more. The default run keeps the first flex cell of the plain grid and of the decoding
-    grid: flex compiled on this CPU, in a forward and in decode steps."""
-    flex = [i for i, p in enumerate(params) if "-flex-" in f"{p.id}-"]
-    deep = flex[1:] if keep_first else flex
-    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in deep else p
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """One grid of cells, a test's fixture: its cells (``make(deep)``, pytest params), what a cell's values exercise
+    (``cell``, read by the census of tests/grid_census.py), and which of its cells only --deep runs."""
+
+    make: Callable[[bool], Iterable]
+    cell: Callable[..., Cell]
+    keep_first_flex: bool = False  # the default run keeps the grid's first flex cell (see ``scheduled``)
+    deep_only: bool = False  # every cell compiles graphs of its own
+
+
+def scheduled(name: str, deep: bool) -> list:
+    """Grid ``name``'s cells as the run gets them, with the deep mark on those that only --deep runs: its flex cells
+    (all, or all but the first where the grid keeps one), as each compiles graphs of its own, 10-30 s of a fresh
+    machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at every default length and more.
+    The default run keeps the first flex cell of the plain grid and of the decoding grid: flex compiled on this CPU,
+    in a forward and in decode steps. A cell's kernel is read from its values, not from its name."""
+    grid = GRIDS[name]
+    params = list(grid.make(deep))
+    flex = [i for i, p in enumerate(params) if grid.cell(*p.values).kernel == "flex"]
+    marked = set(range(len(params))) if grid.deep_only else set(flex[1:] if grid.keep_first_flex else flex)
+    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in marked else p
             for i, p in enumerate(params)]  # fmt: skip
 
 
@@ -286,6 +301,11 @@ ENCODINGS = {
     **{name: dict(position=name) for name in POSITIONS if name != AttentionSpec.position},
     **{mod.name: {mod.field: OPTION_EXAMPLES[mod.field]} for mod in with_fields()},
     "gate": dict(gate="elementwise"),
+}
+# Values together, written here: the only entries written by hand (the others come from the registries and the
+# options' declarations). Being a combination is this table's, not the name's: a name is only a cell's id. Each
+# gives its flex turn to flex in the default grid (``encoding_layouts_kernels``).
+COMBINATIONS = {
     "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
     "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
     "rope_fraction0.5+headgate+sinks": dict(position="rope", rope_fraction=0.5, gate="headwise", sinks=True),
@@ -294,6 +314,7 @@ ENCODINGS = {
     # Llama 4's NoPE layers: the queries' temperature after QK-norm, which would undo it
     "none+query_temperature+qk_norm": dict(position="none", query_temperature=4, qk_norm=True),
 }
+ENCODINGS |= COMBINATIONS
 
 
 # Options whose cells live in a grid of their own: sparse attention's top-k picks keys by score, so its inputs are
@@ -318,7 +339,9 @@ def options_of_their_own() -> dict[str, dict]:
     return own
 
 
-ENCODINGS |= options_of_their_own()
+# Computed once, before they join ENCODINGS (which then holds them: the function would find none left)
+OWN_OPTIONS = options_of_their_own()
+ENCODINGS |= OWN_OPTIONS
 # The encodings without a position table: they read past block_size (rope, alibi, none).
 PAST_CONTEXT = tuple(name for name, cls in POSITIONS.items() if cls.runs_past_context)
 # The encoding cells' block size: the longest default length (200) and the deep ones past it read past the
@@ -363,8 +386,10 @@ def layers_applying(options: tuple) -> list[str]:
 def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_turn: int):
     """The (layout, kernel) pairs of the ``e``-th encoding, over every registered layer that applies it: with
     ``deep`` each x every kernel it runs that takes it; by default each layer once, manual or sdpa in turn, and flex
-    for GPT-2's layout at ``flex_turn`` when the encoding is a combination (its name has a "+") or a modification of
-    the scores that no combination holds (one registered tomorrow: flex compiles its score_mod in the default tier)."""
+    for GPT-2's layout at ``flex_turn`` when the encoding is one of ``COMBINATIONS`` or a modification of the scores
+    that no combination holds. The encoding grids' flex cells are all deep (``scheduled``: a score_mod compiles
+    graphs of its own): in the default run that layout meets the encoding in no cell, and --deep holds it with every
+    kernel, flex at every length (``deep_encoding_lengths``)."""
     layers = layers_applying(tuple(options.items()))
     kernels = {layout: [k for k in kernels_of(layout) if takes(k, options)] for layout in layers}
     if deep:
@@ -382,9 +407,9 @@ def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_
 def encoding_cells(deep: bool):
     """``--deep``: each encoding x every layout x every kernel that takes it (key/value heads, windows and head
     shapes turning with them), at every deep length. By default each encoding meets every layout once, with
-    manual or sdpa in turn (key/value heads, windows, head shapes turning); flex, whose compilation per
-    score_mod and padded shape costs seconds on a CPU, meets the two combinations by default (every
-    modification in its score_mod) and each single value with --deep."""
+    manual or sdpa in turn (key/value heads, windows, head shapes turning), but for the layout at its flex turn
+    (``encoding_layouts_kernels``); flex, whose compilation per score_mod and padded shape costs seconds on a CPU,
+    meets every encoding with --deep."""
     windows = list({**WINDOWS, **(DEEP_WINDOWS if deep else {})}.items())
     shapes = list(HEAD_SHAPES.items())
     for e, (name, options) in enumerate(ENCODINGS.items()):
@@ -515,9 +540,8 @@ def eager_or_static(static: bool, device: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
-@pytest.mark.parametrize("layout,kernel,n_kv,masks", flex_cells_deep(list(decode_cells()), keep_first=True))
-def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout, kernel, n_kv, masks, static,
-                                                                         device, request):  # fmt: skip
+def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(decode_cell, static, device, request):
+    layout, kernel, n_kv, masks = decode_cell
     if kernel == "flex" and flex_unavailable(device):
         pytest.skip(flex_unavailable(device))
     model = decode_model(layout, kernel, n_kv, masks.get("window"), device,
@@ -619,9 +643,13 @@ def test_generation_past_block_size_is_a_full_forward_over_the_whole_sequence(pa
 COMPILED_CELLS = [*itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)), ("wrapper", "manual", 1, None)]
 
 
-@pytest.mark.parametrize("layout,kernel,n_kv,window",
-                         [pytest.param(*c, marks=pytest.mark.deep) for c in COMPILED_CELLS])
-def test_the_compiled_static_step_is_a_full_recomputation(layout, kernel, n_kv, window):
+def compiled_cells(deep: bool):
+    for layout, kernel, n_kv, window in COMPILED_CELLS:
+        yield pytest.param(layout, kernel, n_kv, window, id=f"{layout}-{kernel}-{n_kv}kv-{window_id(window)}")
+
+
+def test_the_compiled_static_step_is_a_full_recomputation(compiled_cell):
+    layout, kernel, n_kv, window = compiled_cell
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
     model = decode_model(layout, kernel, n_kv, window, "cpu")
@@ -646,10 +674,88 @@ COMPILED_PAST_CELLS = [("rope", "fused_qkv", "sdpa", 6, {}),
                        ("rope", "fused_qkv", "flex", 6, {"softcap": 3.0, "sinks": True})]  # fmt: skip
 
 
-@pytest.mark.parametrize("position,layout,kernel,window,mods",
-                         [pytest.param(*c, marks=pytest.mark.deep) for c in COMPILED_PAST_CELLS])
-def test_the_compiled_static_step_past_block_size_is_a_full_forward(position, layout, kernel, window, mods):
+def compiled_past_cells(deep: bool):
+    for position, layout, kernel, window, mods in COMPILED_PAST_CELLS:
+        yield pytest.param(position, layout, kernel, window, mods,
+                           id=f"{position}{''.join(f'+{k}' for k in mods)}-{layout}-{kernel}-{window_id(window)}")
+
+
+def test_the_compiled_static_step_past_block_size_is_a_full_forward(compiled_past_cell):
+    position, layout, kernel, window, mods = compiled_past_cell
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
     model = decode_model(layout, kernel, 2, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
     assert_decodes_like_full_recomputation(model, compiled_step, [3, 21], "cpu", PAST_TOTAL, batches=COMPILED_BATCH)
+
+
+# ------------------------------------------------------------------ the grids, and the cells each value has
+
+
+def set_by_cell(layout: str, options: dict) -> dict:
+    """The options a cell sets beyond its layout's config file (attention=mla's latent width is the layout's)."""
+    defaults = layout_defaults(layout)
+    return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
+
+
+def windowed(window: int | None) -> dict:
+    return {"window": window} if window else {}
+
+
+def window_id(window: int | None) -> str:
+    return f"window{window}" if window else "full"
+
+
+def kv_of_past_context(layout: str) -> int | None:
+    """The key/value heads of the past-context models: grouped, 2 of 4, where the layer applies them."""
+    return 2 if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+
+
+# Every grid (its test's fixture) -> how its cells are made and what each exercises: the run's cells and the census's.
+# The decoding models have 4 heads (decode_model).
+GRIDS = {
+    "cell": Grid(cells, lambda layout, kernel, n_head, head_dim, n_kv, masks:
+                 Cell(layout, kernel, n_head, n_kv, masks), keep_first_flex=True),
+    "encoding_cell": Grid(encoding_cells, lambda name, layout, kernel, n_head, head_dim, n_kv, window:
+                          Cell(layout, kernel, n_head, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
+    "decode_cell": Grid(lambda deep: decode_cells(), lambda layout, kernel, n_kv, masks:
+                        Cell(layout, kernel, 4, n_kv, masks), keep_first_flex=True),
+    "encoding_decode_cell": Grid(encoding_decode_cells, lambda name, layout, kernel, n_kv, window:
+                                 Cell(layout, kernel, 4, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
+    "past_context_cell": Grid(past_context_cells, lambda position, layout, kernel, window, mods:
+                              Cell(layout, kernel, 4, kv_of_past_context(layout),
+                                   set_by_cell(layout, {"position": position, **mods, **windowed(window)}))),
+    "compiled_cell": Grid(compiled_cells, lambda layout, kernel, n_kv, window:
+                          Cell(layout, kernel, 4, n_kv, windowed(window)), deep_only=True),
+    "compiled_past_cell": Grid(compiled_past_cells, lambda position, layout, kernel, window, mods:
+                               Cell(layout, kernel, 4, 2, {"position": position, **mods, **windowed(window)}),
+                               deep_only=True),
+}  # fmt: skip
+
+
+def census() -> dict[str, dict]:
+    """Each run's count of the cells that exercise each value (tests/grid_census.py): the default run's cells (not
+    those marked deep) and the --deep run's."""
+    def cells_run(deep: bool):
+        for name, grid in GRIDS.items():
+            for p in scheduled(name, deep):
+                if deep or not any(mark.name == "deep" for mark in p.marks):
+                    yield grid.cell(*p.values)
+
+    return {tier: tally(cells_run(tier == "deep")) for tier in TIERS}
+
+
+def test_no_registered_value_loses_cells_in_the_default_or_the_deep_run():
+    """Every registered value (each layout, kernel, position encoding, score modification, mask, other option and
+    ENCODINGS entry) keeps at least the cells tests/grid_floors.py records for it, in all and with each layout,
+    kernel, key/value heads and mask it met, in the default run and in --deep's: an entry added or changed that moves
+    the turns of the others, or takes an option's own cells, fails here naming what lost cells."""
+    problems = shortfalls(census(), FLOORS, registered_values(ENCODINGS))
+    if problems:
+        pytest.fail("\n".join([
+            "The property grids lost cells (tests/grid_floors.py holds each value's floor: (default run, --deep run)):",
+            *problems,
+            "An entry added or changed in tests/test_attention_properties.py moved the turns that give each entry's "
+            "cells their layout, kernel, key/value heads and window, or took another value's cells (see 'Adding a grid "
+            "entry' in docs/ARCHITECTURE.md). If that is meant, rewrite the floors from the grids as they are, "
+            "`python tests/grid_floors.py`, and say in the commit which value lost which cells and why "
+            "(`git diff tests/grid_floors.py` shows every count that moved)."]), pytrace=False)  # fmt: skip
