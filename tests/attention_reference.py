@@ -29,6 +29,8 @@ them: a test compares a block's gradients to these.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -412,14 +414,50 @@ def kda_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tens
     return y @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
 
 
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a float32 block may lie from its float64 formula, element by element: |got - want| <= atol (1 + scale)
+    + rtol |want|, ``scale`` the largest |want| of the tensor (of every gradient at once, for a gradient: some are
+    zero in exact arithmetic and keep in float32 the round-off of the terms that cancel). Round-off, relative to the
+    values' size: a wrong mask or head moves values by their own size."""
+
+    atol: float = 2e-5
+    rtol: float = 1e-4
+
+    def bounds(self, scale: float) -> tuple[float, float]:
+        """(atol, rtol) for tensors whose largest |value| is ``scale``."""
+        return self.atol * (1.0 + scale), self.rtol
+
+    def __str__(self) -> str:
+        return f"|got - want| <= {self.atol:g} (1 + scale) + {self.rtol:g} |want|"
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A function's float64 formula, (block, layout, x, keys seen) -> the block's output, and how far a float32 block
+    may lie from it: its outputs and its gradients. A layer whose math amplifies round-off (a norm of a near-zero
+    vector) states its own tolerance here, beside its formula, instead of loosening every function's."""
+
+    compute: Callable[..., torch.Tensor]
+    outputs: Tolerance = Tolerance()
+    gradients: Tolerance = Tolerance()
+
+    def __call__(self, block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:
+        return self.compute(block, layout, x, seen)
+
+
 # Every function a registered layer computes (its layout class's ``function``) -> its float64 formula, written from
-# its paper: (block, layout, x, keys seen) -> the block's output. A registered function without one fails
-# test_attention_properties.py: a new layer is held to its formula by the grid, with no test of its own to write.
-REFERENCES = {"mha": softmax_reference, "mla": latent_reference, "gated_deltanet": deltanet_reference,
-              "kda": kda_reference}
+# its paper, and its tolerances. A registered function without one fails test_attention_properties.py: a new layer
+# is held to its formula by the grid, with no test of its own to write.
+REFERENCES = {"mha": Formula(softmax_reference), "mla": Formula(latent_reference),
+              "gated_deltanet": Formula(deltanet_reference), "kda": Formula(kda_reference)}
+
+
+def formula_of(block) -> Formula:
+    """The formula of the block's function (``REFERENCES``), with its tolerances."""
+    return REFERENCES[type(block).function]
 
 
 def reference(block, x: torch.Tensor, seen: dict | None = None) -> torch.Tensor:
     """The block's function at ``x`` by its function's formula (``REFERENCES``), its options read from its spec."""
-    cls = type(block)
-    return REFERENCES[cls.function](block, cls.name, x, keys_seen(block.spec) if seen is None else seen)
+    return formula_of(block)(block, type(block).name, x, keys_seen(block.spec) if seen is None else seen)

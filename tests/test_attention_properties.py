@@ -26,10 +26,14 @@ import dataclasses
 import functools
 import itertools
 import re
+from collections.abc import Callable, Iterable
 
 import pytest
 import torch
-from attention_reference import REFERENCED_MASKS, REFERENCES, reference
+from attention_reference import REFERENCED_MASKS, REFERENCES, Formula, Tolerance, formula_of, reference
+from cell_failures import CellFailures
+from grid_census import TIERS, Cell, registered_values, shortfalls, tally
+from grid_floors import FLOORS
 from helpers import CONFIGS, tiny_gpt_config
 from omegaconf import OmegaConf
 
@@ -64,22 +68,13 @@ OPTION_EXAMPLES = {f.name: f.metadata["example"] for f in dataclasses.fields(Att
 
 
 
-def assert_near(got: torch.Tensor, want: torch.Tensor, what: str, scale: float | None = None) -> None:
-    """float32 against the float64 formula: round-off, relative to ``scale`` (by default the tensor's own); a
-    wrong mask or head moves values by their own size."""
+def near(failures: CellFailures, got: torch.Tensor, want: torch.Tensor, tolerance: Tolerance, what: str,
+         scale: float | None = None) -> None:
+    """float32 against the float64 formula, within the formula's ``tolerance``, relative to ``scale`` (by default
+    the tensor's own largest value); a miss is kept in ``failures``."""
     got, want = got.double(), want.double()
-    scale = 1.0 + (want.abs().max().item() if scale is None else scale)
-    assert_close(got, want, 2e-5 * scale, 1e-4, what)
-
-
-def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float, what: str) -> None:
-    """torch.testing.assert_close's test, |got - want| <= atol + rtol |want| everywhere, in one expression: its
-    checks cost more than a decoding step at these sizes. It runs, to say what differs, only where that fails
-    (NaN fails both: assert_close's equal_nan is False)."""
-    alike = (got.shape, got.dtype, got.device) == (want.shape, want.dtype, want.device)
-    if alike and bool(((got - want).abs() <= atol + rtol * want.abs()).all()):
-        return
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+    atol, rtol = tolerance.bounds(want.abs().max().item() if scale is None else scale)
+    failures.compare(got, want, atol, rtol, what)
 
 
 def flex_unavailable(device: str) -> str | None:
@@ -148,21 +143,33 @@ def cells(deep: bool):
 
 def pytest_generate_tests(metafunc):
     deep = metafunc.config.getoption("--deep")
-    for name, make in (("cell", cells), ("encoding_cell", encoding_cells),
-                       ("encoding_decode_cell", encoding_decode_cells), ("past_context_cell", past_context_cells)):
+    for name in GRIDS:  # each grid's fixture: its cells as this run gets them
         if name in metafunc.fixturenames:
-            params = flex_cells_deep(list(make(deep)), keep_first=name == "cell")
-            metafunc.parametrize(name, [pytest.param(p.values, id=p.id, marks=p.marks) for p in params])
+            metafunc.parametrize(name, [pytest.param(p.values, id=p.id, marks=p.marks) for p in scheduled(name, deep)])
 
 
-def flex_cells_deep(params: list, keep_first: bool) -> list:
-    """A grid's flex cells marked deep (all, or all but the first with ``keep_first``): each compiles graphs of
-    its own, 10-30 s of a fresh machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at
-    every default length and more. The default run keeps the first flex cell of the plain grid and of the decoding
-    grid: flex compiled on this CPU, in a forward and in decode steps."""
-    flex = [i for i, p in enumerate(params) if "-flex-" in f"{p.id}-"]
-    deep = flex[1:] if keep_first else flex
-    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in deep else p
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """One grid of cells, a test's fixture: its cells (``make(deep)``, pytest params), what a cell's values exercise
+    (``cell``, read by the census of tests/grid_census.py), and which of its cells only --deep runs."""
+
+    make: Callable[[bool], Iterable]
+    cell: Callable[..., Cell]
+    keep_first_flex: bool = False  # the default run keeps the grid's first flex cell (see ``scheduled``)
+    deep_only: bool = False  # every cell compiles graphs of its own
+
+
+def scheduled(name: str, deep: bool) -> list:
+    """Grid ``name``'s cells as the run gets them, with the deep mark on those that only --deep runs: its flex cells
+    (all, or all but the first where the grid keeps one), as each compiles graphs of its own, 10-30 s of a fresh
+    machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at every default length and more.
+    The default run keeps the first flex cell of the plain grid and of the decoding grid: flex compiled on this CPU,
+    in a forward and in decode steps. A cell's kernel is read from its values, not from its name."""
+    grid = GRIDS[name]
+    params = list(grid.make(deep))
+    flex = [i for i, p in enumerate(params) if grid.cell(*p.values).kernel == "flex"]
+    marked = set(range(len(params))) if grid.deep_only else set(flex[1:] if grid.keep_first_flex else flex)
+    return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in marked else p
             for i, p in enumerate(params)]  # fmt: skip
 
 
@@ -236,7 +243,9 @@ def test_every_cell_is_the_formula_at_every_length_in_training_and_eval(cell, de
 def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, device, sample, **options):
     """The block against the float64 formula of its function (``attention_reference.reference``, its options read
     from its spec) at each length of ``sample`` (batch 1-3 in turn), in eval mode and in training mode with the
-    gradients of the input and of every parameter (not flex's on a CPU)."""
+    gradients of the input and of every parameter (not flex's on a CPU), each within its formula's tolerances
+    (``REFERENCES``). Every length is checked: the cell fails once, naming each length where an output or a
+    gradient lies outside them, and the lengths that hold."""
     C = block.c_proj.in_features
     if kernel == "flex" and flex_unavailable(device):
         with pytest.raises(ValueError, match="kernel=flex cannot run on this CPU"), torch.no_grad():
@@ -244,31 +253,43 @@ def assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, seen, devic
         return
     grads = kernel != "flex" or device == "cuda"  # a CPU has no FlexAttention backward (torch 2.13)
     gen = torch.Generator(device=device).manual_seed(1)
-    params = list(block.parameters())
+    formula = formula_of(block)
+    failures = CellFailures(f"{layout} x {kernel} against the {type(block).function} formula of "
+                            f"tests/attention_reference.py (outputs: {formula.outputs}; gradients: "
+                            f"{formula.gradients}, scale the largest of every gradient)")  # fmt: skip
     for i, T in enumerate(sample):
         B = 1 + i % 3
         x = torch.randn(B, T, C, device=device, generator=gen).requires_grad_(grads)
-        where = f"T={T}, batch {B}"
-        with torch.set_grad_enabled(grads):  # the formula once: its values here, its gradients below
-            ref = reference(block, x)
-        expected = ref.detach()
+        weights = torch.randn(B, T, C, device=device, generator=gen) if grads else None  # the gradients' weighting
+        with failures.at(T, f"T={T}, batch {B}"):
+            formula_holds_at(block, x, weights, formula, failures)
+    failures.raise_any()
+
+
+def formula_holds_at(block, x: torch.Tensor, weights: torch.Tensor | None, formula: Formula,
+                     failures: CellFailures) -> None:
+    """One length of ``assert_block_is_the_formula``: the outputs in eval and training mode, and with ``weights``
+    the gradients of sum(out * weights) by the input and every parameter."""
+    with torch.set_grad_enabled(weights is not None):  # the formula once: its values here, its gradients below
+        ref = reference(block, x)
+    expected = ref.detach()
+    with torch.no_grad():
+        near(failures, block.eval()(x), expected, formula.outputs, "eval output")
+    block.train()  # dropout 0: the training path (sdpa's dropout argument, flex's) computes the same
+    if weights is None:
         with torch.no_grad():
-            assert_near(block.eval()(x), expected, f"eval, {where}")
-        block.train()  # dropout 0: the training path (sdpa's dropout argument, flex's) computes the same
-        if not grads:
-            with torch.no_grad():
-                assert_near(block(x), expected, f"train, {where}")
-            continue
-        out = block(x)
-        assert_near(out, expected, f"train, {where}")
-        weights = torch.randn(out.shape, device=device, generator=gen)
-        got = torch.autograd.grad((out * weights).sum(), [x, *params])
-        want = torch.autograd.grad((ref * weights.double()).sum(), [x, *params])
-        # One scale for every gradient: some are zero in exact arithmetic (a key bias shifts a whole row of scores,
-        # which softmax ignores) and in float32 keep the round-off of the terms that cancel.
-        scale = max(w.abs().max().item() for w in want)
-        for (name, _), g, w in zip([("x", x), *block.named_parameters()], got, want):
-            assert_near(g, w, f"d/d{name}, {where}", scale)
+            near(failures, block(x), expected, formula.outputs, "train output")
+        return
+    out = block(x)
+    near(failures, out, expected, formula.outputs, "train output")
+    params = [p for _, p in block.named_parameters()]
+    got = torch.autograd.grad((out * weights).sum(), [x, *params])
+    want = torch.autograd.grad((ref * weights.double()).sum(), [x, *params])
+    # One scale for every gradient: some are zero in exact arithmetic (a key bias shifts a whole row of scores,
+    # which softmax ignores) and in float32 keep the round-off of the terms that cancel.
+    scale = max(w.abs().max().item() for w in want)
+    for name, g, w in zip(["x", *(name for name, _ in block.named_parameters())], got, want):
+        near(failures, g, w, formula.gradients, f"d/d{name}", scale)
 
 
 # The values of issue 30: position encodings (model.position) and score modifications (model.qk_norm, softcap,
@@ -280,6 +301,11 @@ ENCODINGS = {
     **{name: dict(position=name) for name in POSITIONS if name != AttentionSpec.position},
     **{mod.name: {mod.field: OPTION_EXAMPLES[mod.field]} for mod in with_fields()},
     "gate": dict(gate="elementwise"),
+}
+# Values together, written here: the only entries written by hand (the others come from the registries and the
+# options' declarations). Being a combination is this table's, not the name's: a name is only a cell's id. Each
+# gives its flex turn to flex in the default grid (``encoding_layouts_kernels``).
+COMBINATIONS = {
     "rope500+qk_norm+softcap+sinks": dict(position="rope", rope_theta=500.0, qk_norm=True, softcap=3.0, sinks=True),
     "alibi+qk_norm+sinks": dict(position="alibi", qk_norm=True, sinks=True),
     "rope_fraction0.5+headgate+sinks": dict(position="rope", rope_fraction=0.5, gate="headwise", sinks=True),
@@ -288,6 +314,7 @@ ENCODINGS = {
     # Llama 4's NoPE layers: the queries' temperature after QK-norm, which would undo it
     "none+query_temperature+qk_norm": dict(position="none", query_temperature=4, qk_norm=True),
 }
+ENCODINGS |= COMBINATIONS
 
 
 # Options whose cells live in a grid of their own: sparse attention's top-k picks keys by score, so its inputs are
@@ -312,7 +339,9 @@ def options_of_their_own() -> dict[str, dict]:
     return own
 
 
-ENCODINGS |= options_of_their_own()
+# Computed once, before they join ENCODINGS (which then holds them: the function would find none left)
+OWN_OPTIONS = options_of_their_own()
+ENCODINGS |= OWN_OPTIONS
 # The encodings without a position table: they read past block_size (rope, alibi, none).
 PAST_CONTEXT = tuple(name for name, cls in POSITIONS.items() if cls.runs_past_context)
 # The encoding cells' block size: the longest default length (200) and the deep ones past it read past the
@@ -357,8 +386,10 @@ def layers_applying(options: tuple) -> list[str]:
 def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_turn: int):
     """The (layout, kernel) pairs of the ``e``-th encoding, over every registered layer that applies it: with
     ``deep`` each x every kernel it runs that takes it; by default each layer once, manual or sdpa in turn, and flex
-    for GPT-2's layout at ``flex_turn`` when the encoding is a combination (its name has a "+") or a modification of
-    the scores that no combination holds (one registered tomorrow: flex compiles its score_mod in the default tier)."""
+    for GPT-2's layout at ``flex_turn`` when the encoding is one of ``COMBINATIONS`` or a modification of the scores
+    that no combination holds. The encoding grids' flex cells are all deep (``scheduled``: a score_mod compiles
+    graphs of its own): in the default run that layout meets the encoding in no cell, and --deep holds it with every
+    kernel, flex at every length (``deep_encoding_lengths``)."""
     layers = layers_applying(tuple(options.items()))
     kernels = {layout: [k for k in kernels_of(layout) if takes(k, options)] for layout in layers}
     if deep:
@@ -376,9 +407,9 @@ def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_
 def encoding_cells(deep: bool):
     """``--deep``: each encoding x every layout x every kernel that takes it (key/value heads, windows and head
     shapes turning with them), at every deep length. By default each encoding meets every layout once, with
-    manual or sdpa in turn (key/value heads, windows, head shapes turning); flex, whose compilation per
-    score_mod and padded shape costs seconds on a CPU, meets the two combinations by default (every
-    modification in its score_mod) and each single value with --deep."""
+    manual or sdpa in turn (key/value heads, windows, head shapes turning), but for the layout at its flex turn
+    (``encoding_layouts_kernels``); flex, whose compilation per score_mod and padded shape costs seconds on a CPU,
+    meets every encoding with --deep."""
     windows = list({**WINDOWS, **(DEEP_WINDOWS if deep else {})}.items())
     shapes = list(HEAD_SHAPES.items())
     for e, (name, options) in enumerate(ENCODINGS.items()):
@@ -435,6 +466,7 @@ DECODE_BLOCK = 24
 PROMPTS = [1, 2, 5, 8, 13, 23]
 DEEP_PROMPTS = list(range(1, DECODE_BLOCK))
 DECODE_WINDOWS = {"full": None, "window7": 7}
+DECODE_ATOL = 1e-4  # a step's logits against the full forward's: two float32 computations of one function
 
 
 def decode_model(layout, kernel, n_kv, window, device, block_size=DECODE_BLOCK, **options) -> GPT:
@@ -470,26 +502,30 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
     """From each prompt length (batch sizes ``batches`` in turn), fill the cache, then decode one position at a time
     to ``total`` positions (the end of the context, or past it for a model without a position table); every
     step's logits must be those of a full forward over the whole sequence at that position. A cache holds its
-    window (or the context, when shorter), never the whole sequence, and never grows past it."""
+    window (or the context, when shorter), never the whole sequence, and never grows past it. Every prompt is
+    checked: the cell fails once, naming each prompt and position that failed, and the prompts that hold."""
     config = model.config
     capacity = config.cache_capacity  # its masks' (the window), at most the context
     gen = torch.Generator(device=device).manual_seed(2)
+    failures = CellFailures(f"cached decoding against a full forward over the whole sequence (logits within "
+                            f"{DECODE_ATOL})", counted="prompt lengths", key="prompt")  # fmt: skip
     for i, prompt in enumerate(prompts):
         B = batches[i % len(batches)]
         idx = torch.randint(0, 64, (B, total), device=device, generator=gen)
-        with torch.inference_mode():
+        with failures.at(prompt, f"prompt {prompt}, batch {B}"), torch.inference_mode():
             full, _ = model(idx, idx)
             cache = KVCache(model.config.n_layer)
             first = model(idx[:, :prompt], cache=cache)[0][:, -1]
-            assert_close(first, full[:, prompt - 1], 1e-4, 0, f"prompt {prompt}")
+            failures.compare(first, full[:, prompt - 1], DECODE_ATOL, 0, "the prompt's last logits")
             held = {buffer.size(2) for buffer in cache.buffers()}
             if any(config.cache_widths):  # a KV cache (a linear layer keeps a state of fixed size instead)
-                assert held == {capacity}, f"prompt {prompt}: the cache holds {held} positions, not {capacity}"
+                failures.check(held == {capacity}, f"the cache holds {held} positions, not {capacity}")
             bounded = cache.nbytes()
             step = make_step(model, cache, B)
             for t in range(prompt, total):
-                assert_close(step(idx[:, t : t + 1], t), full[:, t], 1e-4, 0, f"prompt {prompt}, position {t}")
-            assert cache.nbytes() == bounded, f"prompt {prompt}: the cache grew past its capacity"
+                failures.compare(step(idx[:, t : t + 1], t), full[:, t], DECODE_ATOL, 0, f"position {t}")
+            failures.check(cache.nbytes() == bounded, "the cache grew past its capacity")
+    failures.raise_any()
 
 
 def eager_or_static(static: bool, device: str):
@@ -504,9 +540,8 @@ def eager_or_static(static: bool, device: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
-@pytest.mark.parametrize("layout,kernel,n_kv,masks", flex_cells_deep(list(decode_cells()), keep_first=True))
-def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(layout, kernel, n_kv, masks, static,
-                                                                         device, request):  # fmt: skip
+def test_cached_decoding_is_a_full_recomputation_from_every_prompt_length(decode_cell, static, device, request):
+    layout, kernel, n_kv, masks = decode_cell
     if kernel == "flex" and flex_unavailable(device):
         pytest.skip(flex_unavailable(device))
     model = decode_model(layout, kernel, n_kv, masks.get("window"), device,
@@ -608,9 +643,13 @@ def test_generation_past_block_size_is_a_full_forward_over_the_whole_sequence(pa
 COMPILED_CELLS = [*itertools.product(LAYOUTS, KERNEL_NAMES, (2,), (7,)), ("wrapper", "manual", 1, None)]
 
 
-@pytest.mark.parametrize("layout,kernel,n_kv,window",
-                         [pytest.param(*c, marks=pytest.mark.deep) for c in COMPILED_CELLS])
-def test_the_compiled_static_step_is_a_full_recomputation(layout, kernel, n_kv, window):
+def compiled_cells(deep: bool):
+    for layout, kernel, n_kv, window in COMPILED_CELLS:
+        yield pytest.param(layout, kernel, n_kv, window, id=f"{layout}-{kernel}-{n_kv}kv-{window_id(window)}")
+
+
+def test_the_compiled_static_step_is_a_full_recomputation(compiled_cell):
+    layout, kernel, n_kv, window = compiled_cell
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
     model = decode_model(layout, kernel, n_kv, window, "cpu")
@@ -635,10 +674,88 @@ COMPILED_PAST_CELLS = [("rope", "fused_qkv", "sdpa", 6, {}),
                        ("rope", "fused_qkv", "flex", 6, {"softcap": 3.0, "sinks": True})]  # fmt: skip
 
 
-@pytest.mark.parametrize("position,layout,kernel,window,mods",
-                         [pytest.param(*c, marks=pytest.mark.deep) for c in COMPILED_PAST_CELLS])
-def test_the_compiled_static_step_past_block_size_is_a_full_forward(position, layout, kernel, window, mods):
+def compiled_past_cells(deep: bool):
+    for position, layout, kernel, window, mods in COMPILED_PAST_CELLS:
+        yield pytest.param(position, layout, kernel, window, mods,
+                           id=f"{position}{''.join(f'+{k}' for k in mods)}-{layout}-{kernel}-{window_id(window)}")
+
+
+def test_the_compiled_static_step_past_block_size_is_a_full_forward(compiled_past_cell):
+    position, layout, kernel, window, mods = compiled_past_cell
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
     model = decode_model(layout, kernel, 2, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
     assert_decodes_like_full_recomputation(model, compiled_step, [3, 21], "cpu", PAST_TOTAL, batches=COMPILED_BATCH)
+
+
+# ------------------------------------------------------------------ the grids, and the cells each value has
+
+
+def set_by_cell(layout: str, options: dict) -> dict:
+    """The options a cell sets beyond its layout's config file (attention=mla's latent width is the layout's)."""
+    defaults = layout_defaults(layout)
+    return {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
+
+
+def windowed(window: int | None) -> dict:
+    return {"window": window} if window else {}
+
+
+def window_id(window: int | None) -> str:
+    return f"window{window}" if window else "full"
+
+
+def kv_of_past_context(layout: str) -> int | None:
+    """The key/value heads of the past-context models: grouped, 2 of 4, where the layer applies them."""
+    return 2 if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+
+
+# Every grid (its test's fixture) -> how its cells are made and what each exercises: the run's cells and the census's.
+# The decoding models have 4 heads (decode_model).
+GRIDS = {
+    "cell": Grid(cells, lambda layout, kernel, n_head, head_dim, n_kv, masks:
+                 Cell(layout, kernel, n_head, n_kv, masks), keep_first_flex=True),
+    "encoding_cell": Grid(encoding_cells, lambda name, layout, kernel, n_head, head_dim, n_kv, window:
+                          Cell(layout, kernel, n_head, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
+    "decode_cell": Grid(lambda deep: decode_cells(), lambda layout, kernel, n_kv, masks:
+                        Cell(layout, kernel, 4, n_kv, masks), keep_first_flex=True),
+    "encoding_decode_cell": Grid(encoding_decode_cells, lambda name, layout, kernel, n_kv, window:
+                                 Cell(layout, kernel, 4, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
+    "past_context_cell": Grid(past_context_cells, lambda position, layout, kernel, window, mods:
+                              Cell(layout, kernel, 4, kv_of_past_context(layout),
+                                   set_by_cell(layout, {"position": position, **mods, **windowed(window)}))),
+    "compiled_cell": Grid(compiled_cells, lambda layout, kernel, n_kv, window:
+                          Cell(layout, kernel, 4, n_kv, windowed(window)), deep_only=True),
+    "compiled_past_cell": Grid(compiled_past_cells, lambda position, layout, kernel, window, mods:
+                               Cell(layout, kernel, 4, 2, {"position": position, **mods, **windowed(window)}),
+                               deep_only=True),
+}  # fmt: skip
+
+
+def census() -> dict[str, dict]:
+    """Each run's count of the cells that exercise each value (tests/grid_census.py): the default run's cells (not
+    those marked deep) and the --deep run's."""
+    def cells_run(deep: bool):
+        for name, grid in GRIDS.items():
+            for p in scheduled(name, deep):
+                if deep or not any(mark.name == "deep" for mark in p.marks):
+                    yield grid.cell(*p.values)
+
+    return {tier: tally(cells_run(tier == "deep")) for tier in TIERS}
+
+
+def test_no_registered_value_loses_cells_in_the_default_or_the_deep_run():
+    """Every registered value (each layout, kernel, position encoding, score modification, mask, other option and
+    ENCODINGS entry) keeps at least the cells tests/grid_floors.py records for it, in all and with each layout,
+    kernel, key/value heads and mask it met, in the default run and in --deep's: an entry added or changed that moves
+    the turns of the others, or takes an option's own cells, fails here naming what lost cells."""
+    problems = shortfalls(census(), FLOORS, registered_values(ENCODINGS))
+    if problems:
+        pytest.fail("\n".join([
+            "The property grids lost cells (tests/grid_floors.py holds each value's floor: (default run, --deep run)):",
+            *problems,
+            "An entry added or changed in tests/test_attention_properties.py moved the turns that give each entry's "
+            "cells their layout, kernel, key/value heads and window, or took another value's cells (see 'Adding a grid "
+            "entry' in docs/ARCHITECTURE.md). If that is meant, rewrite the floors from the grids as they are, "
+            "`python tests/grid_floors.py`, and say in the commit which value lost which cells and why "
+            "(`git diff tests/grid_floors.py` shows every count that moved)."]), pytrace=False)  # fmt: skip

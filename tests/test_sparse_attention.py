@@ -20,6 +20,7 @@ import pytest
 import torch
 from attention_reference import index_scores, reference, sparse_selection
 from attention_reference import keys_seen as reference_masks
+from cell_failures import CellFailures
 from helpers import TINY, compose_train, read_metrics, run_script, tiny_run
 
 from model import GPT, GPTConfig, KVCache, build_attention
@@ -76,29 +77,38 @@ def test_every_layout_is_its_formula_at_every_length_and_every_topk_deep(layout,
 def assert_formula_over(layout: str, kernel: str, options: dict, lengths, topks: int) -> None:
     """The block against its float64 formula at each length, in training mode, with the gradients of the input and
     of every parameter but the indexer's (the top-k passes none); at every top-k boundary of a length up to 8, then
-    ``topks`` of them a length, in turn over neighbouring lengths (each boundary met)."""
+    ``topks`` of them a length, in turn over neighbouring lengths (each boundary met). Every length and top-k is
+    checked: the cell fails once, naming each that failed and those that hold."""
     gen = torch.Generator().manual_seed(1)
+    failures = CellFailures(f"{layout} x {kernel} with {options} against the sparse formula of "
+                            "tests/attention_reference.py", counted="lengths and top-ks", key="T/top-k")  # fmt: skip
     for i, T in enumerate(lengths):
         boundaries = topks_for(T)
         for topk in boundaries if T <= 8 else [boundaries[(i * topks + j) % len(boundaries)] for j in range(topks)]:
-            block = block_of(layout, kernel, topk, seed=T, **options)
-            x = unambiguous_input(block, (1 + i % 3, T, 32), gen)
-            want = reference(block, x)
-            got = block.train()(x)
-            where = f"T={T}, top-k {topk}"
-            # one scale: a few parts are float32 by design (the forget gate's states; differential's lambda, whose
-            # error the RMSNorm of a small difference of two maps amplifies)
-            tolerance = 1e-4 if options.get("differential") else 1e-5
-            torch.testing.assert_close(got, want, rtol=0, atol=tolerance * want.abs().max().item(), msg=where)
-            weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
-            params = [p for name, p in block.named_parameters() if not name.startswith("indexer.")]
-            mine = torch.autograd.grad((got * weights).sum(), [x, *params])
-            theirs = torch.autograd.grad((want * weights).sum(), [x, *params])
-            scale = max(w.abs().max().item() for w in theirs)
-            names = ["x", *(name for name, _ in block.named_parameters() if not name.startswith("indexer."))]
-            for name, g, w in zip(names, mine, theirs):  # differential's lambda is float32: its vectors' gradients too
-                loose = 1e-4 if ".lambda_" in name else tolerance
-                torch.testing.assert_close(g, w, rtol=0, atol=loose * scale, msg=f"{where}: d/d{name}")
+            with failures.at(f"{T}/{topk}", f"T={T}, top-k {topk}"):
+                formula_holds_at(layout, kernel, options, T, topk, (1 + i % 3, T, 32), gen, failures)
+    failures.raise_any()
+
+
+def formula_holds_at(layout: str, kernel: str, options: dict, T: int, topk: int, shape: tuple, gen, failures) -> None:
+    """One length and top-k of ``assert_formula_over``: the output and every gradient."""
+    block = block_of(layout, kernel, topk, seed=T, **options)
+    x = unambiguous_input(block, shape, gen)
+    want = reference(block, x)
+    got = block.train()(x)
+    # one scale: a few parts are float32 by design (the forget gate's states; differential's lambda, whose
+    # error the RMSNorm of a small difference of two maps amplifies)
+    tolerance = 1e-4 if options.get("differential") else 1e-5
+    failures.compare(got, want, tolerance * want.abs().max().item(), 0, "output")
+    weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    params = [p for name, p in block.named_parameters() if not name.startswith("indexer.")]
+    mine = torch.autograd.grad((got * weights).sum(), [x, *params])
+    theirs = torch.autograd.grad((want * weights).sum(), [x, *params])
+    scale = max(w.abs().max().item() for w in theirs)
+    names = ["x", *(name for name, _ in block.named_parameters() if not name.startswith("indexer."))]
+    for name, g, w in zip(names, mine, theirs):  # differential's lambda is float32: its vectors' gradients too
+        loose = 1e-4 if ".lambda_" in name else tolerance
+        failures.compare(g, w, loose * scale, 0, f"d/d{name}")
 
 
 def unambiguous_input(block, shape: tuple, gen: torch.Generator) -> torch.Tensor:
