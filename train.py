@@ -30,6 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, user_errors
 from cli.console import to_the_terminal
+from common.optim_label import LABELLED as OPTIM_LABELLED
+from common.optim_label import training_label
 from common.run_files import RUN_INFO, remove_husk
 from model.config import LABEL_AXES, attention_label, label_grammar
 from training import slurm
@@ -92,9 +94,10 @@ def _sweep_command_line(multirun_yaml: str, mtime_ns: int) -> tuple[str, ...]:
 
 # Swept keys that attention_label already spells (-kv2, -window64, sdpa_flash, -rope; the groups score_mods,
 # kv_cache, length_variant, schedule and mixing set its axes); the others join a run's name.
+# The optimizer's and schedule's keys too: a label spells them where they are not the defaults (-muon_qkv, -wsd).
 IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant", "schedule", "mixing",
-                "model.attention", "model.kernel", "model.sdpa_backend",
-                *(f"model.{axis}" for axis in LABEL_AXES))  # fmt: skip
+                "model.attention", "model.kernel", "model.sdpa_backend", *(f"model.{axis}" for axis in LABEL_AXES),
+                "optim", *(f"optim.{key}" for key in OPTIM_LABELLED))  # fmt: skip
 NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name", "data", "data.name", "data.path")  # a run name says these
 
 
@@ -113,26 +116,30 @@ def swept_label(model, hydra_cfg) -> str:
 
 
 def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
-    """``<label>-<model>`` (and the data, where it is not the default corpus) and this job's values of the other
-    swept keys: ``wrapper-sdpa-kv4-nano``, ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default
-    name already says it all."""
+    """``<label>-<model>`` (and the data, where it is not the default corpus; the optimizer and schedule where they
+    are not AdamW and cosine) and this job's values of the other swept keys: ``wrapper-sdpa-kv4-nano``,
+    ``fused_qkv-sdpa-nano-muon_qkv``, ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default name
+    already says it all."""
     model, data = OmegaConf.to_container(cfg.model, resolve=True), data_part(cfg.data)
-    named = f"{cfg.model.name}-{data}" if data else cfg.model.name
+    trained = training_label(OmegaConf.to_container(cfg.optim, resolve=True))
+    named = "-".join(part for part in (cfg.model.name, data, trained) if part)
     name = f"{swept_label(model, hydra_cfg)}-{named}{swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)}"
     return None if name == f"{attention_label(model)}-{named}" else name
 
 
-def run_dir_name(model: DictConfig) -> str:
-    """The run directory's name after its time or job number (configs/train.yaml): the run's label, and in a
-    multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
+def run_dir_name(model: DictConfig, optim: DictConfig | None = None) -> str:
+    """The run directory's name after its time or job number (configs/train.yaml): the run's label (with the optimizer
+    and schedule where they are not AdamW and cosine: ``fused_qkv-sdpa-muon_qkv``), and in a multirun the values of
+    the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
     model = OmegaConf.to_container(model, resolve=True)
+    trained = training_label(OmegaConf.to_container(optim, resolve=True) if optim is not None else None)
     try:
         hydra_cfg = HydraConfig.get()
     except ValueError:  # the config printed outside a run (--cfg hydra): no sweep to read
-        return attention_label(model)
-    if hydra_cfg.mode != RunMode.MULTIRUN:
-        return attention_label(model)
-    return swept_label(model, hydra_cfg) + swept_suffix(hydra_cfg, IN_THE_LABEL)
+        hydra_cfg = None
+    multirun = hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN
+    label = swept_label(model, hydra_cfg) if multirun else attention_label(model)
+    return label + (f"-{trained}" if trained else "") + (swept_suffix(hydra_cfg, IN_THE_LABEL) if multirun else "")
 
 
 OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)

@@ -32,6 +32,7 @@ from training.continuation import Continuation
 from training.distributed import Distributed, from_environment
 from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
 from training.memory import release_memory
+from training.muon import check_split
 from training.plan import auto_micro_batch, check_fits_device, make_plan, plan_of, planned_model
 
 log = logging.getLogger("headlab.train")
@@ -66,6 +67,8 @@ def preflight(cfg: DictConfig | TrainConfig) -> RunSetup | dict:
     started = time.time()  # this process's work on the run begins (run.json's segment)
     config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
     validate(config)
+    if config.optim.name == "muon":  # a split a layer cannot make, from the model's config
+        check_split(config.optim.muon_split, config.model.layer_layouts)
     slurm.use_the_cpus_given()
     dist = from_environment()
     # A rank's micro-batch, unset: its whole share on this many ranks. Refuses a batch that does not split.
@@ -156,11 +159,15 @@ def checkpoint_to_resume(cfg: TrainConfig, planned: GPTConfig, continuing: Conti
 def check_resumable(cfg: TrainConfig, planned: GPTConfig, ckpt: Checkpoint, source: str | Path) -> None:
     """Refuse a checkpoint this run cannot continue (``source``: where it came from, as the user named it)."""
     stop_at = cfg.trainer.stop_at_step
-    diffs = reuse.differences("resume", {"model": ckpt.model_config}, {"model": asdict(planned)})
+    optim = {"optim": ckpt.train_config["optim"]} if "optim" in (ckpt.train_config or {}) else {}
+    diffs = reuse.differences("resume", {"model": ckpt.model_config, **optim},
+                              {"model": asdict(planned), "optim": asdict(cfg.optim)})  # fmt: skip
     if diffs:
         mismatched = "; ".join(f"{d.key}: checkpoint {d.saved!r} vs now {d.now!r}" for d in diffs)
+        new = (f" (trainer.init_from={source} starts one from its weights with a new optimizer: a resume continues "
+               f"its optimizer's state)" if any(d.kind == "optimizer" for d in diffs) else "")  # fmt: skip
         raise ValueError(f"cannot resume from {source}: its config differs: {mismatched}. Resume with the "
-                         f"checkpoint's settings (add {reuse.restoring(diffs)}), or start a new run")  # fmt: skip
+                         f"checkpoint's settings (add {reuse.restoring(diffs)}), or start a new run{new}")  # fmt: skip
     if ckpt.optimizer is None:
         raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
     if ckpt.step >= cfg.trainer.max_steps:

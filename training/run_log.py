@@ -9,6 +9,7 @@ import socket
 import time
 from pathlib import Path
 
+from common.optim_label import training_label
 from common.run_files import (
     FAILURE,
     LAST,
@@ -37,13 +38,14 @@ def wandb_mode(cfg: LoggerConfig) -> str:
 def run_name(cfg: TrainConfig) -> str:
     """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
     from the defaults), then the data where it is not the default corpus (``-tinyshakespeare``, ``-my_notes``
-    for data.path=my_notes.txt), or the name train.py made (with a sweep's other overrides)."""
+    for data.path=my_notes.txt), then the optimizer and schedule where they are not AdamW and cosine (``-muon_qkv``,
+    ``-wsd``: common/optim_label.py), or the name train.py made (with a sweep's other overrides)."""
     if cfg.logger.name:
         return cfg.logger.name
     how = attention_label(vars(cfg.model), sep="-").replace(", ", "-").replace(" kv heads", "kv").replace(
         " kv head", "kv").replace("window ", "window")  # fmt: skip
-    data = data_part(cfg.data)
-    return f"{how}-{cfg.model.name}" + (f"-{data}" if data else "")
+    parts = (data_part(cfg.data), training_label(vars(cfg.optim)))
+    return f"{how}-{cfg.model.name}" + "".join(f"-{part}" for part in parts if part)
 
 
 GENERIC_DATA = ("files", "hub")  # configs/data's names that say only where the text comes from
@@ -69,7 +71,8 @@ def run_tags(cfg: TrainConfig) -> list[str]:
     # wandb refuses a tag past 64 characters: a long schedule's part goes as its pattern and each kind's part
     parts = [piece[:WANDB_TAG_LIMIT] for part in parts
              for piece in ([part] if len(part) <= WANDB_TAG_LIMIT else part.split("_"))]  # fmt: skip
-    return [m.attention, m.kernel, *parts, m.name, cfg.data.name, *cfg.logger.tags]
+    trained = [part for part in training_label(vars(cfg.optim)).split("-") if part]  # muon_qkv, wsd
+    return [m.attention, m.kernel, *parts, m.name, cfg.data.name, *trained, *cfg.logger.tags]
 
 
 WANDB_TAG_LIMIT = 64  # characters (wandb's settings refuse a longer tag)
