@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import TINY, compose_train, tiny_gpt_config
+from helpers import TINY, compose_train, tiny_gpt_config, train_losses
 from torch import nn
 
 from model import GPT
@@ -112,12 +112,6 @@ def test_the_training_losses_of_the_layouts_agree_by_q_k_v_and_part_as_stored(tm
     assert gap["qkv"] < 2e-4, gap
     assert gap["as_stored"] > 10 * gap["qkv"] and gap["as_stored"] > 5e-4, gap
     assert losses["qkv", "fused_qkv"][20] < losses["qkv", "fused_qkv"][1] - 1.0, "it learned"
-
-
-def train_losses(run) -> dict[int, float]:
-    from helpers import read_metrics
-
-    return {m["step"]: m["train/loss"] for m in read_metrics(run) if "train/loss" in m}
 
 
 def every_layer() -> list:
