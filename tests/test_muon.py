@@ -45,7 +45,7 @@ def test_as_stored_is_torch_muon_for_the_hidden_matrices_beside_torch_adamw_for_
     of a gradient can flip; bit for bit on this CPU.)"""
     ours, theirs = tiny_gpt(), tiny_gpt()
     cfg = OptimConfig(name="muon", muon_weight_decay=0.1)
-    optimizer = make_optimizer(ours, cfg, CPU)
+    optimizer = make_optimizer(ours, cfg, CPU, torch.bfloat16)  # orthogonalised in bfloat16, as torch does
     embeddings = embedding_ids(theirs)
     hidden = [p for name, p in theirs.named_parameters() if is_hidden_matrix(name, p, embeddings)]
     rest = [p for name, p in theirs.named_parameters() if not is_hidden_matrix(name, p, embeddings)]
@@ -97,8 +97,9 @@ def test_apart_by_projection_or_head_every_layout_takes_the_same_step_and_as_sto
 
 
 def test_the_training_losses_of_the_layouts_agree_by_q_k_v_and_part_as_stored(tmp_path, data_cache):
-    """Whole runs (20 steps of the tiny model): by Q/K/V the three layouts' train losses agree to the round-off that
-    Muon's bfloat16 orthogonalisation makes of float32's (AdamW's agree to 5e-7); as stored they part by much more."""
+    """Whole runs (20 steps of the tiny model, float32: Muon orthogonalises in float32 too): by Q/K/V the three
+    layouts' train losses agree to float32's round-off, as AdamW's do (5e-7 here); as stored they part by thousands of
+    times more."""
     losses = {}
     for split in ("qkv", "as_stored"):
         for layout in LAYOUTS:
@@ -109,8 +110,8 @@ def test_the_training_losses_of_the_layouts_agree_by_q_k_v_and_part_as_stored(tm
     gap = {split: max(abs(losses[split, layout][s] - losses[split, "fused_qkv"][s])
                       for layout in LAYOUTS for s in losses[split, layout])
            for split in ("qkv", "as_stored")}  # fmt: skip
-    assert gap["qkv"] < 2e-4, gap
-    assert gap["as_stored"] > 10 * gap["qkv"] and gap["as_stored"] > 5e-4, gap
+    assert gap["qkv"] < 2e-5, gap
+    assert gap["as_stored"] > 5e-4 and gap["as_stored"] > 100 * gap["qkv"], gap
     assert losses["qkv", "fused_qkv"][20] < losses["qkv", "fused_qkv"][1] - 1.0, "it learned"
 
 

@@ -202,7 +202,7 @@ class Trainer:
         if init_weights is not None:
             self.model.load_weights(init_weights)
         self.model.to(device)
-        self.optimizer = make_optimizer(self.model, cfg.optim, device)
+        self.optimizer = make_optimizer(self.model, cfg.optim, device, dtype)
         self.scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         self.start_step, self.best_val, self.best_bpb, wandb_id = 0, math.inf, math.nan, None
         self.speeds: list[float] = []

@@ -1,13 +1,17 @@
 """Muon for the hidden matrices and AdamW for the rest, in one optimizer (``optim=muon``).
 
 Muon (Keller Jordan, 2024; ``torch.optim.Muon``) keeps SGD momentum per matrix and replaces each update with an
-orthogonalised one: the Newton-Schulz iteration's approximation of U V^T for the momentum's U S V^T, computed in
-bfloat16, scaled by the matrix's shape (``optim.muon_adjust_lr``). It acts on whole matrices, so how a layer stores
-its weights decides what it orthogonalises: fused_qkv's one 3C x C projection, separate_qkv's three C x C ones and
-the wrapper's per-head ones are different problems. ``optim.muon_split`` chooses the matrices:
+orthogonalised one: the Newton-Schulz iteration's approximation of U V^T for the momentum's U S V^T, scaled by the
+matrix's shape (``optim.muon_adjust_lr``). torch computes the iteration in bfloat16; here it runs in the run's own
+precision, as nanochat's does: bfloat16 when the run trains in bfloat16 or float16 (a GPU's), float32 when it trains
+in float32 (a CPU's, where bfloat16 matmuls are emulated: 15x slower than float32's on an AVX2 CPU, measured).
+
+Muon acts on whole matrices, so how a layer stores its weights decides what it orthogonalises: fused_qkv's one
+3C x C projection, separate_qkv's three C x C ones and the wrapper's per-head ones are different problems.
+``optim.muon_split`` chooses the matrices:
 
 - ``as_stored``: each 2-D weight as its layout stores it (what ``torch.optim.Muon`` does with the parameters it is
-  given, and what this optimizer then equals);
+  given, and what this optimizer then equals, orthogonalising in bfloat16);
 - ``qkv``: each projection apart (Q, K and V; a latent's down-projection; a linear layer's gate), its rows gathered
   from wherever the layout keeps them: the three layouts of one function take the same steps;
 - ``heads``: each head of each projection apart.
@@ -34,12 +38,12 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 
 
-def newton_schulz(matrices: torch.Tensor, steps: int) -> torch.Tensor:
-    """Orthogonalise each of ``matrices`` (n, rows, cols) as ``torch.optim.Muon`` does one matrix: in bfloat16, a wide
-    matrix's rows (a tall one transposed), scaled to a Frobenius norm of at most 1, then ``steps`` quintic
-    iterations; the same operations batched (on a CPU bit for bit torch's, tests/test_muon.py)."""
+def newton_schulz(matrices: torch.Tensor, steps: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Orthogonalise each of ``matrices`` (n, rows, cols) as ``torch.optim.Muon`` does one matrix: in ``dtype``
+    (torch's: bfloat16), a wide matrix's rows (a tall one transposed), scaled to a Frobenius norm of at most 1, then
+    ``steps`` quintic iterations; the same operations batched (on a CPU bit for bit torch's, tests/test_muon.py)."""
     a, b, c = NS_COEFFICIENTS
-    x = matrices.bfloat16()
+    x = matrices.to(dtype)
     tall = matrices.size(-2) > matrices.size(-1)
     if tall:
         x = x.mT
@@ -221,7 +225,8 @@ class MuonAdamW(torch.optim.Optimizer):
             ready = [m for m in matrices if all(piece.param in updates for piece in m.pieces)]
             if not ready:
                 continue
-            orthogonal = newton_schulz(torch.stack([m.gather(updates) for m in ready]), group["ns_steps"])
+            orthogonal = newton_schulz(torch.stack([m.gather(updates) for m in ready]), group["ns_steps"],
+                                       getattr(torch, group["ns_dtype"]))
             step = adjusted_lr(lr, group["adjust_lr"], rows, cols)
             for matrix, update in zip(ready, orthogonal):
                 matrix.apply(update, step)
@@ -240,9 +245,10 @@ def check_split(split: str, layer_layouts: list[tuple[type, object]]) -> None:
                          f"how its weights split (its class's matrix_rows); use optim.muon_split=as_stored")
 
 
-def muon_adamw(model: nn.Module, cfg, fused: bool) -> MuonAdamW:
-    """``optim=muon`` for ``model``: its hidden matrices split as ``cfg.muon_split`` says, the rest AdamW (weight
-    decay on its matmul weights only, as ``optim=adamw``'s). Refuses a model with no hidden matrix."""
+def muon_adamw(model: nn.Module, cfg, fused: bool, dtype: torch.dtype = torch.float32) -> MuonAdamW:
+    """``optim=muon`` for ``model``: its hidden matrices split as ``cfg.muon_split`` says, orthogonalised in bfloat16
+    for a run in a half-precision ``dtype`` and in float32 for one in float32; the rest AdamW (weight decay on its
+    matmul weights only, as ``optim=adamw``'s). Refuses a model with no hidden matrix."""
     matrices = hidden_matrices(model, cfg.muon_split)
     if not matrices:
         raise ValueError("optim=muon orthogonalises a model's 2-D hidden weights, and this model has none (only "
@@ -262,6 +268,7 @@ def muon_adamw(model: nn.Module, cfg, fused: bool) -> MuonAdamW:
                     for params, wd in ((decay, cfg.weight_decay), (no_decay, 0.0)) if params]  # fmt: skip
     muon = {"lr": cfg.muon_lr, "peak_lr": cfg.muon_lr, "min_lr": cfg.muon_lr * cfg.min_lr / cfg.lr,
             "momentum": cfg.muon_momentum, "nesterov": cfg.muon_nesterov, "ns_steps": cfg.muon_ns_steps,
-            "adjust_lr": cfg.muon_adjust_lr, "weight_decay": cfg.muon_weight_decay, "split": cfg.muon_split}
+            "adjust_lr": cfg.muon_adjust_lr, "weight_decay": cfg.muon_weight_decay, "split": cfg.muon_split,
+            "ns_dtype": "float32" if dtype == torch.float32 else "bfloat16"}
     adamw = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "fused": fused}
     return MuonAdamW(adamw_groups, muon_params, matrices, muon, adamw)

@@ -12,11 +12,12 @@ from training.config import OptimConfig
 from training.muon import muon_adamw
 
 
-def make_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    """``optim.name``'s optimizer over ``model``'s parameters. Each group keeps its schedule's ``peak_lr`` and
-    ``min_lr`` (``set_learning_rates`` reads them)."""
+def make_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
+                   dtype: torch.dtype = torch.float32) -> torch.optim.Optimizer:  # fmt: skip
+    """``optim.name``'s optimizer over ``model``'s parameters, for a run in ``dtype`` (Muon orthogonalises in its
+    precision). Each group keeps its schedule's ``peak_lr`` and ``min_lr`` (``set_learning_rates`` reads them)."""
     if cfg.name == "muon":
-        return muon_adamw(model, cfg, fused_adamw(device))
+        return muon_adamw(model, cfg, fused_adamw(device), dtype)
     return adamw(model, cfg, device)
 
 
