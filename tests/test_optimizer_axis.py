@@ -214,3 +214,19 @@ def test_the_report_has_optimizer_columns_and_compares_layouts_only_under_one_op
     assert not rows["fused_qkv", "AdamW"]["flag"]
     report = (out / "report.md").read_text()
     assert "| kernel | optimizer | seed |" in report and "| sdpa | Muon by Q/K/V | 1337 |" in report
+
+
+def test_bench_reference_times_a_muon_step_against_an_adamw_step_interleaved(tmp_path, capsys):
+    import bench_reference
+
+    out = tmp_path / "optim.json"
+    bench_reference.main(["optimizer", "--split", "qkv", "--batch", "2", "--seq", "16", "--n-layer", "1", "--n-head",
+                          "2", "--n-embd", "32", "--vocab", "64", "--steps", "1", "--rounds", "2", "--device", "cpu",
+                          "--json", str(out)])  # fmt: skip
+    results = json.loads(out.read_text())["results"]
+    assert [(r["comparison"], r["part"], r["split"], r["rounds"]) for r in results] == [
+        ("optimizer", "step", "qkv", 2), ("optimizer", "optimizer", "qkv", 2)]
+    assert all(r["ratio"] > 0 for r in results)
+    printed = capsys.readouterr().out
+    assert "training step with Muon split qkv (reference: with AdamW; fused_qkv" in printed
+    assert "the optimizer's step alone, Muon split qkv (reference: AdamW;" in printed

@@ -90,12 +90,12 @@ class Matrix:
         parts = [updates[p.param][p.start : p.end] for p in self.pieces]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def apply(self, update: torch.Tensor, lr: float) -> None:
-        """Each piece of the weights minus its rows of the orthogonalised ``update``, times ``lr``."""
+    def pairs(self, update: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(a piece of the weights, its rows of the orthogonalised ``update``): what each piece moves by."""
         row = 0
         for p in self.pieces:
             n = p.end - p.start
-            p.param[p.start : p.end].add_(update[row : row + n], alpha=-lr)
+            yield p.param[p.start : p.end], update[row : row + n]
             row += n
 
 
@@ -206,30 +206,26 @@ class MuonAdamW(torch.optim.Optimizer):
     def muon_step(self, group: dict) -> None:
         """Momentum per weight (``torch.optim.Muon``'s: an average, Nesterov's look-ahead), each matrix's update
         orthogonalised, the weights decayed, then moved by their matrix's adjusted learning rate."""
-        updates: dict[nn.Parameter, torch.Tensor] = {}
-        momentum = group["momentum"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-            buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1 - momentum)
-            updates[p] = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-        lr = group["lr"]
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+        grads, bufs = [p.grad for p in params], [self.state[p]["momentum_buffer"] for p in params]
+        momentum, lr = group["momentum"], group["lr"]
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)  # one kernel for all the weights, not one each
+        updates = dict(zip(params, torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs))
         if group["weight_decay"]:
-            for p in updates:
-                p.mul_(1 - lr * group["weight_decay"])
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
         for (rows, cols), matrices in self.by_shape.items():
             ready = [m for m in matrices if all(piece.param in updates for piece in m.pieces)]
             if not ready:
                 continue
             orthogonal = newton_schulz(torch.stack([m.gather(updates) for m in ready]), group["ns_steps"],
                                        getattr(torch, group["ns_dtype"]))
-            step = adjusted_lr(lr, group["adjust_lr"], rows, cols)
-            for matrix, update in zip(ready, orthogonal):
-                matrix.apply(update, step)
+            weights, steps = zip(*(pair for matrix, update in zip(ready, orthogonal) for pair in matrix.pairs(update)))
+            torch._foreach_add_(list(weights), list(steps), alpha=-adjusted_lr(lr, group["adjust_lr"], rows, cols))
 
 
 def check_split(split: str, layer_layouts: list[tuple[type, object]]) -> None:
