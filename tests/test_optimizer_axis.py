@@ -7,11 +7,13 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sys
 
 import pytest
 import torch
-from helpers import TINY, as_if_quiet, compose_train, read_metrics, train_losses
+from helpers import ROOT, TINY, as_if_quiet, compose_train, read_metrics, run_cli, train_losses
 from omegaconf import OmegaConf
+from warm_python import run_python
 
 import compare
 from common.optim_label import optimizer_label, optimizer_text, schedule_label, schedule_text, training_label
@@ -230,3 +232,57 @@ def test_bench_reference_times_a_muon_step_against_an_adamw_step_interleaved(tmp
     printed = capsys.readouterr().out
     assert "training step with Muon split qkv (reference: with AdamW; fused_qkv" in printed
     assert "the optimizer's step alone, Muon split qkv (reference: AdamW;" in printed
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on loopback")
+@pytest.mark.slow
+def test_two_gloo_ranks_under_muon_give_the_single_process_losses(tmp_path, data_cache):
+    """Muon steps on the all-reduced gradients: each rank orthogonalises the same matrices, and the ranks' run is the
+    one process's (another split of the batch), by Q/K/V and with the momentum it carries."""
+    common = [*TINY, "logger=none", "optim=muon_qkv", f"data.cache_dir={data_cache}", "trainer.batch_size=16",
+              "trainer.max_steps=6", "trainer.eval_interval=3", "trainer.eval_windows=4"]  # fmt: skip
+    result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+                         *common, "trainer.micro_batch_size=8", f"trainer.run_dir={tmp_path / 'ddp'}",
+                         f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=tmp_path, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    train(compose_train(*common, "trainer.micro_batch_size=4", f"trainer.run_dir={tmp_path / 'single'}"))
+    single, ddp = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")
+    for key in ("train/loss", "val/loss", "lr/muon"):
+        a, b = [m[key] for m in single if key in m], [m[key] for m in ddp if key in m]
+        assert len(a) == len(b) == {"train/loss": 6, "val/loss": 2, "lr/muon": 6}[key]
+        assert a == pytest.approx(b, abs=2e-4), key
+    losses = train_losses(tmp_path / "single")
+    assert losses[6] < losses[1] - 0.3, "it learned"
+
+
+@pytest.mark.slow
+def test_a_compiled_muon_run_trains_as_the_eager_one(tmp_path, data_cache):
+    """trainer.compile compiles the model's blocks; Muon steps the weights they share, eagerly."""
+    losses = {}
+    for compiled in ("false", "true"):
+        run = tmp_path / compiled
+        train(tiny(run, data_cache, "optim=muon_qkv", f"trainer.compile={compiled}", "trainer.max_steps=8"))
+        losses[compiled] = train_losses(run)
+    assert sorted(losses["true"]) == list(range(1, 9))
+    assert losses["true"] == pytest.approx(losses["false"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_the_optimizer_preset_names_each_run_by_its_layout_optimizer_and_seed(tmp_path, data_cache):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", "experiment=compare_optimizers", *TINY, "logger=none", "trainer.max_steps=2",
+                     "trainer.eval_interval=2", f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}",
+                     cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    dirs = sorted((p for p in sweep.iterdir() if (p / "run.json").exists()), key=lambda p: int(p.name.split("_")[0]))
+    expected = [f"{layout}-sdpa{optim}-trainer.seed={seed}" for layout in ("wrapper", "separate_qkv", "fused_qkv")
+                for optim in ("", "-muon", "-muon_qkv") for seed in (1, 2)]  # fmt: skip
+    assert [p.name.split("_", 1)[1] for p in dirs] == expected
+    names = [json.loads((p / "run.json").read_text())["name"] for p in dirs]
+    assert names[:6] == [f"wrapper-sdpa-nano{optim}-trainer.seed={seed}" for optim in ("", "-muon", "-muon_qkv")
+                         for seed in (1, 2)]  # fmt: skip
+    out = compare.main([str(sweep), "--out", str(tmp_path / "report")])
+    with open(out / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["optimizer"] for row in rows[:6]] == [o for o in ("AdamW", "Muon as stored", "Muon by Q/K/V")
+                                                       for _ in (1, 2)]  # fmt: skip
