@@ -286,3 +286,15 @@ def test_the_optimizer_preset_names_each_run_by_its_layout_optimizer_and_seed(tm
         rows = list(csv.DictReader(f))
     assert [row["optimizer"] for row in rows[:6]] == [o for o in ("AdamW", "Muon as stored", "Muon by Q/K/V")
                                                        for _ in (1, 2)]  # fmt: skip
+
+
+def test_a_sweep_whose_later_job_has_a_bad_split_is_refused_before_its_first_job_trains(tmp_path, data_cache):
+    sweep = tmp_path / "sweep"
+    result = run_cli("-m", *TINY, "logger=none", "optim=muon", "optim.muon_split=as_stored,columns",
+                     f"data.cache_dir={data_cache}", f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: job 1 of 2 (") and " optim=muon optim.muon_split=columns " in last, last
+    assert last.endswith("): optim.muon_split='columns'; choose one of: as_stored, qkv, heads; no job of the sweep was "
+                         "started"), last
+    assert not list(sweep.rglob("metrics.jsonl"))

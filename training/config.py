@@ -25,6 +25,7 @@ from model.config import GPTConfig, making_sparse
 from model.context import check_past_context
 from model.device import DTYPES
 from training.lengths import check_protocol, length_spellings
+from training.muon import check_split
 
 OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "wsd", "constant")
@@ -64,6 +65,47 @@ class OptimConfig:
     # separate_qkv's three C x C, the wrapper's per head), qkv (Q, K and V apart in every layout: the layouts take the
     # same steps) or heads (each head's Q, K and V apart); model/*'s matrix_rows say how each layer's split
     muon_split: str = OPTIM_DEFAULTS["muon_split"]
+
+    def __post_init__(self) -> None:
+        check_optimizer(self)  # as the config is made: each job of a sweep before the first starts (cli/sweep_start.py)
+
+
+def check_optimizer(o: OptimConfig) -> None:
+    """The optimizer's and the schedule's choices and ranges, and no option of one that is not in use (a Muon option
+    with AdamW, a decay's shape without wsd): each refused naming the value and the fix."""
+    choices = {"name": OPTIMIZERS, "schedule": LR_SCHEDULES, "decay_shape": DECAY_SHAPES, "muon_split": MUON_SPLITS,
+               "muon_adjust_lr": MUON_LR_ADJUSTMENTS}  # fmt: skip
+    for name, allowed in choices.items():
+        if getattr(o, name) not in allowed:
+            group = " (or the group: optim=adamw, muon, muon_qkv, muon_heads)" if name == "name" else ""
+            raise ValueError(f"optim.{name}={getattr(o, name)!r}; choose one of: {', '.join(allowed)}{group}")
+    if not 0 < o.decay_fraction <= 1:
+        raise ValueError(f"optim.decay_fraction={o.decay_fraction}: the share of trainer.max_steps that wsd's decay "
+                         f"takes at the end, in (0, 1] (0.2: the last fifth)")  # fmt: skip
+    if o.schedule != "wsd":
+        for name in ("decay_fraction", "decay_shape"):
+            if getattr(o, name) != OPTIM_DEFAULTS[name]:
+                raise ValueError(f"optim.{name}={getattr(o, name)} shapes the wsd schedule's decay, but "
+                                 f"optim.schedule={o.schedule}; set optim.schedule=wsd, or leave optim.{name} at "
+                                 f"{OPTIM_DEFAULTS[name]}")  # fmt: skip
+    if o.schedule == "constant" and o.min_lr != OptimConfig.min_lr:
+        raise ValueError(f"optim.min_lr={o.min_lr} is where a decay ends, but optim.schedule=constant has none; set "
+                         f"optim.schedule=cosine or wsd, or leave optim.min_lr at {OptimConfig.min_lr}")  # fmt: skip
+    if o.name != "muon":
+        for name in (f.name for f in fields(OptimConfig) if f.name.startswith("muon_")):
+            if getattr(o, name) != OPTIM_DEFAULTS[name]:
+                raise ValueError(f"optim.{name}={getattr(o, name)} is an option of Muon, but optim.name={o.name}; use "
+                                 f"optim=muon, or leave optim.{name} at its default "
+                                 f"({OPTIM_DEFAULTS[name]})")  # fmt: skip
+        return
+    if not o.muon_lr > 0 or o.muon_weight_decay < 0:  # NaN is refused too
+        raise ValueError(f"optim.muon_lr={o.muon_lr}, optim.muon_weight_decay={o.muon_weight_decay}: Muon's peak "
+                         f"learning rate must be > 0 (0.02: Keller Jordan's, nanochat's) and its weight decay >= 0")
+    if not 0 <= o.muon_momentum < 1:
+        raise ValueError(f"optim.muon_momentum={o.muon_momentum} must be in [0, 1) (0.95: torch.optim.Muon's)")
+    if not 1 <= o.muon_ns_steps < 100:
+        raise ValueError(f"optim.muon_ns_steps={o.muon_ns_steps}: Newton-Schulz iterations, a whole number in 1..99 "
+                         f"(5: torch.optim.Muon's, Keller Jordan's)")  # fmt: skip
 
 
 @dataclass
@@ -128,6 +170,10 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"reuse": "machine"})
     logger: LoggerConfig = field(default_factory=LoggerConfig, metadata={"reuse": "machine"})
 
+    def __post_init__(self) -> None:
+        if self.optim.name == "muon":  # a split that a layer of this model cannot make
+            check_split(self.optim.muon_split, self.model.layer_layouts)
+
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 # configs/hydra/launcher/submitit_local.yaml: every job of a local parallel sweep sees every GPU.
@@ -185,50 +231,13 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"optim.lr={o.lr}, optim.min_lr={o.min_lr}: need 0 <= min_lr <= lr and lr > 0")
     if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
         raise ValueError("optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0")
-    check_optimizer(o)
+    OptimConfig.__post_init__(o)  # again, as the model's: a config built in Python may have been changed since
+    TrainConfig.__post_init__(cfg)
     check_final_lengths(cfg)
     if cfg.logger.kind not in LOGGER_KINDS:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; choose one of: {', '.join(LOGGER_KINDS)}")
     if cfg.logger.mode not in WANDB_MODES:
         raise ValueError(f"logger.mode={cfg.logger.mode!r}; choose one of: {', '.join(WANDB_MODES)}")
-
-
-def check_optimizer(o: OptimConfig) -> None:
-    """The optimizer's and the schedule's choices and ranges, and no option of one that is not in use (a Muon option
-    with AdamW, a decay's shape without wsd): each refused naming the value and the fix."""
-    choices = {"name": OPTIMIZERS, "schedule": LR_SCHEDULES, "decay_shape": DECAY_SHAPES, "muon_split": MUON_SPLITS,
-               "muon_adjust_lr": MUON_LR_ADJUSTMENTS}  # fmt: skip
-    for name, allowed in choices.items():
-        if getattr(o, name) not in allowed:
-            group = " (or the group: optim=adamw, muon, muon_qkv, muon_heads)" if name == "name" else ""
-            raise ValueError(f"optim.{name}={getattr(o, name)!r}; choose one of: {', '.join(allowed)}{group}")
-    if not 0 < o.decay_fraction <= 1:
-        raise ValueError(f"optim.decay_fraction={o.decay_fraction}: the share of trainer.max_steps that wsd's decay "
-                         f"takes at the end, in (0, 1] (0.2: the last fifth)")  # fmt: skip
-    if o.schedule != "wsd":
-        for name in ("decay_fraction", "decay_shape"):
-            if getattr(o, name) != OPTIM_DEFAULTS[name]:
-                raise ValueError(f"optim.{name}={getattr(o, name)} shapes the wsd schedule's decay, but "
-                                 f"optim.schedule={o.schedule}; set optim.schedule=wsd, or leave optim.{name} at "
-                                 f"{OPTIM_DEFAULTS[name]}")  # fmt: skip
-    if o.schedule == "constant" and o.min_lr != OptimConfig.min_lr:
-        raise ValueError(f"optim.min_lr={o.min_lr} is where a decay ends, but optim.schedule=constant has none; set "
-                         f"optim.schedule=cosine or wsd, or leave optim.min_lr at {OptimConfig.min_lr}")  # fmt: skip
-    if o.name != "muon":
-        for name in (f.name for f in fields(OptimConfig) if f.name.startswith("muon_")):
-            if getattr(o, name) != OPTIM_DEFAULTS[name]:
-                raise ValueError(f"optim.{name}={getattr(o, name)} is an option of Muon, but optim.name={o.name}; use "
-                                 f"optim=muon, or leave optim.{name} at its default "
-                                 f"({OPTIM_DEFAULTS[name]})")  # fmt: skip
-        return
-    if not o.muon_lr > 0 or o.muon_weight_decay < 0:  # NaN is refused too
-        raise ValueError(f"optim.muon_lr={o.muon_lr}, optim.muon_weight_decay={o.muon_weight_decay}: Muon's peak "
-                         f"learning rate must be > 0 (0.02: Keller Jordan's, nanochat's) and its weight decay >= 0")
-    if not 0 <= o.muon_momentum < 1:
-        raise ValueError(f"optim.muon_momentum={o.muon_momentum} must be in [0, 1) (0.95: torch.optim.Muon's)")
-    if not 1 <= o.muon_ns_steps < 100:
-        raise ValueError(f"optim.muon_ns_steps={o.muon_ns_steps}: Newton-Schulz iterations, a whole number in 1..99 "
-                         f"(5: torch.optim.Muon's, Keller Jordan's)")  # fmt: skip
 
 
 def check_final_lengths(cfg: TrainConfig) -> None:

@@ -32,7 +32,6 @@ from training.continuation import Continuation
 from training.distributed import Distributed, from_environment
 from training.gpu_slots import claim_free_slot, shares_gpus_with_other_jobs
 from training.memory import release_memory
-from training.muon import check_split
 from training.plan import auto_micro_batch, check_fits_device, make_plan, plan_of, planned_model
 
 log = logging.getLogger("headlab.train")
@@ -67,8 +66,6 @@ def preflight(cfg: DictConfig | TrainConfig) -> RunSetup | dict:
     started = time.time()  # this process's work on the run begins (run.json's segment)
     config: TrainConfig = cfg if isinstance(cfg, TrainConfig) else OmegaConf.to_object(cfg)
     validate(config)
-    if config.optim.name == "muon":  # a split a layer cannot make, from the model's config
-        check_split(config.optim.muon_split, config.model.layer_layouts)
     slurm.use_the_cpus_given()
     dist = from_environment()
     # A rank's micro-batch, unset: its whole share on this many ranks. Refuses a batch that does not split.
