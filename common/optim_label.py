@@ -3,7 +3,7 @@
 Nothing where they are the defaults (AdamW, warmup then cosine), so every name made before Muon and the other
 schedules stands: ``fused_qkv-sdpa-nano``; otherwise ``-muon`` (Muon as each weight is stored), ``-muon_qkv``,
 ``-muon_heads``, each Muon option set away from its default (``-muon-lr0.01-mom0.9-nonesterov-ns3-adj_none-wd0.1``),
-and the schedule (``-wsd``, ``-wsd0.4_1-sqrt`` for another decay fraction and shape, ``-constant``). The defaults of
+and the schedule (``-wsd``, ``-wsd0.4_1sqrt`` for another decay fraction and shape, ``-constant``). The defaults of
 the optimizer fields the label spells live here, where the training config (training/config.py) takes them from and
 the reports (analysis/), which cannot read the trainer, find them for runs that predate a field.
 """
@@ -53,15 +53,19 @@ def optimizer_label(optim: dict | None) -> str:
 
 
 def schedule_label(optim: dict | None) -> str:
-    """``wsd``, ``wsd0.4_1-sqrt``, ``constant``; "" for cosine (the default)."""
+    """``wsd``, ``wsd0.4_1sqrt``, ``constant``; "" for cosine (the default)."""
     o = settings(optim)
     if o["schedule"] == OPTIM_DEFAULTS["schedule"]:
         return ""
     if o["schedule"] != "wsd":
         return o["schedule"]
     fraction = "" if o["decay_fraction"] == OPTIM_DEFAULTS["decay_fraction"] else f"{o['decay_fraction']:g}"
-    shape = "" if o["decay_shape"] == OPTIM_DEFAULTS["decay_shape"] else f"_{o['decay_shape']}"
-    return f"wsd{fraction}{shape}"
+    shape = "" if o["decay_shape"] == OPTIM_DEFAULTS["decay_shape"] else f"_{o['decay_shape'].replace('-', '')}"
+    return f"wsd{fraction}{shape}"  # no "-" inside: a label's parts are split at it (1-sqrt is spelled 1sqrt)
+
+
+# Each part's pattern and title, for a plot's legend (``analysis/plots.py``): what a label's optional parts are
+LABEL_PARTS = ((r"muon(_\w+)?", "-<optimizer>[-<its options>]"), (r"wsd[\d.]*(_\w+)?|constant", "-<lr schedule>"))
 
 
 def training_label(optim: dict | None) -> str:

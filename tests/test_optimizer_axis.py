@@ -159,7 +159,7 @@ def test_the_plan_counts_one_momentum_buffer_for_muons_matrices_and_two_moments_
     (("optim=muon_heads", "optim.muon_lr=0.01", "optim.muon_nesterov=false", "optim.muon_ns_steps=3"),
      "fused_qkv-sdpa-nano-muon_heads-lr0.01-nonesterov-ns3"),
     (("optim.schedule=wsd", "optim.decay_fraction=0.4", "optim.decay_shape=1-sqrt"),
-     "fused_qkv-sdpa-nano-wsd0.4_1-sqrt"),
+     "fused_qkv-sdpa-nano-wsd0.4_1sqrt"),
     (("optim.schedule=constant", "optim.lr=0.001"), "fused_qkv-sdpa-nano-constant"),  # AdamW's lr: a sweep's suffix
 ])  # fmt: skip
 def test_a_run_name_spells_the_optimizer_and_schedule_only_where_they_differ(overrides, name):
@@ -175,6 +175,11 @@ def test_the_report_cells_say_the_optimizer_its_split_and_the_schedule():
     assert optimizer_label({"name": "muon", "muon_momentum": 0.9, "muon_weight_decay": 0.1,
                             "muon_adjust_lr": "none"}) == "muon-mom0.9-adj_none-wd0.1"  # fmt: skip
     assert schedule_label({"schedule": "wsd", "decay_fraction": 0.2}) == "wsd"
+    from analysis.plots import legend_title
+
+    assert legend_title(["fused_qkv-sdpa", "fused_qkv-sdpa-muon_qkv-wsd0.4_1sqrt"]) == ("layout-kernel-<optimizer>"
+                                                                                       "[-<its options>]-<lr schedule>")
+    assert legend_title(["fused_qkv-sdpa", "wrapper-sdpa-kv2"]) == "layout-kernel-kv<key/value heads>"
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def embedding_ids(model: nn.Module) -> set[int]:
     return {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
 
 
-def declared_parts(model: nn.Module) -> Iterator[tuple[str, str, nn.Module, list | None]]:
+def declared_parts(model: nn.Module) -> Iterator[tuple[str, str, nn.Module, dict | None]]:
     """(the layer's name, the declaring module's name, the module, its ``matrix_rows``) for each module of an attention
     layer (a module that keeps its ``spec``) whose class says how its weights split: the layer itself and modules
     inside it (a sparse indexer)."""
@@ -128,27 +128,22 @@ def hidden_matrices(model: nn.Module, split: str) -> list[Matrix]:
     exactly one. A layer whose class does not say how its weights split (``matrix_rows`` None) refuses qkv and heads."""
     embeddings = embedding_ids(model)
     params = {name: p for name, p in model.named_parameters() if is_hidden_matrix(name, p, embeddings)}
-    grouped: dict[tuple, list[tuple[Piece, str]]] = {}  # (layer, projection[, head]) -> its pieces, in order
-    claimed: set[str] = set()
-    for layer_name, module_name, module, rows in declared_parts(model):
-        if split == "as_stored":
-            continue
+    grouped: dict[tuple, list[Piece]] = {}  # (layer, projection[, head]) -> its pieces, in the layer's order
+    claimed: set[str] = set()  # the weights split by their layer's declaration; every other one is whole
+    for layer_name, module_name, module, rows in declared_parts(model) if split != "as_stored" else ():
         if rows is None:
             raise ValueError(f"optim.muon_split={split}: the layer {layer_name} ({type(module).__name__}) does not say "
                              f"how its weights split into projections and heads; use optim.muon_split=as_stored")
         for weight, parts in rows.items():
             full = f"{module_name}.{weight}"
-            param = params.get(full)
-            check_tiles(full, param, parts)
+            check_tiles(full, params.get(full), parts)
             claimed.add(full)
             for projection, head, start, end in parts:
                 key = (layer_name, projection, *((head,) if split == "heads" and head is not None else ()))
-                grouped.setdefault(key, []).append((Piece(param, start, end), full))
+                grouped.setdefault(key, []).append(Piece(params[full], start, end))
     matrices = [Matrix(name, (Piece(p, 0, p.size(0)),)) for name, p in params.items() if name not in claimed]
-    for key, pieces in grouped.items():
-        layer, projection, *head = key
-        where = f"{layer}: {projection}" + (f" head {head[0]}" if head else "")
-        matrices.append(Matrix(where, tuple(piece for piece, _ in pieces)))
+    for (layer, projection, *head), pieces in grouped.items():
+        matrices.append(Matrix(f"{layer}: {projection}" + (f" head {head[0]}" if head else ""), tuple(pieces)))
     return matrices
 
 
