@@ -79,6 +79,10 @@ def test_a_wsd_checkpoint_of_its_stable_phase_continues_to_a_larger_budget_as_th
     assert (f"continuing {run} from step 6 to 20: the learning-rate schedule (wsd) over 20 steps, as a run planned "
             f"for 20 from the start, exactly: its 6 steps so far had the same learning rates under both budgets "
             f"(lr at step 7: 3.00e-03)") in log_lines()  # fmt: skip
+    assert ("optimizer: Muon as stored for 4 matrices (12,288 parameters; lr 0.02, momentum 0.95, Nesterov, 5 "
+            "Newton-Schulz steps in float32, lr adjusted by shape: original, weight decay 0), AdamW for the rest "
+            "(11,744; lr 0.003); schedule wsd: warmup 2 steps, the peak until step 16, then a linear decay to 0.0002 "
+            "at step 20") in log_lines()  # fmt: skip
     assert train_losses(run) == train_losses(tmp_path / "planned")
     assert lrs(run) == lrs(tmp_path / "planned") and lrs(run, "lr/muon") == lrs(tmp_path / "planned", "lr/muon")
     # Past the start of its decay the schedule is re-planned, and the continuation says that instead

@@ -42,7 +42,7 @@ from training.distributed import Distributed, init_distributed
 from training.evaluate import Evaluator, length_rows
 from training.lengths import resolve_lengths
 from training.memory import MemoryMeter, release_memory
-from training.optim import make_optimizer, restore, set_learning_rates
+from training.optim import described, make_optimizer, restore, set_learning_rates
 from training.plan import for_tokenizer, read_lengths
 from training.preflight import RunSetup, preflight, with_micro_batch
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
@@ -263,6 +263,9 @@ class Trainer:
         if self.dist.is_main:
             log.info("run directory: %s (%s, %s parameters, %s, %s)", self.run_dir, run_name(self.cfg),
                      f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
+            trained = described(self.optimizer, self.cfg.optim, t.max_steps)  # Muon, or a schedule other than cosine
+            if trained:
+                log.info(trained)
             for note in context_notes(self.model.config):  # a window that covers the context, or sees only itself
                 log.warning(note)
             if t.indexer_warmup >= t.max_steps:  # a preset shortened for a try: allowed, but not what it says

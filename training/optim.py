@@ -53,6 +53,31 @@ def restore(optimizer: torch.optim.Optimizer, saved: dict) -> None:
         group.update(settings)
 
 
+def described(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> str | None:
+    """A run's line about its optimizer and schedule where they are not AdamW and cosine (the defaults say nothing):
+    Muon's matrices and parameters, its options, AdamW's share, and the schedule's phases."""
+    parts = []
+    if cfg.name == "muon":
+        muon = next(g for g in optimizer.param_groups if g.get("kind") == "muon")
+        rest = sum(p.numel() for g in optimizer.param_groups if g.get("kind") != "muon" for p in g["params"])
+        matrices = sum(len(m) for m in optimizer.by_shape.values())
+        split = {"as_stored": "as stored", "qkv": "by Q/K/V", "heads": "by head"}[cfg.muon_split]
+        parts.append(f"Muon {split} for {matrices} matrices ({sum(p.numel() for p in muon['params']):,} parameters; "
+                     f"lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}{', Nesterov' * cfg.muon_nesterov}, "
+                     f"{cfg.muon_ns_steps} Newton-Schulz steps in {muon['ns_dtype']}, lr adjusted by shape: "
+                     f"{cfg.muon_adjust_lr}, weight decay {cfg.muon_weight_decay:g}), AdamW for the rest ({rest:,}; "
+                     f"lr {cfg.lr:g})")  # fmt: skip
+    if cfg.schedule == "wsd":
+        decay = max(1, round(cfg.decay_fraction * max_steps))
+        stable = (f"the peak until step {max_steps - decay}, then" if cfg.warmup_steps <= max_steps - decay else
+                  f"which from step {max_steps - decay} meets (the lower of the two)")  # fmt: skip
+        parts.append(f"schedule wsd: warmup {cfg.warmup_steps} steps, {stable} a {cfg.decay_shape} decay to "
+                     f"{cfg.min_lr:g} at step {max_steps}")  # fmt: skip
+    elif cfg.schedule == "constant":
+        parts.append(f"schedule constant: warmup {cfg.warmup_steps} steps, then the peak")
+    return "optimizer: " + "; ".join(parts) if parts else None
+
+
 def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, cfg: OptimConfig, max_steps: int) -> dict:
     """Every group's lr for optimizer step ``step + 1`` (0-based ``step``) from its ``peak_lr`` and ``min_lr``; returns
     the metrics: ``lr`` (AdamW's: optim.lr's schedule) and, with Muon, ``lr/muon``."""
