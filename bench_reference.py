@@ -3,6 +3,7 @@
     python bench_reference.py train-step            # a training step vs transformers' GPT2LMHeadModel
     python bench_reference.py levers --vocab 50257 --loss-chunk 4096  # the head and loss in chunks vs whole logits
     python bench_reference.py levers --compile-mode reduce-overhead  # a compiled step replayed as CUDA graphs
+    python bench_reference.py optimizer --split qkv  # a training step with Muon (by Q/K/V) vs with AdamW
     python bench_reference.py generate              # greedy / sampled generation vs transformers' generate
     python bench_reference.py sample-process        # sample.py num_samples=8 vs 1, whole process
     python bench_reference.py prepare               # data preparation with gpt2 vs tiktoken's batch encode
@@ -62,7 +63,8 @@ from model.device import (
 )
 from model.generation import context_lengths, generate_batch
 from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
-from training.optim import fused_adamw
+from training.config import MUON_SPLITS, OptimConfig
+from training.optim import fused_adamw, make_optimizer
 
 ROOT = Path(__file__).resolve().parent
 
@@ -292,6 +294,61 @@ def lever_step(args) -> None:
            comparison="levers", lever=lever, against=against, loss_chunk=args.loss_chunk,
            compile_mode=args.compile_mode,
            peak_bytes=peaks[0] or None, reference_peak_bytes=peaks[1] or None)  # fmt: skip
+
+
+def optimizer_step(args) -> None:
+    """Muon (``optim=muon``, its matrices split as ``--split`` says) against AdamW (``optim=adamw``), each the trainer's
+    own optimizer for a run in ``--dtype`` (Muon orthogonalises in bfloat16 for a bf16 run, float32 for a float32 one),
+    on train-step's model and batch: the whole training step (forward, backward, clipping, the optimizer) and the
+    optimizer's step alone (on fixed gradients), each interleaved."""
+    device = resolve_device(args.device, option="--device")
+    dtype = resolve_dtype(args.dtype, device, option="--dtype")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
+                       n_embd=args.n_embd, attention=args.attention, kernel=args.kernel)  # fmt: skip
+    models = [GPT(config).to(device) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    settings = (OptimConfig(name="muon", muon_split=args.split), OptimConfig())
+    optimizers = [make_optimizer(model, cfg, device, dtype) for model, cfg in zip(models, settings)]
+    runs = [compile_for_training(model, "block", "default") if args.compile else model for model in models]
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def whole(side: int):
+        def step():
+            for _ in range(args.steps):
+                with autocast(device, dtype):
+                    loss = runs[side](x, y)[1]
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(models[side].parameters(), 1.0)
+                optimizers[side].step()
+                optimizers[side].zero_grad(set_to_none=True)
+
+        return step
+
+    def alone(side: int):
+        def step():
+            for _ in range(args.steps):
+                optimizers[side].step()
+
+        return step
+
+    whole(0)(), whole(1)()  # warm-up (and compilation): the optimizers' state made
+    shape = (f"{args.attention}, batch {args.batch} x {args.seq}, {args.n_layer} layers x {args.n_embd}, vocab "
+             f"{args.vocab}, {device_name(device)}, {str(dtype).removeprefix('torch.')}"
+             f"{', compiled' if args.compile else ''}")  # fmt: skip
+    muon = f"Muon split {args.split}"
+    a, b = interleave(whole(0), whole(1), args.rounds)
+    report(f"training step with {muon} (reference: with AdamW; {shape})", a, b, args.steps * args.batch * args.seq,
+           "tokens/s", comparison="optimizer", part="step", split=args.split)  # fmt: skip
+    for side in (0, 1):  # gradients to step on, kept
+        with autocast(device, dtype):
+            runs[side](x, y)[1].backward()
+    a, b = interleave(alone(0), alone(1), args.rounds)
+    report(f"the optimizer's step alone, {muon} (reference: AdamW; {shape})", a, b, args.steps, "steps/s",
+           comparison="optimizer", part="optimizer", split=args.split)  # fmt: skip
 
 
 class TokenTimes:
@@ -548,10 +605,10 @@ def decode_rounding(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["train-step", "levers", "generate", "sample-process", "prepare",
+    p.add_argument("what", choices=["train-step", "levers", "optimizer", "generate", "sample-process", "prepare",
                                     "decode-positions", "decode-rounding"])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10, help="train-step, levers: steps per round")
+    p.add_argument("--steps", type=int, default=10, help="train-step, levers, optimizer: steps per round")
     p.add_argument("--batch", type=int, default=12, help="train-step: batch; generate/sample-process: samples")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--n-layer", type=int, default=4)
@@ -566,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="train-step: autocast dtype; generate: the weights' dtype (auto: bf16 on GPUs, fp32 on CPUs)")
     p.add_argument("--compile", action="store_true",
-                   help="train-step: torch.compile both sides; generate: our compiled decode step against "
+                   help="train-step, optimizer: torch.compile both sides; generate: our compiled decode step against "
                         "transformers' static cache, compiled")  # fmt: skip
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="prepare: tokenizer threads/processes")
     p.add_argument("--decoding", choices=[*DECODINGS, "all"], default="auto",
@@ -576,6 +633,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="generate: GPT-2 small's shape, or the one --n-layer, --n-head, --n-embd, --vocab and --seq "
                         "(the context) give")  # fmt: skip
     p.add_argument("--loss-chunk", type=int, default=0, help="levers: tokens per chunk of the head and loss (0: whole)")
+    p.add_argument("--split", choices=MUON_SPLITS, default="as_stored",
+                   help="optimizer: how Muon splits the matrices it orthogonalises (optim.muon_split)")
     p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
                    help="levers: inductor's mode for the step with the levers (compiled as one graph)")
     p.add_argument("--json", default=None, help="also write what each comparison measured to this JSON file")
@@ -588,7 +647,8 @@ def main(argv: list[str] | None = None) -> None:
     device = resolve_device(args.device, option="--device")
     print(f"machine: {device_name(device)}, torch {torch.__version__}")
     start_up_over()  # the measurements begin
-    {"train-step": train_step, "levers": lever_step, "generate": generation, "sample-process": sample_process,
+    {"train-step": train_step, "levers": lever_step, "optimizer": optimizer_step, "generate": generation,
+     "sample-process": sample_process,
      "prepare": prepare_speed, "decode-positions": decode_positions,
      "decode-rounding": decode_rounding}[args.what](args)  # fmt: skip
     if args.json:

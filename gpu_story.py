@@ -14,7 +14,9 @@ Each stage is a process of its own (a clean device for each), with its share of 
   and compiled in mode reduce-overhead (CUDA graphs) against the default mode, time and peak memory;
 - ``decode``: ``bench_reference.py generate``: eager, graph and compiled decoding against transformers' generate,
   tokens/s and their share of the memory-bandwidth limit, and how many greedy tokens agree;
-- ``plain``: ``bench.py --mode plain``: each attention block against its plainest code.
+- ``plain``: ``bench.py --mode plain``: each attention block against its plainest code;
+- ``optim``: ``bench_reference.py optimizer``: the training step with Muon (by Q/K/V) against the step with AdamW,
+  and Muon's optimizer step alone against AdamW's, interleaved.
 
 It prints one table (check, measured, goal, verdict: ``ok``, ``SHORT`` of the goal, ``FAILED``, or ``NOT RUN``
 where time ran out) and writes it, with every stage's own output, to ``--out`` (default
@@ -276,14 +278,30 @@ def read_lever(path: Path, stage: str, option: str) -> list[Check]:
                   f"tokens/s{memory}", "", "said")]  # fmt: skip
 
 
+def optim_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """bench_reference.py optimizer: Muon (by Q/K/V, the split that keeps the layouts' steps equal) against AdamW."""
+    return [sys.executable, str(ROOT / "bench_reference.py"), "optimizer", "--split", "qkv", *step_shape(args),
+            "--device", args.device, "--dtype", args.dtype, "--json", str(out / "optim.json")]  # fmt: skip
+
+
+def read_optim(args: argparse.Namespace, out: Path) -> list[Check]:
+    """What Muon costs: the whole step's time and the optimizer step's alone, each as a ratio to AdamW's."""
+    results = json.loads((out / "optim.json").read_text())["results"]
+    return [Check("optim", f"{'training step' if r['part'] == 'step' else 'optimizer step alone'}: Muon (split "
+                  f"{r['split']}) vs AdamW", f"{r['ratio']:.3f}x its time ({r['ratio_min']:.3f}-{r['ratio_max']:.3f});"
+                  f" {r['headlab']:,.1f} {r['unit']} against {r['reference']:,.1f}", "", "said")
+            for r in results]  # fmt: skip
+
+
 STAGES = [
     Stage("tests", 0.20, tests_command, read_tests, gpu_only=True),
     Stage("sweep", 0.30, sweep_command, read_sweep),
     Stage("decode", 0.20, decode_command, read_decode),
-    Stage("step", 0.10, step_command, read_step),
-    Stage("loss", 0.05, loss_command, read_loss),
-    Stage("mode", 0.05, mode_command, read_mode),
-    Stage("plain", 0.10, plain_command, read_plain),
+    Stage("step", 0.08, step_command, read_step),
+    Stage("loss", 0.04, loss_command, read_loss),
+    Stage("mode", 0.04, mode_command, read_mode),
+    Stage("plain", 0.08, plain_command, read_plain),
+    Stage("optim", 0.06, optim_command, read_optim),
 ]
 
 

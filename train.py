@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cli import refuse_renamed_options, set_by, user_errors
 from cli.console import to_the_terminal
+from common.optim_label import LABELLED as OPTIM_LABELLED
 from common.run_files import OWNER, RUN_INFO, remove_husk
 from model.config import LABEL_AXES, label_grammar
 from training import slurm
@@ -98,11 +99,12 @@ def _sweep_command_line(multirun_yaml: str, mtime_ns: int) -> tuple[str, ...]:
 
 
 # Swept keys that a run's directory already spells (run_label: attention_label's -kv2, -window64, sdpa_flash, -rope,
-# whose axes the groups score_mods, kv_cache, length_variant, schedule and mixing set; then the data); the others
-# join its name.
+# whose axes the groups score_mods, kv_cache, length_variant, schedule and mixing set; then the data; then the
+# optimizer and schedule where not AdamW and cosine: -muon_qkv, -wsd); the others join its name.
 IN_THE_LABEL = ("attention", "kernel", "score_mods", "kv_cache", "length_variant", "schedule", "mixing",
                 "model.attention", "model.kernel", "model.sdpa_backend",
-                *(f"model.{axis}" for axis in LABEL_AXES), "data", "data.name", "data.path")  # fmt: skip
+                *(f"model.{axis}" for axis in LABEL_AXES), "data", "data.name", "data.path",
+                "optim", *(f"optim.{key}" for key in OPTIM_LABELLED))  # fmt: skip
 NAMED_BY_DEFAULT = (*IN_THE_LABEL, "model", "model.name")  # a run name says these too
 
 
@@ -160,28 +162,31 @@ def swept_axes(hydra_cfg) -> list[str]:
 
 def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
     """The run's label with the model (run_label: how it attends, the model, the data where it is not the default
-    corpus) and this job's values of the other swept keys: ``wrapper-sdpa-kv4-nano``,
-    ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where the run's default name already says it all."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    label = run_label(model, cfg.data, swept_axes(hydra_cfg), cfg.model.name)
+    corpus, the optimizer and schedule where not AdamW and cosine) and this job's values of the other swept keys:
+    ``wrapper-sdpa-kv4-nano``, ``fused_qkv-sdpa-nano-muon_qkv``, ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where
+    the run's default name already says it all."""
+    model, optim = OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.optim, resolve=True)
+    label = run_label(model, cfg.data, swept_axes(hydra_cfg), cfg.model.name, optim)
     name = label + swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)
-    return None if name == run_label(model, cfg.data, model_name=cfg.model.name) else name
+    return None if name == run_label(model, cfg.data, model_name=cfg.model.name, optim=optim) else name
 
 
-def run_dir_name(model: DictConfig, data: DictConfig) -> str:
+def run_dir_name(model: DictConfig, data: DictConfig, optim: DictConfig) -> str:
     """The run directory's name after its time or job number (configs/train.yaml): the run's label as its name
-    spells it, less the model (run_label: ``fused_qkv-sdpa``, ``fused_qkv-sdpa-my_notes`` on your own file), and
-    in a multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``, ``3_fused_qkv-sdpa-trainer.seed=2``."""
+    spells it, less the model (run_label: ``fused_qkv-sdpa``, ``fused_qkv-sdpa-my_notes`` on your own file,
+    ``fused_qkv-sdpa-muon_qkv``), and in a multirun the values of the other swept keys: ``1_wrapper-sdpa-kv2``,
+    ``3_fused_qkv-sdpa-trainer.seed=2``."""
     with user_errors(USAGE):  # Hydra resolves this before main: a share of the context that rounds down to nothing
         model = OmegaConf.to_container(model, resolve=True)
+    optim = OmegaConf.to_container(optim, resolve=True)
     data = SimpleNamespace(name=data.name, path=None if OmegaConf.is_missing(data, "path") else data.path)
     try:
         hydra_cfg = HydraConfig.get()
     except ValueError:  # the config printed outside a run (--cfg hydra): no sweep to read
-        return run_label(model, data)
+        return run_label(model, data, optim=optim)
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        return run_label(model, data)
-    return run_label(model, data, swept_axes(hydra_cfg)) + swept_suffix(hydra_cfg, IN_THE_LABEL)
+        return run_label(model, data, optim=optim)
+    return run_label(model, data, swept_axes(hydra_cfg), optim=optim) + swept_suffix(hydra_cfg, IN_THE_LABEL)
 
 
 OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)

@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 from analysis.report import SPEED_CAUTION
 from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
+from common.optim_label import LABEL_PARTS as OPTIM_LABEL_PARTS
 from model.config import label_parts
 from model.registry import ATTENTION_LAYOUTS, KERNELS
 
@@ -201,9 +202,10 @@ SCHEDULE_TITLE = "\na schedule: [<preset>: ]<pattern>, <kind>=<layout>[/<kernel>
 
 def legend_title(variants) -> str:
     """What a label's parts are: ``layout-kernel``, then those the variants have: ``-kv<key/value heads>``,
-    ``-latent<dims>``, ``-window<positions>``, ``-<position>``, ``-qknorm``, ``-softcap<cap>``, ``-sinks``."""
+    ``-latent<dims>``, ``-window<positions>``, ``-<position>``, ``-qknorm``, ``-softcap<cap>``, ``-sinks``; then the
+    optimizer's and the schedule's where not AdamW and cosine (``-<optimizer>``, ``-<lr schedule>``)."""
     parts = [part for variant in variants for part in variant.split("-")[2:]]
-    return "layout-kernel" + "".join(title for pattern, title in label_parts()
+    return "layout-kernel" + "".join(title for pattern, title in (*label_parts(), *OPTIM_LABEL_PARTS)
                                      if any(re.fullmatch(pattern, p) for p in parts))  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from analysis.runs import Run, natural_key
 from common.machine_load import busy_text, is_busy
+from common.optim_label import optimizer_text, schedule_text
 from model.config import GPTConfig, attention_label, schedule_kinds
 from model.differential import LAMBDA_INIT
 from model.score_mods import score_mod_fields, with_fields
@@ -29,7 +30,9 @@ SHOWN_WHEN = {"kv_heads": lambda row: row.get("kv_heads") not in (None, row.get(
               "rope_fraction": lambda row: row.get("rope_fraction") not in (None, 1),
               **{mod.field: (lambda row, mod=mod: mod.used(row.get(mod.field, mod.off))) for mod in with_fields()},
               "schedule": lambda row: row.get("schedule") is not None,
-              "layers": lambda row: row.get("layers") is not None}
+              "layers": lambda row: row.get("layers") is not None,
+              "optimizer": lambda row: row.get("optimizer") not in (None, "AdamW"),
+              "lr_schedule": lambda row: row.get("lr_schedule") not in (None, "cosine")}
 # Shown only when the runs differ in it: the KV cache's bytes per token (key/value heads, a latent), the token
 # budget (a sweep compared with --force).
 SHOWN_WHEN_VARIED = ("kv_cache_bytes", "state_bytes", "token_budget")
@@ -46,7 +49,7 @@ COLUMNS = [
     ("rope_theta", "rope theta"), ("rope_fraction", "rope fraction"), ("query_temperature", "query temperature"),
     *((mod.field, mod.column) for mod in with_fields()), ("differential", "differential lambda_init"),
     ("document_masking", "document masking"), ("sparse_topk", "sparse top-k"),
-    ("schedule", "schedule"), ("layers", "layers"),
+    ("schedule", "schedule"), ("layers", "layers"), ("optimizer", "optimizer"), ("lr_schedule", "lr schedule"),
     ("seed", "seed"), ("state", "state"),
     ("params", "params"), ("token_budget", "token budget"), ("kv_cache_bytes", "KV cache B/token"),
     ("state_bytes", "state B/sample"),
@@ -117,6 +120,7 @@ def identity(run: Run) -> dict:
             "rope_fraction": m.get("rope_fraction", 1.0) if m.get("position") == "rope" else None,
             **{mod.field: mod.row_value(m.get(mod.field, mod.off)) for mod in with_fields()},
             "layers": attention_label(m, sep="|").split("|")[-1] if m.get("layer_pattern") else None,
+            "optimizer": optimizer_text(run.info.get("optim")), "lr_schedule": schedule_text(run.info.get("optim")),
             **decoding_bytes(run)}  # fmt: skip
 
 
@@ -261,8 +265,9 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
 
 def trained_alike(run: Run) -> tuple:
     """What two runs must share for their losses to be compared: the token budget and the data (they may differ
-    in a sweep compared with --force)."""
-    return run.token_budget, run.info.get("data_dir")
+    in a sweep compared with --force), and how they were optimised (``Run.optimizer``: under Muon as stored, layouts
+    of one function take other steps)."""
+    return run.token_budget, run.info.get("data_dir"), run.optimizer
 
 
 def runs_by_variant(runs: list[Run]) -> dict[tuple, list[int]]:
@@ -291,11 +296,12 @@ def seed_means(runs: list[Run], rows: list[dict], ix: list[int], metric: str) ->
 def nothing_to_flag(variants: list[tuple[str, int]], unlike: list[list[str]] = ()) -> str:
     """The rule's text where no two variants that compute the same function trained alike: what the runs are, said
     truly (several runs of one variant compute one function; ``unlike``: variants of one function trained on other
-    token budgets or data, as a run and its continuation are)."""
+    token budgets or data, as a run and its continuation are, or optimised otherwise)."""
     if unlike:
         named = "; ".join(" and ".join(names) for names in unlike)
         return (f"a loss differing from the variants of its function trained alike: those here that compute one "
-                f"function ({named}) trained on other token budgets or data, so their losses are not compared")
+                f"function ({named}) trained on other token budgets or data, or with other optimizers, so their "
+                f"losses are not compared")
     repeated = [f"{n} runs of {name}" for name, n in variants if n > 1]
     if len(variants) == 1:
         return (f"a loss differing from the other variants of its function: every run here is one variant "
@@ -441,7 +447,8 @@ def position_label(position: str) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     switches = [mod.field for mod in with_fields() if mod.off is False]  # yes or -: QK-norm, sinks
-    text = ("label", "layout", "kernel", "position", *switches, "schedule", "layers", "state", "sdpa_backend", "flag")
+    text = ("label", "layout", "kernel", "position", *switches, "schedule", "layers", "optimizer", "lr_schedule", "state",
+            "sdpa_backend", "flag")  # fmt: skip
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]

@@ -13,6 +13,7 @@ import sys
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
+from common.optim_label import settings, training_label
 from common.run_files import FAILURE, METRICS, OWNER, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from model.config import GPTConfig, attention_label, kernel_option, schedule_text
@@ -53,8 +54,18 @@ class Run:
 
     @property
     def variant(self) -> str:
-        """The run's label, as its directory and wandb name spell it: ``wrapper-sdpa-kv2`` (attention_label)."""
-        return attention_label(self.info["model"], show=self.shown)
+        """The run's label, as its directory and wandb name spell it: ``wrapper-sdpa-kv2`` (attention_label), with the
+        optimizer and schedule where they are not AdamW and cosine (``fused_qkv-sdpa-muon_qkv``: training_label)."""
+        trained = training_label(self.info.get("optim"))
+        return attention_label(self.info["model"], show=self.shown) + (f"-{trained}" if trained else "")
+
+    @property
+    def optimizer(self) -> tuple:
+        """How the run was optimised, as far as it decides the steps: the optimizer and schedule (their label), and
+        under Muon as stored the layout too (each layout stores other matrices: another optimizer in effect)."""
+        optim = settings(self.info.get("optim"))
+        as_stored = optim["name"] == "muon" and optim["muon_split"] == "as_stored"
+        return training_label(optim), self.layout if as_stored else None
 
     @property
     def schedule(self) -> str | None:

@@ -534,6 +534,14 @@ class MultiHeadAttention(nn.Module):
         return None
 
     @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]] | None:
+        """How this layer's stored matrices split into its projections and heads, for an optimizer that acts on whole
+        matrices (Muon's ``optim.muon_split``): each weight (named relative to the block) -> its parts, (projection,
+        head or None, first row, end row), covering its rows. A 2-D weight not named is one projection of its own
+        (``c_proj``). None: the layer does not say, and only the split as stored applies to it."""
+        return None
+
+    @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
         """The widths, over all query heads, of the score matmul (queries . keys) and the value matmul: what
         the attention's FLOPs per key scale with (``GPT.flops_per_token``)."""
@@ -893,6 +901,15 @@ class WrapperAttention(MultiHeadAttention):
         return qkv
 
     @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        # each head's query, and each key/value group's key and value (owned by its first head), a matrix apiece
+        group, hd = spec.n_head // spec.kv_heads, spec.head_dim
+        rows = {f"heads.{h}.query.weight": [("query", h, 0, hd)] for h in range(spec.n_head)}
+        for proj in ("key", "value"):
+            rows.update({f"heads.{g * group}.{proj}.weight": [(proj, g, 0, hd)] for g in range(spec.kv_heads)})
+        return rows
+
+    @classmethod
     def heads_in(cls, params: dict[str, torch.Tensor]) -> int:
         """Query heads in a wrapper state dict."""
         matches = (cls.QKV_KEY.match(name) for name in params)
@@ -972,6 +989,12 @@ class SeparateQKVAttention(SplitHeadsAttention):
         return 3
 
     @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        hd, heads = spec.head_dim, (spec.n_head, spec.kv_heads, spec.kv_heads)
+        return {f"{linear}.weight": [(proj, h, h * hd, (h + 1) * hd) for h in range(n)]
+                for linear, proj, n in zip(cls.LINEARS, PROJECTIONS, heads)}  # fmt: skip
+
+    @classmethod
     def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
         kinds = sorted({name.split(".")[1] for name in params})
         for kind in kinds:
@@ -995,6 +1018,14 @@ class FusedQKVAttention(SplitHeadsAttention):
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
         return 1
+
+    @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        # c_attn stacks [query; key; value] by rows, each by head
+        hd, starts = spec.head_dim, (0, spec.n_embd, spec.n_embd + spec.kv_heads * spec.head_dim)
+        heads = (spec.n_head, spec.kv_heads, spec.kv_heads)
+        return {"c_attn.weight": [(proj, h, start + h * hd, start + (h + 1) * hd)
+                                  for proj, start, n in zip(PROJECTIONS, starts, heads) for h in range(n)]}
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)

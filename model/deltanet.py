@@ -232,6 +232,15 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         return 0  # no keys and values kept per token: a state (``state_bytes``)
 
     @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        # in_proj: [queries; keys; values; the output gate] by head, then beta's and the decay's inputs (a row a head)
+        C, H, hd = spec.n_embd, spec.n_head, spec.head_dim
+        by_head = [(proj, h, i * C + h * hd, i * C + (h + 1) * hd)
+                   for i, proj in enumerate(("query", "key", "value", "output gate")) for h in range(H)]  # fmt: skip
+        per_token = [("beta", None, 4 * C, 4 * C + H), ("decay", None, 4 * C + H, 4 * C + 2 * H)]
+        return {"in_proj.weight": [*by_head, *per_token]}
+
+    @classmethod
     def activation_bytes(cls, spec: AttentionSpec, batch: int, seq_len: int, dtype_bytes: int) -> dict[str, int]:
         """What one layer keeps for backward, in place of softmax attention's parts (the plan's memory), counted
         from what autograd saves: in the activations' dtype, in_proj's input and output and the views of it,

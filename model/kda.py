@@ -121,6 +121,15 @@ class KimiDeltaAttention(GatedDeltaNet):
         return 4 * spec.n_head * spec.head_dim**2 + dtype_bytes * (CONV_SIZE - 1) * 3 * spec.n_embd
 
     @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        # qkvb_proj: [queries; keys; values] by head, then beta's inputs (a row a head); the low-rank decay and gate
+        # projections are matrices of their own
+        C, H, hd = spec.n_embd, spec.n_head, spec.head_dim
+        by_head = [(proj, h, i * C + h * hd, i * C + (h + 1) * hd)
+                   for i, proj in enumerate(("query", "key", "value")) for h in range(H)]  # fmt: skip
+        return {"qkvb_proj.weight": [*by_head, ("beta", None, 3 * C, 3 * C + H)]}
+
+    @classmethod
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
         """Training FLOPs per token of the chunked form (6 x its multiply-adds): per head, reading, correcting and
         writing the state (3 dk dv), the chunk's products taken channel by channel (chunk x (2 dk + dk + 2 dv):

@@ -89,6 +89,17 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
         return 2  # wq and wkv_a read the block's input
 
+    @classmethod
+    def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        # wq: each head's [content; rotary] query; wkv_a: the latent and the shared rotary key (no head's); wkv_b: each
+        # head's [key; value] from the latent
+        H, hd, r, latent = spec.n_head, spec.head_dim, spec.rope_head_dim or 0, spec.kv_latent
+        down = [("latent", None, 0, latent), *([("rotary key", None, latent, latent + r)] if r else [])]
+        up = [(proj, h, h * 2 * hd + i * hd, h * 2 * hd + (i + 1) * hd)
+              for h in range(H) for i, proj in enumerate(("key", "value"))]  # fmt: skip
+        return {"wq.weight": [("query", h, h * (hd + r), (h + 1) * (hd + r)) for h in range(H)],
+                "wkv_a.weight": down, "wkv_b.weight": up}
+
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self.rope_dim = spec.rope_head_dim or 0

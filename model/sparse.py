@@ -67,6 +67,13 @@ class LightningIndexer(nn.Module):
         self.selecting = True  # False during the warm-up: the attention stays dense while the indexer learns
         self.loss: torch.Tensor | None = None  # the last training forward's KL, until the GPT takes it
 
+    @classmethod
+    def matrix_rows(cls, spec) -> dict[str, list[tuple[str, int | None, int, int]]]:
+        """As the attention layers' (``MultiHeadAttention.matrix_rows``), named relative to the indexer: its queries by
+        head; its one key and the heads' weights are matrices of their own."""
+        dim = spec.indexer_dim
+        return {"wq.weight": [("indexer query", j, j * dim, (j + 1) * dim) for j in range(spec.indexer_heads)]}
+
     def project(self, x: torch.Tensor, positions: torch.Tensor | None):
         """(B, T, C) -> the queries (B, T, heads, dim), the keys (B, T, dim) and the heads' weights (B, T, heads)."""
         B, T, _ = x.shape

@@ -19,7 +19,7 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     story = json.loads((out / "gpu_story.json").read_text())
     checks = story["checks"]
     stages = {c["stage"] for c in checks}
-    assert stages == {"tests", "sweep", "decode", "step", "loss", "mode", "plain"}, stages
+    assert stages == {"tests", "sweep", "decode", "step", "loss", "mode", "plain", "optim"}, stages
     assert {c["verdict"] for c in checks} <= {"ok", "SHORT", "FAILED", "NOT RUN", "said"}
     assert not [c for c in checks if c["verdict"] == "FAILED"], [c for c in checks if c["verdict"] == "FAILED"]
     sweep = [c["check"] for c in checks if c["stage"] == "sweep"]
@@ -33,6 +33,8 @@ def test_the_story_runs_every_stage_and_writes_one_table_of_verdicts(tmp_path):
     mode = next(c for c in checks if c["stage"] == "mode")
     assert mode["check"] == ("trainer.compile_mode=reduce-overhead: the step with inductor's mode reduce-overhead vs "
                              "the default mode")
+    optim = [c["check"] for c in checks if c["stage"] == "optim" and c["check"] != "time"]
+    assert optim == ["training step: Muon (split qkv) vs AdamW", "optimizer step alone: Muon (split qkv) vs AdamW"]
     if not torch.cuda.is_available():
         assert next(c for c in checks if c["stage"] == "tests")["verdict"] == "NOT RUN"
     table = (out / "gpu_story.md").read_text()

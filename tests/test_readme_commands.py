@@ -69,6 +69,8 @@ FEWER_JOBS = {
     "python train.py -m experiment=compare_hybrid": ["trainer.seed=1", "model.n_layer=4"],
     "python train.py -m experiment=compare_schedules": ["trainer.seed=1", "model.n_layer=4"],
     "python train.py -m experiment=compare_attention_2026": ["trainer.seed=1", "model.n_layer=4"],
+    # 3 jobs, not 18: AdamW, Muon as stored and by Q/K/V in the wrapper (test_optimizer_axis.py runs all 18)
+    "python train.py -m experiment=compare_optimizers": ["trainer.seed=1", "attention=wrapper"],
     # one run, at the 4 layers its RRRN (KKKM) tiles
     "python train.py schedule=llama4": ["model.n_layer=4"],
     "python train.py mixing=kimi_linear": ["model.n_layer=4"],

@@ -11,30 +11,101 @@ cannot (ranges, choices, combinations) before any work starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from common.optim_label import OPTIM_DEFAULTS
 from data.config import DataConfig, check_data_config
 from model.compiling import COMPILE_MODES, COMPILE_SCOPES
 from model.config import GPTConfig, making_sparse
 from model.context import check_past_context
 from model.device import DTYPES
 from training.lengths import check_protocol, length_spellings
+from training.muon import check_split
+
+OPTIMIZERS = ("adamw", "muon")
+LR_SCHEDULES = ("cosine", "wsd", "constant")
+DECAY_SHAPES = ("linear", "1-sqrt")
+MUON_SPLITS = ("as_stored", "qkv", "heads")
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw", "none")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-3  # peak learning rate, reached after warmup
-    min_lr: float = 2e-4  # end of the cosine decay
+    # adamw | muon (Muon for the hidden matrices, AdamW for embeddings, norms, biases and scalars: training/muon.py).
+    # Its state is what a resume keeps: another is refused (init_from starts a new optimizer from the weights)
+    name: str = field(default=OPTIM_DEFAULTS["name"], metadata={"reuse": "optimizer"})
+    lr: float = 2e-3  # AdamW's peak learning rate, reached after warmup (with Muon: its AdamW parameters')
+    min_lr: float = 2e-4  # where the decay ends (cosine, wsd); Muon's lr decays by the same factor
     warmup_steps: int = 30
-    weight_decay: float = 0.1  # on matmul weights only, not biases, norms or embeddings
+    # cosine (warmup, then cosine decay to min_lr at max_steps) | wsd (warmup, constant, then a decay over the final
+    # decay_fraction of the steps: a checkpoint of the constant phase serves any larger budget) | constant
+    schedule: str = OPTIM_DEFAULTS["schedule"]
+    decay_fraction: float = OPTIM_DEFAULTS["decay_fraction"]  # wsd: the share of max_steps its decay takes, at the end
+    decay_shape: str = OPTIM_DEFAULTS["decay_shape"]  # wsd: linear | 1-sqrt (1 - sqrt(progress))
+    weight_decay: float = 0.1  # AdamW's, on matmul weights only, not biases, norms or embeddings
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # max gradient norm; 0 disables clipping
+    # optim=muon: the hidden matrices' optimizer (torch.optim.Muon's options). Its peak learning rate, momentum,
+    # Nesterov momentum, Newton-Schulz steps, the learning rate's adjustment by a matrix's shape (original:
+    # sqrt(max(1, rows/cols)), Keller Jordan's; match_rms_adamw: 0.2 sqrt(max(rows, cols)), Moonshot's; none) and
+    # decoupled weight decay (its lr times this, per step)
+    muon_lr: float = OPTIM_DEFAULTS["muon_lr"]
+    muon_momentum: float = OPTIM_DEFAULTS["muon_momentum"]
+    muon_nesterov: bool = OPTIM_DEFAULTS["muon_nesterov"]
+    muon_ns_steps: int = OPTIM_DEFAULTS["muon_ns_steps"]
+    muon_adjust_lr: str = OPTIM_DEFAULTS["muon_adjust_lr"]
+    muon_weight_decay: float = OPTIM_DEFAULTS["muon_weight_decay"]
+    # Which matrices Muon orthogonalises: as_stored (each weight as its layout stores it: fused_qkv's one 3C x C,
+    # separate_qkv's three C x C, the wrapper's per head), qkv (Q, K and V apart in every layout: the layouts take the
+    # same steps) or heads (each head's Q, K and V apart); model/*'s matrix_rows say how each layer's split
+    muon_split: str = OPTIM_DEFAULTS["muon_split"]
+
+    def __post_init__(self) -> None:
+        check_optimizer(self)  # as the config is made: each job of a sweep before the first starts (cli/sweep_start.py)
+
+
+def check_optimizer(o: OptimConfig) -> None:
+    """The optimizer's and the schedule's choices and ranges, and no option of one that is not in use (a Muon option
+    with AdamW, a decay's shape without wsd): each refused naming the value and the fix."""
+    choices = {"name": OPTIMIZERS, "schedule": LR_SCHEDULES, "decay_shape": DECAY_SHAPES, "muon_split": MUON_SPLITS,
+               "muon_adjust_lr": MUON_LR_ADJUSTMENTS}  # fmt: skip
+    for name, allowed in choices.items():
+        if getattr(o, name) not in allowed:
+            group = " (or the group: optim=adamw, muon, muon_qkv, muon_heads)" if name == "name" else ""
+            raise ValueError(f"optim.{name}={getattr(o, name)!r}; choose one of: {', '.join(allowed)}{group}")
+    if not 0 < o.decay_fraction <= 1:
+        raise ValueError(f"optim.decay_fraction={o.decay_fraction}: the share of trainer.max_steps that wsd's decay "
+                         f"takes at the end, in (0, 1] (0.2: the last fifth)")  # fmt: skip
+    if o.schedule != "wsd":
+        for name in ("decay_fraction", "decay_shape"):
+            if getattr(o, name) != OPTIM_DEFAULTS[name]:
+                raise ValueError(f"optim.{name}={getattr(o, name)} shapes the wsd schedule's decay, but "
+                                 f"optim.schedule={o.schedule}; set optim.schedule=wsd, or leave optim.{name} at "
+                                 f"{OPTIM_DEFAULTS[name]}")  # fmt: skip
+    if o.schedule == "constant" and o.min_lr != OptimConfig.min_lr:
+        raise ValueError(f"optim.min_lr={o.min_lr} is where a decay ends, but optim.schedule=constant has none; set "
+                         f"optim.schedule=cosine or wsd, or leave optim.min_lr at {OptimConfig.min_lr}")  # fmt: skip
+    if o.name != "muon":
+        for name in (f.name for f in fields(OptimConfig) if f.name.startswith("muon_")):
+            if getattr(o, name) != OPTIM_DEFAULTS[name]:
+                raise ValueError(f"optim.{name}={getattr(o, name)} is an option of Muon, but optim.name={o.name}; use "
+                                 f"optim=muon, or leave optim.{name} at its default "
+                                 f"({OPTIM_DEFAULTS[name]})")  # fmt: skip
+        return
+    if not o.muon_lr > 0 or o.muon_weight_decay < 0:  # NaN is refused too
+        raise ValueError(f"optim.muon_lr={o.muon_lr}, optim.muon_weight_decay={o.muon_weight_decay}: Muon's peak "
+                         f"learning rate must be > 0 (0.02: Keller Jordan's, nanochat's) and its weight decay >= 0")
+    if not 0 <= o.muon_momentum < 1:
+        raise ValueError(f"optim.muon_momentum={o.muon_momentum} must be in [0, 1) (0.95: torch.optim.Muon's)")
+    if not 1 <= o.muon_ns_steps < 100:
+        raise ValueError(f"optim.muon_ns_steps={o.muon_ns_steps}: Newton-Schulz iterations, a whole number in 1..99 "
+                         f"(5: torch.optim.Muon's, Keller Jordan's)")  # fmt: skip
 
 
 @dataclass
@@ -101,6 +172,10 @@ class TrainConfig:
     # that do not say: the trainer's and the logger's settings say how a run goes, not what it computes
     trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"reuse": "machine"})
     logger: LoggerConfig = field(default_factory=LoggerConfig, metadata={"reuse": "machine"})
+
+    def __post_init__(self) -> None:
+        if self.optim.name == "muon":  # a split that a layer of this model cannot make
+            check_split(self.optim.muon_split, self.model.layer_layouts)
 
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -173,6 +248,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"optim.lr={o.lr}, optim.min_lr={o.min_lr}: need 0 <= min_lr <= lr and lr > 0")
     if o.warmup_steps < 0 or o.grad_clip < 0 or o.weight_decay < 0:
         raise ValueError("optim.warmup_steps, optim.grad_clip and optim.weight_decay must be >= 0")
+    OptimConfig.__post_init__(o)  # again, as the model's: a config built in Python may have been changed since
+    TrainConfig.__post_init__(cfg)
     check_final_lengths(cfg)
     if cfg.logger.kind not in LOGGER_KINDS:
         raise ValueError(f"logger.kind={cfg.logger.kind!r}; choose one of: {', '.join(LOGGER_KINDS)}")

@@ -17,9 +17,11 @@ job, a run first looks at the directory it would write to:
 A run continues only with the settings it was started with (the model, data, optimizer, seed and
 batch); anything else is refused, naming the differences. ``trainer.max_steps`` may change: with the
 same value a continuation repeats the uninterrupted run exactly; with another the learning-rate
-schedule (warmup + cosine to ``trainer.max_steps``) is re-planned over the new budget from the
-checkpoint's step on, as nanoGPT does when ``max_iters`` grows, and the continuation says so
-(``describe``).
+schedule (``optim.schedule``: warmup, then cosine or warmup-stable-decay to ``trainer.max_steps``) is
+re-planned over the new budget from the checkpoint's step on, as nanoGPT does when ``max_iters``
+grows, and the continuation says so (``describe``). Where the steps taken had the same learning rates
+under both budgets (a wsd checkpoint of its constant phase, a checkpoint within the warmup) the
+continuation is the run planned for the new budget from the start, exactly, and it says that.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from common.run_files import FAILURE, LAST, METRICS, OWNER, RUN_INFO, directory_
 from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from training import reuse
 from training.config import OptimConfig
-from training.optim import lr_at
+from training.optim import lr_at, same_schedule
 
 log = logging.getLogger("headlab.train")
 
@@ -112,11 +114,16 @@ def describe(source: str | Path, checkpoint: Checkpoint, max_steps: int, optim: 
     where = f" in {run_dir}" if run_dir is not None and Path(run_dir) != Path(source) else ""
     head = f"continuing {source} from step {step} to {max_steps}{where}"
     next_lr = lr_at(step, optim, max_steps)  # the lr of step `step + 1`, as the loop sets it
+    schedule = "learning-rate schedule" + ("" if optim.schedule == "cosine" else f" ({optim.schedule})")
     if before == max_steps:
-        return f"{head}: the same learning-rate schedule, exactly (lr at step {step + 1}: {next_lr:.2e})"
+        return f"{head}: the same {schedule}, exactly (lr at step {step + 1}: {next_lr:.2e})"
+    if before and same_schedule(optim, step, before, max_steps):
+        return (f"{head}: the {schedule} over {max_steps} steps, as a run planned for {max_steps} from the start, "
+                f"exactly: its {step} steps so far had the same learning rates under both budgets (lr at step "
+                f"{step + 1}: {next_lr:.2e})")  # fmt: skip
     was = (f"it spanned {before} steps and was at lr {lr_at(step - 1, optim, before):.2e}; "
            if before and step > 0 else "")  # fmt: skip
-    return (f"{head}: the learning-rate schedule is re-planned over {max_steps} steps "
+    return (f"{head}: the {schedule} is re-planned over {max_steps} steps "
             f"({was}lr at step {step + 1}: {next_lr:.2e})")
 
 

@@ -41,7 +41,7 @@ from training.distributed import Distributed, init_distributed
 from training.evaluate import Evaluator, length_rows
 from training.lengths import resolve_lengths
 from training.memory import MemoryMeter, release_memory
-from training.optim import lr_at, make_optimizer
+from training.optim import described, make_optimizer, restore, set_learning_rates
 from training.plan import for_tokenizer, read_lengths
 from training.preflight import RunSetup, preflight, with_micro_batch
 from training.profiling import PROFILE_STEPS, StepProfiler, name_cpu_kernels, summary_table
@@ -201,13 +201,13 @@ class Trainer:
         if init_weights is not None:
             self.model.load_weights(init_weights)
         self.model.to(device)
-        self.optimizer = make_optimizer(self.model, cfg.optim, device)
+        self.optimizer = make_optimizer(self.model, cfg.optim, device, dtype)
         self.scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         self.start_step, self.best_val, self.best_bpb, wandb_id = 0, math.inf, math.nan, None
         self.speeds: list[float] = []
         if resume is not None:
             self.model.load_weights(resume.model)
-            self.optimizer.load_state_dict(resume.optimizer)
+            restore(self.optimizer, resume.optimizer)  # its state; this run's settings
             if self.scaler is not None and resume.grad_scaler:
                 self.scaler.load_state_dict(resume.grad_scaler)
             self.start_step, self.best_val, wandb_id = resume.step, resume.best_val_loss, resume.wandb_run_id
@@ -262,6 +262,9 @@ class Trainer:
         if self.dist.is_main:
             log.info("run directory: %s (%s, %s parameters, %s, %s)", self.run_dir, run_name(self.cfg),
                      f"{self.model.num_params():,}", device_name(self.device), str(self.dtype).removeprefix("torch."))
+            trained = described(self.optimizer, self.cfg.optim, t.max_steps)  # Muon, or a schedule other than cosine
+            if trained:
+                log.info(trained)
             for note in context_notes(self.model.config):  # a window that covers the context, or sees only itself
                 log.warning(note)
             if t.indexer_warmup >= t.max_steps:  # a preset shortened for a try: allowed, but not what it says
@@ -281,9 +284,7 @@ class Trainer:
                         stop_at = step
                     while step < stop_at:
                         start = time.perf_counter()
-                        lr = lr_at(step, self.cfg.optim, t.max_steps)
-                        for group in self.optimizer.param_groups:
-                            group["lr"] = lr
+                        rates = set_learning_rates(self.optimizer, step, self.cfg.optim, t.max_steps)
                         with profiler.around(step + 1, step_ms):
                             loss, grad_norm = self.step(step)
                             step_ms.append((time.perf_counter() - start) * 1e3)
@@ -292,10 +293,11 @@ class Trainer:
                         if not math.isfinite(loss):
                             last = self.run_dir / LAST
                             saved = f"the last good checkpoint is {last}" if last.exists() else "no checkpoint yet"
+                            lower = "optim.lr" + (" or optim.muon_lr" if "lr/muon" in rates else "")
                             raise NonFiniteLoss(f"train/loss became {loss} at step {step}; stopped without saving "
-                                                f"it ({saved}). Lower optim.lr, keep optim.grad_clip > 0, or use "
+                                                f"it ({saved}). Lower {lower}, keep optim.grad_clip > 0, or use "
                                                 f"trainer.dtype=float32")  # fmt: skip
-                        metrics = self.step_metrics(step, loss, grad_norm, lr, step_s)
+                        metrics = self.step_metrics(step, loss, grad_norm, rates, step_s)
                         if profiler.profiled(step):
                             metrics["perf/profiled"] = 1  # the profiler's overhead: no speed figure uses this step
                         else:
@@ -411,9 +413,9 @@ class Trainer:
         self.memory.reset()  # the compile's workspace is not the run's steady state
         return seconds
 
-    def step_metrics(self, step: int, loss: float, grad_norm: float, lr: float, step_s: float) -> dict:
+    def step_metrics(self, step: int, loss: float, grad_norm: float, rates: dict, step_s: float) -> dict:
         metrics = {
-            "train/loss": loss, "train/grad_norm": grad_norm, "lr": lr, "tokens": step * self.tokens_per_step,
+            "train/loss": loss, "train/grad_norm": grad_norm, **rates, "tokens": step * self.tokens_per_step,
             "perf/step_ms": step_s * 1e3, "perf/tokens_per_sec": self.tokens_per_step / step_s,
         }  # fmt: skip
         if self.peak is not None:

@@ -1,8 +1,9 @@
 """The plan of a run, before any work: sizes, FLOPs, the batch split, and an estimate of peak memory.
 
 The memory estimate counts, for one GPU, the float32 weights, gradients and
-AdamW's two moments (16 bytes per parameter, plus 4 for DDP's gradient
-buckets), and the tensors eager autograd saves for the backward pass of one
+the optimizer's state (AdamW's two moments: 16 bytes per parameter; with
+Muon, its one momentum buffer for the hidden matrices: 12; plus 4 for DDP's
+gradient buckets), and the tensors eager autograd saves for the backward pass of one
 micro-batch, tensor by tensor (see ``activation_bytes``), plus the logits'
 forward transients. It is an estimate: ``torch.compile`` usually saves less;
 the CUDA context and allocator fragmentation add some. Tested on CPU against
@@ -71,6 +72,26 @@ def _counted(fields: str) -> tuple[int, int]:
     with torch.device("meta"):
         model = GPT(GPTConfig(**json.loads(fields)))
     return model.num_params(), model.flops_per_token()
+
+
+@functools.lru_cache(maxsize=64)
+def _muon_counted(fields: str) -> int:
+    """Parameters of the model these GPTConfig fields build that Muon takes (its 2-D hidden weights; the split does
+    not change which), built on the meta device."""
+    from model.gpt import GPT
+    from training.muon import hidden_matrices
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**json.loads(fields)))
+    return sum(p.numel() for p in {id(piece.param): piece.param for m in hidden_matrices(model, "as_stored")
+                                   for piece in m.pieces}.values())  # fmt: skip
+
+
+def optimizer_state(config: GPTConfig, optim) -> tuple[int, int]:
+    """(parameters with Muon's one momentum buffer, parameters with AdamW's two moments) under ``optim``."""
+    params = param_count(config)
+    muon = _muon_counted(json.dumps(vars(config), sort_keys=True)) if optim.name == "muon" else 0
+    return muon, params - muon
 
 
 def model_counts(config: GPTConfig) -> tuple[int, int]:
@@ -252,6 +273,7 @@ class Plan:
     cpu_flops: float | None = None  # a plan for this CPU: its measured matmul rate (cpu_matmul_flops)
     loss_chunk: int = 0  # trainer.loss_chunk: the head and loss in chunks of this many tokens (0: whole)
     eval_lengths: list[int] = field(default_factory=list)  # trainer.eval_lengths, in tokens (see eval_bytes)
+    muon_params: int = 0  # parameters whose optimizer state is Muon's one momentum buffer (the rest: AdamW's two)
 
     @property
     def kv_cache_bytes_per_token(self) -> int:
@@ -330,7 +352,7 @@ class Plan:
             *self._time_lines(),
             f"  estimated peak memory {'in RAM' if self.cpu_flops else 'per GPU'} ({self._precision()}, eager): "
             f"{self.peak_bytes / GIB:,.2f} GiB",
-            f"    weights + gradients + AdamW{' + DDP buckets' if self.world_size > 1 else ''}: "
+            f"    weights + gradients + {self._optimizer_text()}{' + DDP buckets' if self.world_size > 1 else ''}: "
             f"{self.static_bytes / GIB:,.2f} GiB",
         ]
         lines += [f"    {name}: {value / GIB:,.2f} GiB" for name, value in self.activations.items()]
@@ -353,6 +375,13 @@ class Plan:
                      f"{str(self.dtype).removeprefix('torch.')})")  # fmt: skip
         return "\n".join([*lines, *self._state_lines()])
 
+    def _optimizer_text(self) -> str:
+        """The optimizer's state: AdamW's moments, or Muon's momentum beside them (how many parameters each keeps)."""
+        if not self.muon_params:
+            return "AdamW"
+        return (f"optimizer (Muon's momentum for {self.muon_params:,} parameters, AdamW's two moments for "
+                f"{self.params - self.muon_params:,})")
+
     def _state_lines(self) -> list[str]:
         if not self.state_bytes_per_sample:
             return []
@@ -366,6 +395,7 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
     micro = micro_batch or micro_batch_for(t, world_size)
     params, flops = model_counts(model_config)
     a = torch.finfo(dtype).bits // 8
+    muon, adam = optimizer_state(model_config, cfg.optim)
     return Plan(
         config=model_config,
         world_size=world_size,
@@ -376,11 +406,12 @@ def make_plan(cfg: TrainConfig, model_config: GPTConfig, world_size: int, dtype:
         params=params,
         flops_per_token=flops,
         dtype=dtype,
-        static_bytes=params * (16 + (4 if world_size > 1 else 0)),
+        static_bytes=params * (8 + (4 if world_size > 1 else 0)) + 4 * muon + 8 * adam,  # weights, gradients, state
         activations=loss_activations(activation_bytes(model_config, micro, dtype), model_config, micro, t.loss_chunk),
         logits_transient_bytes=logits_in_flight(model_config, micro, a, t.loss_chunk),
         eval_lengths=read_lengths(t, model_config),
         loss_chunk=t.loss_chunk,
+        muon_params=muon,
     )
 
 

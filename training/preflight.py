@@ -156,11 +156,15 @@ def checkpoint_to_resume(cfg: TrainConfig, planned: GPTConfig, continuing: Conti
 def check_resumable(cfg: TrainConfig, planned: GPTConfig, ckpt: Checkpoint, source: str | Path) -> None:
     """Refuse a checkpoint this run cannot continue (``source``: where it came from, as the user named it)."""
     stop_at = cfg.trainer.stop_at_step
-    diffs = reuse.differences("resume", {"model": ckpt.model_config}, {"model": asdict(planned)})
+    optim = {"optim": ckpt.train_config["optim"]} if "optim" in (ckpt.train_config or {}) else {}
+    diffs = reuse.differences("resume", {"model": ckpt.model_config, **optim},
+                              {"model": asdict(planned), "optim": asdict(cfg.optim)})  # fmt: skip
     if diffs:
         mismatched = "; ".join(f"{d.key}: checkpoint {d.saved!r} vs now {d.now!r}" for d in diffs)
+        new = (f" (trainer.init_from={source} starts one from its weights with a new optimizer: a resume continues "
+               f"its optimizer's state)" if any(d.kind == "optimizer" for d in diffs) else "")  # fmt: skip
         raise ValueError(f"cannot resume from {source}: its config differs: {mismatched}. Resume with the "
-                         f"checkpoint's settings (add {reuse.restoring(diffs)}), or start a new run")  # fmt: skip
+                         f"checkpoint's settings (add {reuse.restoring(diffs)}), or start a new run{new}")  # fmt: skip
     if ckpt.optimizer is None:
         raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
     if ckpt.step >= cfg.trainer.max_steps:

@@ -8,7 +8,8 @@ without one takes its group's, and a group without one is ``training``)::
     positions       model.block_size: the position table's length
     layout          how the weights are arranged (model.attention): they convert, an optimizer state does not
     function        what the model computes with the same weights (model.window)
-    training        what the losses depend on (dropout, the data, the optimizer, the seed, the batch)
+    optimizer       which optimizer (optim.name): its state is what a resume continues (another cannot load it)
+    training        what the losses depend on (dropout, the data, the optimizer's settings, the seed, the batch)
     implementation  the same numbers up to round-off (model.kernel, model.sdpa_backend)
     measure         how a metric is measured (trainer.eval_windows: the windows val/loss averages over)
     machine         where and how fast, never the numbers (cache folders, threads, devices, logging, ...)
@@ -18,7 +19,8 @@ Three ways reuse a checkpoint, and each keeps the kinds ``KEPT`` names:
 
 - ``init_from``: a new run from the weights, converted to this run's layout; a shorter context crops the
   positions (as nanoGPT's fine-tuning does);
-- ``resume`` (``trainer.resume=<dir>``): a new run directory from a run's whole training state;
+- ``resume`` (``trainer.resume=<dir>``): a new run directory from a run's whole training state (its optimizer's
+  state too: the same optimizer; its settings, a learning rate, may change);
 - ``continue`` (``trainer.resume=auto``, a requeued SLURM job): the same run, in place, with the same losses.
 """
 
@@ -30,12 +32,13 @@ from dataclasses import MISSING, dataclass, fields
 
 from training.config import TrainConfig
 
-KINDS = ("label", "weights", "positions", "layout", "function", "training", "implementation", "measure", "machine",
-         "budget")  # fmt: skip
+KINDS = ("label", "weights", "positions", "layout", "function", "optimizer", "training", "implementation", "measure",
+         "machine", "budget")  # fmt: skip
 KEPT = {
     "init_from": ("weights", "positions"),
-    "resume": ("weights", "positions", "layout", "function"),
-    "continue": ("label", "weights", "positions", "layout", "function", "training", "implementation", "measure"),
+    "resume": ("weights", "positions", "layout", "function", "optimizer"),
+    "continue": ("label", "weights", "positions", "layout", "function", "optimizer", "training", "implementation",
+                 "measure"),
 }
 # What decides how val/loss is measured: a run resumed in a new directory with another of these starts its
 # validation curve (a new wandb run) and its best anew instead of comparing two measures.

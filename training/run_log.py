@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from common.optim_label import training_label
 from common.run_files import (
     FAILURE,
     LAST,
@@ -42,16 +43,20 @@ def wandb_mode(cfg: LoggerConfig) -> str:
 def run_name(cfg: TrainConfig) -> str:
     """``<attention>-<kernel>-<model>`` (with the SDPA backend, key/value heads and window where they differ
     from the defaults), then the data where it is not the default corpus (``-tinyshakespeare``, ``-my_notes``
-    for data.path=my_notes.txt), or the name train.py made (with a sweep's other overrides)."""
-    return cfg.logger.name or run_label(vars(cfg.model), cfg.data, model_name=cfg.model.name)
+    for data.path=my_notes.txt), then the optimizer and schedule where they are not AdamW and cosine (``-muon_qkv``,
+    ``-wsd``: common/optim_label.py), or the name train.py made (with a sweep's other overrides)."""
+    return cfg.logger.name or run_label(vars(cfg.model), cfg.data, model_name=cfg.model.name, optim=vars(cfg.optim))
 
 
-def run_label(model: dict, data, show: tuple[str, ...] | list[str] = (), model_name: str | None = None) -> str:
+def run_label(model: dict, data, show: tuple[str, ...] | list[str] = (), model_name: str | None = None,
+              optim: dict | None = None) -> str:  # fmt: skip
     """What a run's directory and its name both say of it, in this order: how it attends (``attention_label``,
     spelling ``show``'s axes at their default too), the model (``model_name``: the name gives it, the directory
-    leaves it to its config), and the data where it is not the default corpus: the directory
-    ``fused_qkv-sdpa-my_notes``, the name ``fused_qkv-sdpa-nano-my_notes``."""
-    return "-".join(part for part in (attention_label(model, show=show), model_name, data_part(data)) if part)
+    leaves it to its config), the data where it is not the default corpus, and how it trains where that is not
+    AdamW and cosine (``training_label``): the directory ``fused_qkv-sdpa-my_notes-muon_qkv``, the name
+    ``fused_qkv-sdpa-nano-my_notes-muon_qkv``."""
+    parts = (attention_label(model, show=show), model_name, data_part(data), training_label(optim))
+    return "-".join(part for part in parts if part)
 
 
 GENERIC_DATA = ("files", "hub")  # configs/data's names that say only where the text comes from
@@ -71,12 +76,13 @@ def data_part(data) -> str:
 
 def run_tags(cfg: TrainConfig) -> list[str]:
     """The run's wandb tags (``tags_of``)."""
-    return tags_of(vars(cfg.model), cfg.data.name, cfg.logger.preset, cfg.logger.tags)
+    return tags_of(vars(cfg.model), cfg.data.name, cfg.logger.preset, cfg.logger.tags, vars(cfg.optim))
 
 
-def tags_of(model: dict, data: str, preset: str | None, tags: list[str]) -> list[str]:
+def tags_of(model: dict, data: str, preset: str | None, tags: list[str], optim: dict | None = None) -> list[str]:
     """The wandb tags: what the layers run, each other part of the run's label (``kv2``, ``rope``, ``sinks``: only
-    the options set), the model, the data and the user's tags. A model's layers run its layout and kernel; a
+    the options set), the model, the data, how it trains where not AdamW and cosine (``muon_qkv``, ``wsd``) and the
+    user's tags. A model's layers run its layout and kernel; a
     schedule's are its preset (where one chose it) and, where its kinds run other layouts, what each kind runs
     (``kimi_linear``, ``K=kda``, ``M=mla/sdpa``: not ``mla``, ``sdpa``, which three of its four layers do not run).
     ``model`` is a GPTConfig's fields (a dict: run.json's too)."""
@@ -87,7 +93,8 @@ def tags_of(model: dict, data: str, preset: str | None, tags: list[str]) -> list
     layers, kinds = [model["attention"], model["kernel"]], schedule_kinds(model)
     if kinds != schedule_kinds({**model, "layer_kinds": {}}):  # some kind runs another layout than the model's
         layers = [f"{kind}={ran}"[:WANDB_TAG_LIMIT] for kind, ran in kinds.items()]
-    return [*([preset] if kinds and preset else []), *layers, *parts, model["name"], data, *tags]
+    trained = [part for part in training_label(optim).split("-") if part]  # muon_qkv, wsd
+    return [*([preset] if kinds and preset else []), *layers, *parts, model["name"], data, *trained, *tags]
 
 
 def schedule_fact(cfg: TrainConfig) -> dict:
