@@ -447,8 +447,8 @@ def position_label(position: str) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     switches = [mod.field for mod in with_fields() if mod.off is False]  # yes or -: QK-norm, sinks
-    text = ("label", "layout", "kernel", "position", *switches, "schedule", "layers", "optimizer", "lr_schedule", "state",
-            "sdpa_backend", "flag")  # fmt: skip
+    text = ("label", "layout", "kernel", "position", *switches, "schedule", "layers", "optimizer", "lr_schedule",
+            "state", "sdpa_backend", "flag")  # fmt: skip
     columns = shown_columns(rows)
     align = [" --- " if key in text else " ---: " for key, _ in columns]
     lines = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "|".join(align) + "|"]
