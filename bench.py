@@ -14,7 +14,7 @@ Block mode times forward and forward+backward of one attention block; gpt mode
 times the forward and a full training step (forward, backward, AdamW) of a
 GPT. Times are medians from torch.utils.benchmark (which synchronises CUDA),
 after warm-up calls; peak memory is measured on CUDA. Decode mode generates
-(model.generation, with the KV cache, as sample.py does) up to the largest
+(model.decoding.generation, with the KV cache, as sample.py does) up to the largest
 --context-multiples x block_size (--seq-len) tokens and reports tokens/s over
 the block_size tokens that end at each multiple: the median over --repeats
 generations. Plain mode times each layout x kernel block against the plainest
@@ -48,14 +48,14 @@ from analysis.tables import markdown_table, pyplot, save_figure, write_csv, writ
 from bench_reference import PLAIN_KERNELS, PLAIN_LAYOUTS, plain_twin
 from cli import OneLineErrorParser
 from common.machine_load import OthersLoad, cores, is_busy
-from model import ATTENTION_LAYOUTS, GPT, GPTConfig, registry
+from model import GPT, MIXERS, GPTConfig, registry
 from model.attention import attention_of
+from model.attention.kernels import check_kernel_runs
+from model.attention.modifications import with_fields
 from model.config import attention_label
-from model.decoding import DECODINGS, choose_decoding
+from model.decoding.generation import generate_batch
+from model.decoding.steps import DECODINGS, choose_decoding
 from model.device import autocast, device_name, inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
-from model.generation import generate_batch
-from model.kernels import check_kernel_runs
-from model.score_mods import with_fields
 from training.optim import fused_adamw
 from training.profiling import sdpa_backends, without_profiler_notices
 
@@ -96,13 +96,13 @@ PLAIN_FIELDS = ["mode", "layout", "kernel", "compile", "seq_len", "batch", "n_em
 def default_layouts() -> list[str]:
     """The layouts of the canonical layout's function (fused_qkv, separate_qkv, wrapper): those that compute the
     same function; another function (attention=mla) is benchmarked when --layouts names it."""
-    function = getattr(ATTENTION_LAYOUTS[registry.canonical_layout()], "function", None)
-    return sorted(name for name, cls in ATTENTION_LAYOUTS.items() if getattr(cls, "function", None) == function)
+    function = getattr(MIXERS[registry.canonical_layout()], "function", None)
+    return sorted(name for name, cls in MIXERS.items() if getattr(cls, "function", None) == function)
 
 
 def takes_latent(layout: str) -> bool:
     """Whether the layout keeps keys and values as a latent (it applies model.kv_latent)."""
-    return "kv_latent" in ATTENTION_LAYOUTS[layout].applies
+    return "kv_latent" in MIXERS[layout].applies
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["block", "gpt", "decode", "plain"], default="block",
                    help="plain: each block against the plainest code of its layout and kernel (bench_reference.py)")
     p.add_argument("--layouts", nargs="+",
-                   help=f"from {', '.join(sorted(ATTENTION_LAYOUTS))} (default: {', '.join(default_layouts())})")
+                   help=f"from {', '.join(sorted(MIXERS))} (default: {', '.join(default_layouts())})")
     p.add_argument("--kernels", nargs="+", default=["manual", "sdpa"],
                    help=f"from {', '.join(registry.kernel_options())}{forward_only()}")
     p.add_argument("--kv-heads", nargs="+", type=int, help="key/value heads (default: --n-head, multi-head)")
@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.layouts = [name for name in default_layouts() if args.mode != "plain" or name in PLAIN_LAYOUTS]
     if args.repeats is None:  # a decode ratio from one generation has no spread to say how far it holds
         args.repeats = {"decode": DECODE_REPEATS, "plain": PLAIN_REPEATS}.get(args.mode, 1)
-    for option, names, valid, what in (("--layouts", args.layouts, ATTENTION_LAYOUTS, "layout"),
+    for option, names, valid, what in (("--layouts", args.layouts, MIXERS, "layout"),
                                        ("--kernels", args.kernels, registry.kernel_options(), "kernel"),
                                        ("--compile", args.compile_modes, COMPILE_MODES, "compile mode")):  # fmt: skip
         for name in names:
@@ -741,7 +741,7 @@ def line_figure(rows: list[dict], title: str, step_name: str):
 
 def decode_times(args: argparse.Namespace, config: GPTConfig, device, dtype) -> list[float]:
     """One greedy generation of ``max(--context-multiples) x block_size`` tokens for --batch samples, as
-    sample.py generates (``model.generation``, the KV cache): the clock after each token."""
+    sample.py generates (``model.decoding.generation``, the KV cache): the clock after each token."""
     torch.manual_seed(0)
     model = GPT(config).to(device).eval()
     n_tokens = max(args.context_multiples) * config.block_size

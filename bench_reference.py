@@ -43,8 +43,10 @@ from tqdm import tqdm
 from cli import OneLineErrorParser
 from common.run_files import write_text
 from model import GPT, Checkpoint, GPTConfig, KVCache
+from model.checkpoints.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
 from model.compiling import COMPILE_MODES, compile_for_training
-from model.decoding import (
+from model.decoding.generation import context_lengths, generate_batch
+from model.decoding.steps import (
     DECODINGS,
     GraphedStep,
     StaticStep,
@@ -61,8 +63,6 @@ from model.device import (
     resolve_device,
     resolve_dtype,
 )
-from model.generation import context_lengths, generate_batch
-from model.gpt2_export import hf_gpt2_config, hf_gpt2_state_dict
 from training.config import MUON_SPLITS, OptimConfig
 from training.optim import fused_adamw, make_optimizer
 

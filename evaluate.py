@@ -70,8 +70,8 @@ from data.loader import PreparedData
 from data.prepare import prepare
 from data.retrieval import TASKS, check_depth, check_task, usable_lengths
 from model import load_model
-from model.checkpoint import BEST, LAST
-from model.context import check_past_context, check_reaches, with_rope_scaling
+from model.checkpoints.checkpoint import BEST, LAST
+from model.decoding.context import check_past_context, check_reaches, with_rope_scaling
 from model.device import available_memory, resolve_device, resolve_dtype
 from training.config import TrainerConfig
 from training.evaluate import Evaluator, check_memory, length_rows, most_sequences, scaling_part

@@ -39,8 +39,8 @@ from common.run_files import TMP_MARK, read_json, remove_leftovers, temporary_na
 from data.hf_tokenizer import HF_GPT2_TOKENIZER_FILES, write_hf_gpt2_tokenizer
 from data.tokenizers import GPT2_IDS
 from model import load_model
-from model.checkpoint import BEST, LAST
-from model.gpt2_export import HF_CONFIG, HF_WEIGHTS, check_gpt2_holds, export_hf_gpt2, repeated_heads
+from model.checkpoints.checkpoint import BEST, LAST
+from model.checkpoints.gpt2_export import HF_CONFIG, HF_WEIGHTS, check_gpt2_holds, export_hf_gpt2, repeated_heads
 
 
 @dataclass

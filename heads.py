@@ -70,7 +70,7 @@ from data.config import DataConfig
 from data.loader import PreparedData, validation_starts, windows
 from data.prepare import prepare
 from model import load_model
-from model.checkpoint import BEST, LAST
+from model.checkpoints.checkpoint import BEST, LAST
 from model.config import attention_label
 from model.device import resolve_device
 

@@ -42,10 +42,10 @@ from common.machine_load import OthersLoad, busy_text, is_busy
 from data.tokenizers import EOT
 from model import GPTConfig, load_model, registry
 from model.config import attention_label
-from model.context import check_past_context, with_context
-from model.decoding import bandwidth_share, choose_decoding, weight_bytes
+from model.decoding.context import check_past_context, with_context
+from model.decoding.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, context_lengths, generate_batch
+from model.decoding.steps import bandwidth_share, choose_decoding, weight_bytes
 from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
-from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, context_lengths, generate_batch
 
 
 @dataclass

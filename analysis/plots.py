@@ -28,23 +28,23 @@ from analysis.runs import Run, natural_key
 from analysis.tables import save_figure
 from common.optim_label import LABEL_PARTS as OPTIM_LABEL_PARTS
 from model.config import label_parts
-from model.registry import ATTENTION_LAYOUTS, KERNELS
+from model.registry import KERNELS, MIXERS
 
 Curve = tuple[np.ndarray, np.ndarray]  # a line's (x, y) points
 
 # How pale a curve or bar is drawn whose speed is not its variant's own (the report's SPEED_CAUTION)
 NOT_COMPARABLE_ALPHA = 0.4
-# Each layout and kernel states its own style (model/attention.py, model/kernels.py); a run of a layout or
-# kernel this checkout does not know is drawn in these.
+# Each layout and kernel states its own style (model/attention/layouts.py, model/attention/kernels.py); a run of a
+# layout or kernel this checkout does not know is drawn in these.
 UNKNOWN_COLOUR, UNKNOWN_MARKER, UNKNOWN_LINE = "tab:gray", "o", ":"
 
 
 def colour(layout: str) -> str:
-    return ATTENTION_LAYOUTS[layout].colour if layout in ATTENTION_LAYOUTS else UNKNOWN_COLOUR
+    return MIXERS[layout].colour if layout in MIXERS else UNKNOWN_COLOUR
 
 
 def marker(layout: str) -> str:
-    return ATTENTION_LAYOUTS[layout].marker if layout in ATTENTION_LAYOUTS else UNKNOWN_MARKER
+    return MIXERS[layout].marker if layout in MIXERS else UNKNOWN_MARKER
 
 
 def line_style(kernel: str) -> str:

@@ -10,9 +10,9 @@ from dataclasses import asdict
 from analysis.runs import Run, natural_key
 from common.machine_load import busy_text, is_busy
 from common.optim_label import optimizer_text, schedule_text
+from model.attention.differential import LAMBDA_INIT
+from model.attention.modifications import score_mod_fields, with_fields
 from model.config import GPTConfig, attention_label, schedule_kinds
-from model.differential import LAMBDA_INIT
-from model.score_mods import score_mod_fields, with_fields
 
 FINAL_FRACTION = 0.1  # steps averaged into the final train loss
 # Columns a report shows only when some run departs from plain multi-head attention over the whole context

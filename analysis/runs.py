@@ -17,7 +17,7 @@ from common.optim_label import settings, training_label
 from common.run_files import FAILURE, METRICS, OWNER, PROFILE, PROFILE_SUMMARY, RUN_INFO, directory_in_use
 from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from model.config import GPTConfig, attention_label, kernel_option, schedule_text
-from model.registry import ATTENTION_LAYOUTS
+from model.registry import MIXERS
 
 NOT_THE_FUNCTION = ("label", "layout", "implementation")  # GPTConfig reuse kinds that leave the numbers alone
 # A field a run.json lacks (older runs) had these.
@@ -81,7 +81,7 @@ class Run:
         layout's function (attention=mla's latent is another function than the three layouts of multi-head
         attention). Runs of one function should reach the same loss for a seed."""
         model = self.info["model"]
-        layout = ATTENTION_LAYOUTS.get(model.get("attention"))
+        layout = MIXERS.get(model.get("attention"))
         same = (f.name for f in fields(GPTConfig) if f.metadata.get("reuse") not in NOT_THE_FUNCTION)
         return (layout.function if layout else model.get("attention"),
                 *((name, hashable(model.get(name, GPT_DEFAULTS[name]))) for name in same))  # fmt: skip

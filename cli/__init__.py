@@ -158,10 +158,10 @@ def check_choice(option: str, value, choices) -> None:
 
 def check_attention_and_kernel(attention: str | None, kernel: str | None) -> None:
     """A script's optional ``attention=`` / ``kernel=`` (run the weights in another layout or kernel)."""
-    from model.registry import ATTENTION_LAYOUTS, KERNELS, split_kernel_option
+    from model.registry import KERNELS, MIXERS, split_kernel_option
 
     if attention is not None:
-        check_choice("attention", attention, ATTENTION_LAYOUTS)
+        check_choice("attention", attention, MIXERS)
     held, backend = split_kernel_option(kernel) if kernel is not None else (None, "auto")
     if backend != "auto":
         raise ValueError(f"kernel={kernel} is a training option (SDPA held to one implementation); here use "

@@ -1,22 +1,29 @@
-"""headlab's model: one GPT, three attention layouts of one function, multi-head latent attention and Gated
-DeltaNet, its kernels, one loader."""
+"""headlab's model: one GPT, its attention pipeline and layouts (``model.attention``), its mixers of their own form
+(``model.mixers``), decoding (``model.decoding``) and checkpoints, conversion and loading (``model.checkpoints``)."""
 
-from model import deltanet as _deltanet  # noqa: F401  (registers attention=gated_deltanet)
-from model import kda as _kda  # noqa: F401  (registers attention=kda)
-from model import latent as _latent  # noqa: F401  (registers attention=mla)
-from model.attention import ATTENTION_LAYOUTS, CausalAttentionHead, MultiHeadAttention, build_attention
-from model.checkpoint import Checkpoint, load_checkpoint
-from model.config import GPTConfig
-from model.convert import convert_attention_layout, detect_attention_layout, same_function_layouts
-from model.generation import generate, sample_next
-from model.gpt import GPT
-from model.gpt2_import import import_hf_gpt2
-from model.kernels import KERNELS
-from model.kv_cache import KVCache
-from model.load import LoadedModel, load_model
+from model import registry
+
+registry.discover()  # every module of model.attention and model.mixers registers what it defines
+
+from model.attention.kernels import KERNELS  # noqa: E402
+from model.attention.layouts import CausalAttentionHead  # noqa: E402
+from model.attention.pipeline import MultiHeadAttention, build_attention  # noqa: E402
+from model.checkpoints.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
+from model.checkpoints.convert import (  # noqa: E402
+    convert_attention_layout,
+    detect_attention_layout,
+    same_function_layouts,
+)
+from model.checkpoints.gpt2_import import import_hf_gpt2  # noqa: E402
+from model.checkpoints.load import LoadedModel, load_model  # noqa: E402
+from model.config import GPTConfig  # noqa: E402
+from model.decoding.generation import generate, sample_next  # noqa: E402
+from model.decoding.kv_cache import KVCache  # noqa: E402
+from model.gpt import GPT  # noqa: E402
+from model.registry import MIXERS  # noqa: E402
 
 __all__ = [
-    "ATTENTION_LAYOUTS",
+    "MIXERS",
     "KERNELS",
     "GPT",
     "KVCache",

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
 from typing import Any
 
-from model import positions as _positions  # noqa: F401  (registers the position encodings)
 from model import registry
-from model.attention import AttentionSpec
-from model.differential import LAMBDA_INIT
-from model.masks import capacity as mask_capacity
-from model.masks import options_set as masks_set
-from model.score_mods import finite_number, score_mod_fields, spelled, with_fields
-from model.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
+from model.attention import positions as _positions  # noqa: F401  (registers the position encodings)
+from model.attention.differential import LAMBDA_INIT
+from model.attention.masks import capacity as mask_capacity
+from model.attention.masks import options_set as masks_set
+from model.attention.modifications import finite_number, score_mod_fields, spelled, with_fields
+from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
+from model.attention.spec import AttentionSpec
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
@@ -54,8 +54,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         parts.append(f"kv{kv}")
     if model.get("rope_head_dim") is not None:
         parts.append(f"ropedim{model['rope_head_dim']}")
-    if model.get("linear_chunk") is not None:  # gated_deltanet's chunk: -chunk32
-        parts.append(f"chunk{model['linear_chunk']}")
+    if model.get("linear_chunk") is not None:  # a linear layer's chunk of its chunked form: -linchunk32 (not -chunked)
+        parts.append(f"linchunk{model['linear_chunk']}")
     window = model.get("window")
     if window or "window" in show:
         parts.append(f"window{window}" if window else "nowindow")
@@ -94,7 +94,7 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         shape = (model.get("indexer_heads", INDEXER_HEADS), model.get("indexer_dim", INDEXER_DIM))
         indexer = "" if shape == (INDEXER_HEADS, INDEXER_DIM) else f"idx{shape[0]}x{shape[1]}"
         parts.append(f"top{model['sparse_topk']}{indexer}" if model.get("sparse_topk") else "dense")
-    for mod in registry.SCORE_MODS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
+    for mod in registry.MODIFICATIONS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
             parts.append(part)
@@ -117,7 +117,7 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
         changes = [p for p in theirs[2:] if p not in parts]
         if overrides.get("attention", model.get("attention")) != model.get("attention"):
             changes.insert(0, str(overrides["attention"]))  # a hybrid's linear layers: D.gated_deltanet.nopos
-        for mod in registry.SCORE_MODS.values():  # one a kind turns off: its part, with "no"
+        for mod in registry.MODIFICATIONS.values():  # one a kind turns off: its part, with "no"
             own = mod.label(model.get(mod.field, mod.off))
             if own and mod.field in overrides and not mod.used(overrides[mod.field]):
                 changes.append(f"no{own}")
@@ -137,7 +137,7 @@ def schedule_kinds(model: dict) -> dict[str, str]:
     for kind in dict.fromkeys(pattern):
         own = kinds.get(kind)
         layout = (own.get("attention") if isinstance(own, Mapping) else None) or model["attention"]
-        known = registry.ATTENTION_LAYOUTS.get(layout)  # one this checkout does not know: spelled as the label does
+        known = registry.MIXERS.get(layout)  # one this checkout does not know: spelled as the label does
         ran[kind] = layout if known is not None and not known.takes_kernel else f"{layout}/{kernel_option(model)}"
     return ran
 
@@ -158,7 +158,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
     legends, ``python train.py --help``), each registered position encoding's and modification's from its class."""
     return (
         (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
-        (r"chunk\d+", "-chunk<positions>"), (r"(no)?window\d*", "-window<positions>"),
+        (r"linchunk\d+", "-linchunk<positions of the linear form's chunk>"), (r"(no)?window\d*", "-window<positions>"),
         (r"(no)?chunked\d*", "-chunked<positions>"),
         ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in registry.POSITIONS.items()),
          "-<position>"),
@@ -215,13 +215,13 @@ class GPTConfig:
     lambda_init: float = field(default=LAMBDA_INIT, metadata={"reuse": "function"})
     # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
     sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
-    # The position encoding (model.positions): learned | rope | alibi | none
+    # The position encoding (model.attention.positions): learned | rope | alibi | none
     position: str = field(default="learned", metadata={"reuse": "weights"})
     rope_theta: float = field(default=10000.0, metadata={"reuse": "function"})  # rotary's base wavelength
     # the share of each head's dims rotary turns, the first ones (GPT-NeoX's rotary_pct; Qwen3-Next: 0.25)
     rope_fraction: float = field(default=1.0, metadata={"reuse": "function"})
-    # Rotary read past its trained length (model.positions.scaled): null | pi | ntk | yarn, by rope_factor; YaRN
-    # counts each pair's turns over rope_original_length (null: block_size; evaluate.py's full context keeps it)
+    # Rotary read past its trained length (model.attention.positions.scaled): null | pi | ntk | yarn, by rope_factor;
+    # YaRN counts each pair's turns over rope_original_length (null: block_size; evaluate.py's full context keeps it)
     rope_scaling: str | None = field(default=None, metadata={"reuse": "function"})
     rope_factor: float = field(default=1.0, metadata={"reuse": "function"})
     rope_original_length: int | None = field(default=None, metadata={"reuse": "function"})
@@ -241,8 +241,8 @@ class GPTConfig:
     document_end: int | None = field(default=None, metadata={"reuse": "function"})
     # with document masking and an absolute position table: each token's position counted from its document's start
     document_positions: bool = field(default=False, metadata={"reuse": "function"})
-    # DeepSeek Sparse Attention (model.sparse): each query attends the sparse_topk keys its lightning indexer (this
-    # many heads, this wide) scores highest; None: dense
+    # DeepSeek Sparse Attention (model.attention.sparse): each query attends the sparse_topk keys its lightning
+    # indexer (this many heads, this wide) scores highest; None: dense
     sparse_topk: int | None = field(default=None, metadata={"reuse": "weights"})
     indexer_heads: int = field(default=INDEXER_HEADS, metadata={"reuse": "weights"})
     indexer_dim: int = field(default=INDEXER_DIM, metadata={"reuse": "weights"})
@@ -261,7 +261,7 @@ class GPTConfig:
                 raise ValueError(f"model.{name}={value!r} must be a positive integer")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout={self.dropout!r} must be in [0, 1)")
-        layout = registry.layout(self.attention)
+        layout = registry.mixer(self.attention)
         self.kernel, self.sdpa_backend = one_kernel_vocabulary(self.kernel, self.sdpa_backend)
         for kind, values in (self.layer_kinds or {}).items():
             if not isinstance(values, Mapping):
@@ -280,7 +280,7 @@ class GPTConfig:
     def runs_a_kernel(self) -> bool:
         """Whether some layer runs ``model.kernel`` (not every layer linear attention, which runs its own form)."""
         attentions = {self.layer_kinds.get(kind, {}).get("attention", self.attention) for kind in self.layer_kind_names}
-        return any(registry.layout(name).takes_kernel for name in attentions)
+        return any(registry.mixer(name).takes_kernel for name in attentions)
 
     def check_kernel_is_used(self) -> None:
         """Refuse a kernel chosen for a model without a layer that runs one (every layer Gated DeltaNet)."""
@@ -330,7 +330,7 @@ class GPTConfig:
         if kind is None:
             return self
         fields_of_kind = self.layer_kinds[kind]
-        layout = registry.layout(fields_of_kind.get("attention", self.attention))
+        layout = registry.mixer(fields_of_kind.get("attention", self.attention))
         defaults = {name: f.default for name, f in type(self).__dataclass_fields__.items()}
         # A layer that runs no kernel (a hybrid's Gated DeltaNet layers) takes none of the model's, which its
         # softmax layers run: the defaults, as a uniform model of that layer has.
@@ -354,7 +354,7 @@ class GPTConfig:
     @property
     def layer_layouts(self) -> list[tuple[type, AttentionSpec]]:
         """Each layer's attention class (its kind's ``attention``, or the model's) and spec."""
-        return [(registry.layout(one.attention), one.attention_spec)
+        return [(registry.mixer(one.attention), one.attention_spec)
                 for one in (self.layer_config(i) for i in range(self.n_layer))]  # fmt: skip
 
     @property
@@ -388,7 +388,7 @@ class GPTConfig:
     @property
     def cache_capacity(self) -> int:
         """Positions a KV cache keeps per layer: the most recent positions its masks let a query see (the window),
-        at most the context (``model.masks.capacity``)."""
+        at most the context (``model.attention.masks.capacity``)."""
         return mask_capacity(self.attention_spec.masks, self.block_size)
 
     @property
@@ -531,7 +531,7 @@ def making_sparse(config: GPTConfig) -> str | None:
     """The overrides that make a model's layers sparse (``model.sparse_topk``): the model's where every layer takes
     it, else those of the kinds whose layers do (a hybrid's softmax kinds); None where no layer does."""
     kinds = dict.fromkeys(config.layer_kind_names)
-    takes = {kind: "sparse_topk" in registry.layout(config.layer_config(config.layer_kind_names.index(kind))
+    takes = {kind: "sparse_topk" in registry.mixer(config.layer_config(config.layer_kind_names.index(kind))
                                                     .attention).applies for kind in kinds}  # fmt: skip
     if all(takes.values()):
         return "model.sparse_topk=<keys per query>"
@@ -624,7 +624,7 @@ def check_linear_layers(config: GPTConfig) -> None:
     apply it, naming those layers (the whole model, or a kind's) and what to do, before any kernel's check:
     such a layer has no scores, so the kernel is never the fix (kernel=manual gives it no softcap)."""
     if config.layer_pattern is None:
-        layout = registry.layout(config.attention)
+        layout = registry.mixer(config.attention)
         unapplied = [] if layout.takes_kernel else layout.unapplied(config)
         if unapplied:
             name, value, offs, why = unapplied[0]
@@ -638,7 +638,7 @@ def check_linear_layers(config: GPTConfig) -> None:
     for kind in dict.fromkeys(config.layer_pattern):
         try:
             fields = SimpleNamespace(**{**vars(config), **config.layer_kinds[kind]})  # the kind's layers' fields
-            layout = registry.layout(fields.attention)
+            layout = registry.mixer(fields.attention)
             unapplied = [] if layout.takes_kernel else layout.unapplied(fields)
         except ValueError as err:
             raise ValueError(f"{kind_where(config, kind)}: {err}") from None
@@ -657,7 +657,7 @@ def linear_kind_refusal(config: GPTConfig, kind: str, name: str, value, offs: tu
     if name not in LAYER_FIELDS:  # a setting of the whole model: no kind can be given it or spared it
         return (f"model.{name}={shown} reaches layer kind {kind} {layers}, {linear}; it is a setting of the whole "
                 f"model, so set model.{name}={off}, or a schedule without linear layers")  # fmt: skip
-    softmax = [k for k in kinds if registry.layout(kinds[k].get("attention", config.attention)).takes_kernel]
+    softmax = [k for k in kinds if registry.mixer(kinds[k].get("attention", config.attention)).takes_kernel]
     given = " ".join(f"+model.layer_kinds.{k}.{name}={shown}" for k in softmax if name not in kinds[k])
     if name in own:
         fix = f"set model.layer_kinds.{kind}.{name}={off}" + (f" (the softmax kinds take it: {given})" if given else "")
@@ -674,7 +674,7 @@ def check_layer_attention(config: GPTConfig, attention: str) -> None:
     layouts of one function are one choice for the whole model, which converts them all together."""
     if attention == config.attention:
         return
-    mine, theirs = registry.layout(config.attention), registry.layout(attention)
+    mine, theirs = registry.mixer(config.attention), registry.mixer(attention)
     if mine.function == theirs.function:
         raise ValueError(f"attention={attention} with model.attention={config.attention}: they are layouts of one "
                          f"function, chosen for the whole model; set model.attention={attention}, or give the layer "

@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import attention_of, own_draws
+from model.attention.pipeline import attention_of, own_draws
+from model.attention.positions import build_positions
+from model.checkpoints.convert import convert_attention_layout, detect_attention_layout, initial_form
 from model.chunked_loss import head_loss, token_losses
 from model.config import GPTConfig
-from model.convert import convert_attention_layout, detect_attention_layout, initial_form
-from model.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
-from model.positions import build_positions
+from model.decoding.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
 
 
 class MLP(nn.Module):
@@ -90,7 +90,7 @@ class GPT(nn.Module):
         # Tokens per chunk of the LM head and loss computed together (model/chunked_loss.py; the trainer's
         # trainer.loss_chunk); 0: the whole (B, T, V) logits at once
         self.loss_chunk = 0
-        # Sparse attention's indexers (model.sparse), each layer's; the mean of their last KL, for the logs
+        # Sparse attention's indexers (model.attention.sparse), each layer's; the mean of their last KL, for the logs
         self.indexers = [block.attn.indexer for block in self.transformer.h if getattr(block.attn, "indexer", None)]
         self.indexer_kl: torch.Tensor | None = None
         self.reset_parameters()
@@ -110,7 +110,7 @@ class GPT(nn.Module):
         form = initial_form(self.config.attention)  # the canonical layout; attention=mla's own (another function)
         canonical = _as_layout(self.state_dict(), self.config.attention, form, self.config.n_head)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        starts = {f".{name}": value for mod in registry.SCORE_MODS.values()  # QK-norm's scales 1, sinks 0
+        starts = {f".{name}": value for mod in registry.MODIFICATIONS.values()  # QK-norm's scales 1, sinks 0
                   for name, value in mod.initial_values(self.config.n_head).items()}  # fmt: skip
         layouts = dict.fromkeys(layout for layout, _ in self.config.layer_layouts)
         owns = [layout.initial_tensor for layout in layouts if hasattr(layout, "initial_tensor")]  # gated_deltanet's
@@ -220,10 +220,10 @@ class GPT(nn.Module):
         return logits, self.with_indexer_loss(loss)
 
     def with_indexer_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """``loss`` with the gradient of the sparse attention indexers' KLs (``model.sparse``) added, its value
-        unchanged: loss + (KL - KL), the second KL detached. So the loss logged, compared and stopped on is the language
-        model's, and scaling it (gradient accumulation, fp16's scaler) scales the KL's gradient alike. The indexers'
-        KLs are taken (each is one forward's); their mean per layer is ``indexer_kl``."""
+        """``loss`` with the gradient of the sparse attention indexers' KLs (``model.attention.sparse``) added, its
+        value unchanged: loss + (KL - KL), the second KL detached. So the loss logged, compared and stopped on is the
+        language model's, and scaling it (gradient accumulation, fp16's scaler) scales the KL's gradient alike. The
+        indexers' KLs are taken (each is one forward's); their mean per layer is ``indexer_kl``."""
         kls = [indexer.loss for indexer in self.indexers if indexer.loss is not None]
         if not kls:
             return loss
@@ -303,7 +303,7 @@ class GPT(nn.Module):
 
 
 def is_indexer(name: str) -> bool:
-    """Whether a parameter is a sparse attention indexer's (``model.sparse``): drawn last, clipped apart."""
+    """Whether a parameter is a sparse attention indexer's (``model.attention.sparse``): drawn last, clipped apart."""
     return ".indexer." in name
 
 

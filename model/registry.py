@@ -1,26 +1,33 @@
-"""The registry of attention layouts and kernels: name -> the class that states its own facts.
+"""The registries of the model's axes: name -> the class that states its own facts.
 
-A layout (``model.attention``, a class in ``model.attention``) and a kernel (``model.kernel``, a class in
-``model.kernels``) register themselves here under their ``name``; the plan, plots, conversion, loading
-and the scripts ask these classes (memory kept under autocast, the score matrix, dropout, CPU training,
-plot styles, conversion) instead of matching names. A fourth layout or kernel is one class in its own
-module, registered with ``@register(ATTENTION_LAYOUTS)`` or ``@register(KERNELS)``, plus its configs file.
+A layer (``model.attention``: a layout of the attention pipeline in ``model.attention``, or a mixer of its own form in
+``model.mixers``), a kernel (``model.kernel``), a position encoding, a modification of the attention and a mask
+register themselves here under their ``name``; the plan, plots, conversion, loading and the scripts ask these classes
+instead of matching names. A new value is one class in a module of ``model.attention`` or ``model.mixers`` (every
+module of both is imported when ``model`` is: ``discover``), registered with ``@register(...)``, plus its configs
+file.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from common.choices import lookup as lookup  # re-exported: model.config and model.attention look names up here
 
-# Filled by model.attention and model.kernels as they define their classes (importing ``model`` does both).
-# Layouts are kept in definition order: state-dict keys are matched in this order (the wrapper's
-# "heads.0.query" before "query" could claim it).
-ATTENTION_LAYOUTS: dict[str, type] = {}
+# Filled as their modules define their classes (importing ``model`` imports every one: ``discover``).
+# The token mixers, each a value of model.attention: the layouts of the attention pipeline (model.attention: wrapper,
+# separate_qkv, fused_qkv, mla) and the mixers of their own form (model.mixers: gated_deltanet, kda). A state dict's
+# keys are matched to the mixer whose weight-name pattern matches earliest in the key (``model.checkpoints.convert``),
+# so the order of registration says nothing.
+MIXERS: dict[str, type] = {}
 KERNELS: dict[str, type] = {}
-POSITIONS: dict[str, type] = {}  # model.position: filled by model.positions
-# The modifications of the attention (ALiBi's bias, QK-norm, softcap, sinks): filled by model.score_mods, in the
-# order their parts of a run's label come and a kernel applies them.
-SCORE_MODS: dict[str, type] = {}
-# Which keys a query sees (causal, a window, ...): filled by model.masks, in the order a kernel ANDs them.
+POSITIONS: dict[str, type] = {}  # model.position: filled by model.attention.positions
+# The modifications of softmax attention, each at its stage of the pipeline (``Modification.stage``): QK-norm of the
+# heads' encodings; ALiBi's bias, softcap, sinks and the forget gate on the scores (the kernel's); the output gate.
+# Filled by model.attention.modifications, in the order their parts of a run's label come and a kernel applies them.
+MODIFICATIONS: dict[str, type] = {}
+# Which keys a query sees (causal, a window, ...): filled by model.attention.masks, in the order a kernel ANDs them.
 MASKS: dict[str, type] = {}
 
 
@@ -38,9 +45,28 @@ def register(registry: dict[str, type]):
     return enter
 
 
-def layout(name: str) -> type:
-    """The attention layout class registered as ``name`` (an unknown name lists the valid ones)."""
-    return lookup(ATTENTION_LAYOUTS, "attention layout", name)
+# The packages whose every module may register a value of an axis: a new module there is found, not listed.
+PACKAGES = ("model.attention", "model.mixers")
+
+
+def discover() -> None:
+    """Import every module of ``PACKAGES`` (by name), so that each registers what it defines."""
+    for package in PACKAGES:
+        path = importlib.import_module(package).__path__
+        for module in sorted(m.name for m in pkgutil.iter_modules(path)):
+            importlib.import_module(f"{package}.{module}")
+
+
+def weight_name_start(cls: type, key: str) -> int | None:
+    """Where layer ``cls``'s q/k/v weight-name pattern (``QKV_KEY``) matches in state-dict ``key``, at a module
+    boundary, or None: the layer matched earliest in a key holds it (``model.checkpoints.convert``)."""
+    match = cls.QKV_KEY.search(key)
+    return match.start() if match and (match.start() == 0 or key[match.start() - 1] == ".") else None
+
+
+def mixer(name: str) -> type:
+    """The mixer class registered as ``name`` (a value of model.attention; an unknown name lists the valid ones)."""
+    return lookup(MIXERS, "attention layout", name)
 
 
 def kernel(name: str) -> type:
@@ -57,7 +83,7 @@ def canonical_layout() -> str:
     """The layout every model's initial weights are drawn in (then converted): for a seed, every layout
     starts from the same weights. The one layout that says ``canonical = True`` itself (a subclass of it, a new
     layout built on the fused one, does not inherit the claim)."""
-    (name,) = [name for name, cls in ATTENTION_LAYOUTS.items() if cls.__dict__.get("canonical", False)]
+    (name,) = [name for name, cls in MIXERS.items() if cls.__dict__.get("canonical", False)]
     return name
 
 

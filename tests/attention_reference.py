@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from model import convert_attention_layout
-from model.masks import of_spec as masks_of
+from model.attention.masks import of_spec as masks_of
 
 RMS_EPS = 1e-6
 
@@ -90,7 +90,7 @@ def paper_alibi_slopes(n_head: int) -> list[float]:
     return geometric(lower) + geometric(2 * lower)[0::2][: n_head - lower]
 
 
-# The modifications of the attention (model.registry.SCORE_MODS) this formula writes out: a registered one it
+# The modifications of the attention (model.registry.MODIFICATIONS) this formula writes out: a registered one it
 # lacks fails tests/test_score_mods.py (each modification's float64 reference lives here, apart from the model).
 REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate", "forget_gate")
 
@@ -236,9 +236,9 @@ def sparse_selection(block, x: torch.Tensor, seen: dict) -> torch.Tensor | None:
 # ------------------------------------------------------------------ every function's formula, from its block
 
 
-def keys_seen(spec) -> dict:
-    """Each registered mask's value for a block of ``spec`` ({mask name: value}, as ``model.masks`` reads the spec: the
-    window past its block size for a model without a position table), for the predicates above."""
+def mask_values(spec) -> dict:
+    """Each registered mask's value for a block of ``spec`` ({mask name: value}, as ``model.attention.masks`` reads
+    the spec: the window past its block size for a model without a position table), for the predicates above."""
     return {mask.name: value for mask, value in masks_of(spec)}
 
 
@@ -336,7 +336,7 @@ def convolved_qkv(weight: torch.Tensor, mixed: torch.Tensor, H: int, hd: int):
     queries and keys L2-normalised per head, the queries scaled by 1/sqrt(hd)."""
     import torch.nn.functional as F
 
-    from model.deltanet import CONV_SIZE
+    from model.mixers.deltanet import CONV_SIZE
 
     B, T, _ = mixed.shape
     w = weight[:, 0]  # (3C, CONV_SIZE)
@@ -460,4 +460,4 @@ def formula_of(block) -> Formula:
 
 def reference(block, x: torch.Tensor, seen: dict | None = None) -> torch.Tensor:
     """The block's function at ``x`` by its function's formula (``REFERENCES``), its options read from its spec."""
-    return formula_of(block)(block, type(block).name, x, keys_seen(block.spec) if seen is None else seen)
+    return formula_of(block)(block, type(block).name, x, mask_values(block.spec) if seen is None else seen)

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from model.attention import AttentionSpec
-from model.options import option_fields
-from model.registry import ATTENTION_LAYOUTS, KERNELS, MASKS, POSITIONS, SCORE_MODS
+from model.attention.options import option_fields
+from model.registry import KERNELS, MASKS, MIXERS, MODIFICATIONS, POSITIONS
 
 TIERS = ("default", "deep")
 ALL = "cells"  # a value's count in all; the other parts of its count are "<axis> <name>"
@@ -27,7 +27,7 @@ ALL = "cells"  # a value's count in all; the other parts of its count are "<axis
 def other_options() -> list[str]:
     """The options that are no axis of their own (not the key/value heads, the position, a mask's or a modification's
     option), in AttentionSpec's order."""
-    axes = {"n_kv_head", "position", *(m.field for m in MASKS.values()), *(m.field for m in SCORE_MODS.values())}
+    axes = {"n_kv_head", "position", *(m.field for m in MASKS.values()), *(m.field for m in MODIFICATIONS.values())}
     return [name for name in option_fields() if name not in axes]
 
 
@@ -57,8 +57,8 @@ class Cell:
 
 def registered_values(encodings: Iterable[str]) -> list[str]:
     """Every value whose cells are counted, axis by axis, in the registries' order."""
-    return [*(f"layout {name}" for name in ATTENTION_LAYOUTS), *(f"kernel {name}" for name in KERNELS),
-            *(f"position {name}" for name in POSITIONS), *(f"modification {name}" for name in SCORE_MODS),
+    return [*(f"layout {name}" for name in MIXERS), *(f"kernel {name}" for name in KERNELS),
+            *(f"position {name}" for name in POSITIONS), *(f"modification {name}" for name in MODIFICATIONS),
             *(f"mask {name}" for name in MASKS), *(f"option {name}" for name in other_options()),
             *(f"encoding {name}" for name in encodings)]  # fmt: skip
 
@@ -68,7 +68,7 @@ def values_of(cell: Cell) -> list[str]:
     options = cell.options
     return [f"layout {cell.layout}", f"kernel {cell.kernel}",
             f"position {options.get('position', AttentionSpec.position)}",
-            *(f"modification {name}" for name, mod in SCORE_MODS.items()
+            *(f"modification {name}" for name, mod in MODIFICATIONS.items()
               if mod.field in options and mod.used(options[mod.field])),
             *(f"mask {name}" for name in cell.masks()),
             *(f"option {name}" for name in other_options() if name in options),
@@ -139,6 +139,6 @@ def floors_source(counts: dict[str, dict[str, Counter]], values: list[str]) -> s
 def part_order(part: str) -> tuple:
     """Parts by axis (layouts, kernels, heads, masks), then in their registry's order."""
     axis, name = part.split(maxsplit=1)
-    order = {"layout": list(ATTENTION_LAYOUTS), "kernel": list(KERNELS), "heads": ["mha", "gqa", "mqa"],
+    order = {"layout": list(MIXERS), "kernel": list(KERNELS), "heads": ["mha", "gqa", "mqa"],
              "mask": list(MASKS)}  # fmt: skip
     return list(order).index(axis), order[axis].index(name) if name in order[axis] else len(order[axis]), name

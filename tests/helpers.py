@@ -14,8 +14,8 @@ from warm_python import run_python
 
 import training.config  # noqa: F401  (registers the config schema)
 from model import KERNELS, GPTConfig
-from model.convert import same_function_layouts
-from model.kernels import flex_unavailable
+from model.attention.kernels import flex_unavailable
+from model.checkpoints.convert import same_function_layouts
 from model.registry import canonical_layout
 
 ROOT = Path(__file__).resolve().parents[1]

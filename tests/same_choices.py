@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import model.generation as generation
+import model.decoding.generation as generation
 
 ATOL = 1e-4  # float32 logits of two code paths: the stated tolerance of these comparisons
 
@@ -60,7 +60,7 @@ class Recorder:
 
 
 def record_choices(monkeypatch) -> Recorder:
-    """Record what ``model.generation.choose`` is given and gives; call ``start()`` before each generation."""
+    """Record what ``model.decoding.generation.choose`` is given and gives; call ``start()`` before each generation."""
     real_choose = generation.choose
     recorder = Recorder()
 

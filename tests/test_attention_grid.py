@@ -13,7 +13,7 @@ from helpers import FLEX_ON_CPU_UNAVAILABLE, TINY, compose_train, read_metrics, 
 
 from model import GPT, KVCache, build_attention, convert_attention_layout, generate, same_function_layouts
 from model.attention import AttentionSpec
-from model.masks import visible
+from model.attention.masks import seen
 from training.loop import train
 from training.plan import make_plan, param_count
 
@@ -133,7 +133,7 @@ def test_the_plan_counts_parameters_and_flops_of_every_cell(n_kv, window):
 
 def test_export_of_a_grouped_query_model_gives_transformers_the_same_logits(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from model.gpt2_export import export_hf_gpt2
+    from model.checkpoints.gpt2_export import export_hf_gpt2
 
     model = tiny("wrapper", n_kv=2)
     export_hf_gpt2(model, tmp_path / "hf", eot_id=None)
@@ -152,7 +152,7 @@ def test_head_maps_are_per_query_head_and_see_only_the_window():
         maps = model.transformer.h[0].attn.attention_weights(x)
     assert maps.shape == (2, 4, 10, 10)
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 4, 10))
-    assert (maps[..., ~visible(10, 10, AttentionSpec(16, 2, window=3).masks, torch.device("cpu"))] == 0).all()
+    assert (maps[..., ~seen(10, 10, AttentionSpec(16, 2, window=3).masks, torch.device("cpu"))] == 0).all()
 
 
 def test_grouped_query_windowed_training_gives_every_layout_the_same_losses(tmp_path, data_cache):

@@ -37,18 +37,18 @@ from grid_floors import FLOORS
 from helpers import CONFIGS, tiny_gpt_config
 from omegaconf import OmegaConf
 
-from model import ATTENTION_LAYOUTS, GPT, KERNELS, KVCache, build_attention, kernels
-from model.attention import AttentionSpec
-from model.decoding import CompiledStep, StaticStep
-from model.options import option_fields
-from model.registry import MASKS, POSITIONS, SCORE_MODS, canonical_layout
-from model.score_mods import with_fields
+from model import GPT, KERNELS, MIXERS, KVCache, build_attention
+from model.attention import AttentionSpec, kernels
+from model.attention.modifications import with_fields
+from model.attention.options import option_fields
+from model.decoding.steps import CompiledStep, StaticStep
+from model.registry import MASKS, MODIFICATIONS, POSITIONS, canonical_layout
 
 # The layouts of one function, GPT-2's (the canonical layout's): the encoding grids' (attention=mla's encodings:
 # tests/test_mla.py). The plain and decoding grids take every registered layer, each held to its function's formula.
-GPT2_FUNCTION = getattr(ATTENTION_LAYOUTS[canonical_layout()], "function", None)
-LAYOUTS = sorted(name for name, cls in ATTENTION_LAYOUTS.items() if getattr(cls, "function", None) == GPT2_FUNCTION)
-ALL_LAYOUTS = sorted(ATTENTION_LAYOUTS)
+GPT2_FUNCTION = getattr(MIXERS[canonical_layout()], "function", None)
+LAYOUTS = sorted(name for name, cls in MIXERS.items() if getattr(cls, "function", None) == GPT2_FUNCTION)
+ALL_LAYOUTS = sorted(MIXERS)
 KERNEL_NAMES = sorted(KERNELS)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -91,12 +91,12 @@ def layout_defaults(layout: str) -> dict:
 
 def kernels_of(layout: str) -> list[str]:
     """Every kernel for a layer that runs one; the default for one that runs its own form (Gated DeltaNet)."""
-    return KERNEL_NAMES if ATTENTION_LAYOUTS[layout].takes_kernel else [AttentionSpec.kernel]
+    return KERNEL_NAMES if MIXERS[layout].takes_kernel else [AttentionSpec.kernel]
 
 
 def kv_names_of(layout: str) -> tuple[str, ...]:
     """Multi-head, grouped and multi-query key/value heads where the layer applies ``n_kv_head``; multi-head alone."""
-    return ("mha", "gqa", "mqa") if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else ("mha",)
+    return ("mha", "gqa", "mqa") if "n_kv_head" in MIXERS[layout].applies else ("mha",)
 
 
 def held(n_embd: int, n_head: int, kvs: list, start: int, options: dict):
@@ -116,7 +116,7 @@ def mask_cells(layout: str, deep: bool) -> dict[str, dict]:
     values, the window's chosen ones (WINDOWS), another's its option's example."""
     cells = {"full": {}}
     for mask in MASKS.values():
-        if mask.field is None or mask.field not in ATTENTION_LAYOUTS[layout].applies:
+        if mask.field is None or mask.field not in MIXERS[layout].applies:
             continue
         if mask.field == "window":
             chosen = {**WINDOWS, **(DEEP_WINDOWS if deep else {})}
@@ -180,7 +180,7 @@ def test_the_default_grids_reach_every_registered_layout_kernel_position_and_mod
     for name in POSITIONS:
         assert name == "learned" or (("position", name),) in alone, f"position={name} has no encoding cell"
     fields_alone = {tuple(options) for options in ENCODINGS.values()}
-    for name, mod in SCORE_MODS.items():  # ALiBi is a position encoding: its cell is above
+    for name, mod in MODIFICATIONS.items():  # ALiBi is a position encoding: its cell is above
         assert (mod.field,) in fields_alone or mod.field == "position", f"{name} has no cell of its own"
     for name in option_fields():  # every other option that changes the function: a cell of its own, or a mask's
         held = any(name in options for options in ENCODINGS.values()) or name in {m.field for m in MASKS.values()}
@@ -210,7 +210,7 @@ def test_the_default_grids_reach_every_registered_layout_kernel_position_and_mod
 
 def test_every_registered_function_and_mask_has_its_formula():
     """A layer of a function without a float64 formula, or a mask without one, would go unproven: refused here."""
-    functions = {cls.function for cls in ATTENTION_LAYOUTS.values()}
+    functions = {cls.function for cls in MIXERS.values()}
     assert functions <= set(REFERENCES), f"no float64 formula for {sorted(functions - set(REFERENCES))}"
     assert set(MASKS) <= set(REFERENCED_MASKS), f"no formula for the masks {sorted(set(MASKS) - set(REFERENCED_MASKS))}"
     assert {p.values[0] for p in past_context_cells(False)} == set(PAST_CONTEXT)
@@ -358,12 +358,13 @@ def takes(kernel: str, options: dict) -> bool:
 
 def score_modifications(options: dict) -> list[str]:
     """The modifications of the scores the options use (ALiBi's bias, softcap, sinks): flex's score_mod."""
-    return [name for name, mod in SCORE_MODS.items()
+    return [name for name, mod in MODIFICATIONS.items()
             if mod.on_scores and mod.field in options and mod.used(options[mod.field])]  # fmt: skip
 
 
-def keys_seen(options: dict, window: int | None) -> int | None:
-    """The keys a query sees at most: the window; past the context, no more than the block size."""
+def context(options: dict, window: int | None) -> int | None:
+    """The keys a query sees at most (``AttentionSpec.context``): the window; past the context, no more than the block
+    size."""
     if options.get("position", "learned") not in PAST_CONTEXT:
         return window
     return min(window or ENCODING_BLOCK, ENCODING_BLOCK)
@@ -419,9 +420,9 @@ def encoding_cells(deep: bool):
             (w_name, window), (shape, (n_head, head_dim, kvs)) = windows[(c + e) % len(windows)], shapes[(c + e) % 2]
             kv = held(n_head * head_dim, n_head, [kvs[n] for n in kv_names], (c + 2 * e) % len(kv_names), options)
             kv_name = next(n for n in kv_names if kvs[n] == kv)
-            if "window" not in ATTENTION_LAYOUTS[layout].applies:
+            if "window" not in MIXERS[layout].applies:
                 w_name, window = "full", None
-            n_kv = kv if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+            n_kv = kv if "n_kv_head" in MIXERS[layout].applies else None
             yield pytest.param(name, layout, kernel, n_head, head_dim, n_kv, window,
                                id=f"{name}-{layout}-{kernel}-{shape}-{kv_name}-{w_name}")  # fmt: skip
 
@@ -433,7 +434,7 @@ def test_every_encoding_cell_is_the_formula_at_every_length_in_training_and_eval
     block = seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, block_size=ENCODING_BLOCK,
                          **options)  # fmt: skip
     sample = deep_encoding_lengths(name, layout, kernel) if request.config.getoption("--deep") else ENCODING_LENGTHS
-    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, keys_seen(options, window), device, sample,
+    assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, context(options, window), device, sample,
                                 **options)  # fmt: skip
 
 
@@ -489,10 +490,10 @@ def decode_cells():
     """Every registered layer x each kernel it runs x the key/value heads and masks it applies (as its class
     declares): the window's chosen decoding values (DECODE_WINDOWS), another mask's example."""
     for layout in ALL_LAYOUTS:
-        kvs = (4, 2, 1) if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else (None,)
+        kvs = (4, 2, 1) if "n_kv_head" in MIXERS[layout].applies else (None,)
         masks = {name: {"window": value} if value else {} for name, value in DECODE_WINDOWS.items()}
         masks = {**masks, **{n: m for n, m in mask_cells(layout, False).items() if "window" not in m and m}}
-        if "window" not in ATTENTION_LAYOUTS[layout].applies:
+        if "window" not in MIXERS[layout].applies:
             masks = {n: m for n, m in masks.items() if "window" not in m}
         for kernel, n_kv, (m_name, mask) in itertools.product(kernels_of(layout), kvs, masks.items()):
             yield pytest.param(layout, kernel, n_kv, mask, id=f"{layout}-{kernel}-{n_kv or 4}kv-{m_name}")
@@ -557,9 +558,9 @@ def encoding_decode_cells(deep: bool):
     for e, (name, options) in enumerate(ENCODINGS.items()):
         for i, (layout, kernel) in enumerate(encoding_layouts_kernels(e, name, options, deep,
                                                                    flex_turn=(e + 1) % len(LAYOUTS))):
-            kvs = [4, 2, 1] if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else [None]
+            kvs = [4, 2, 1] if "n_kv_head" in MIXERS[layout].applies else [None]
             n_kv, (w_name, window) = held(64, 4, kvs, (i + 2 * e) % len(kvs), options), windows[(i + e) % 2]
-            if "window" not in ATTENTION_LAYOUTS[layout].applies:
+            if "window" not in MIXERS[layout].applies:
                 w_name, window = "full", None
             yield pytest.param(name, layout, kernel, n_kv, window, id=f"{name}-{layout}-{kernel}-{n_kv}kv-{w_name}")
 
@@ -617,7 +618,7 @@ def completed(layout: str, options: dict) -> dict | None:
     options = {**layout_defaults(layout), **options}
     while True:
         try:
-            ATTENTION_LAYOUTS[layout].check_spec(AttentionSpec(64, 4, kernels_of(layout)[0], block_size=PAST_BLOCK,
+            MIXERS[layout].check_spec(AttentionSpec(64, 4, kernels_of(layout)[0], block_size=PAST_BLOCK,
                                                                **options))  # fmt: skip
             return options
         except ValueError as err:
@@ -633,7 +634,7 @@ def test_generation_past_block_size_is_a_full_forward_over_the_whole_sequence(pa
     position, layout, kernel, window, mods = past_context_cell
     if kernel == "flex" and flex_unavailable("cpu"):
         pytest.skip(flex_unavailable("cpu"))
-    n_kv = 2 if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+    n_kv = 2 if "n_kv_head" in MIXERS[layout].applies else None
     model = decode_model(layout, kernel, n_kv, window, "cpu", block_size=PAST_BLOCK, position=position, **mods)
     assert model.config.cache_capacity == min(window or PAST_BLOCK, PAST_BLOCK)
     assert_decodes_like_full_recomputation(model, eager_or_static(static, "cpu"), PAST_PROMPTS, "cpu", PAST_TOTAL)
@@ -707,7 +708,7 @@ def window_id(window: int | None) -> str:
 
 def kv_of_past_context(layout: str) -> int | None:
     """The key/value heads of the past-context models: grouped, 2 of 4, where the layer applies them."""
-    return 2 if "n_kv_head" in ATTENTION_LAYOUTS[layout].applies else None
+    return 2 if "n_kv_head" in MIXERS[layout].applies else None
 
 
 # Every grid (its test's fixture) -> how its cells are made and what each exercises: the run's cells and the census's.

@@ -13,7 +13,7 @@ from helpers import GPT2_LAYOUTS, TINY, compose_train, run_script, sharp_gpt, ti
 
 import export
 from model import GPT, Checkpoint
-from model.gpt2_export import check_gpt2_holds, export_hf_gpt2, what_gpt2_cannot_hold
+from model.checkpoints.gpt2_export import check_gpt2_holds, export_hf_gpt2, what_gpt2_cannot_hold
 from training.loop import train
 
 

@@ -116,7 +116,7 @@ def test_a_latent_sweep_reports_parameters_and_kv_cache_bytes_per_token(latent_s
     for row, run_dir in zip(rows, run_dirs(latent_sweep)):
         info = json.loads((run_dir / "run.json").read_text())
         config = GPTConfig(**info["model"])
-        width = registry.layout(config.attention).cache_width(config.attention_spec)
+        width = registry.mixer(config.attention).cache_width(config.attention_spec)
         assert int(row["kv_cache_bytes"]) == config.n_layer * width * 4, "layers x cache_width x float32 bytes"
         assert int(row["params"]) == info["params"]
     assert [int(row["kv_cache_bytes"]) for row in rows] == [256, 128, 64, 340]  # 1 layer, 32 wide, 4 bytes

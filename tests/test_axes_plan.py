@@ -30,7 +30,7 @@ CACHES = [
 def test_the_plans_kv_cache_is_layers_times_cache_width_times_bytes_and_what_the_cache_holds(options, kind, width,
                                                                                             dtype):  # fmt: skip
     config = GPTConfig(**SHAPE, **options)
-    assert registry.layout(config.attention).cache_width(config.attention_spec) == width
+    assert registry.mixer(config.attention).cache_width(config.attention_spec) == width
     plan = make_plan(TrainConfig(model=config), config, 1, dtype)
     assert plan.kv_cache_bytes_per_token == config.n_layer * width * (torch.finfo(dtype).bits // 8)
     line = next(line for line in plan.text().splitlines() if "sampling's KV cache" in line)

@@ -23,7 +23,7 @@ from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
 from model import GPT, Checkpoint
-from model.checkpoint import load_checkpoint
+from model.checkpoints.checkpoint import load_checkpoint
 from training.loop import train
 from training.run_log import claim_run_dir
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from helpers import sharp_gpt, tiny_gpt_config
 
-import model.decoding as decoding
+import model.decoding.steps as decoding
 from model import GPT
-from model.decoding import bandwidth_limit, bandwidth_share, step_bytes, weight_bytes
+from model.decoding.generation import context_lengths, generate_batch
+from model.decoding.steps import bandwidth_limit, bandwidth_share, step_bytes, weight_bytes
 from model.device import memory_bandwidth, memory_bandwidth_tbs
-from model.generation import context_lengths, generate_batch
 
 
 @pytest.mark.parametrize("name,tbs", [

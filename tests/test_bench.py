@@ -9,7 +9,7 @@ import pytest
 
 import bench
 from bench_reference import PLAIN_KERNELS, PLAIN_LAYOUTS
-from model.registry import ATTENTION_LAYOUTS
+from model.registry import MIXERS
 
 
 @pytest.mark.parametrize("mode", ["block", "gpt"])
@@ -89,7 +89,7 @@ def test_compiled_cells_run(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--layouts", "fused"], f"unknown layout 'fused'; choose from {', '.join(sorted(ATTENTION_LAYOUTS))}"),
+        (["--layouts", "fused"], f"unknown layout 'fused'; choose from {', '.join(sorted(MIXERS))}"),
         (["--kernels", "flash"], "unknown kernel 'flash'; choose from flex, manual, sdpa, sdpa_cudnn, "
                                  "sdpa_efficient, sdpa_flash, sdpa_math"),
         (["--kernels", "sdpa_efficient", "--device", "cpu"],

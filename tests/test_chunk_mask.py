@@ -12,10 +12,10 @@ from helpers import FLEX_ON_CPU_UNAVAILABLE
 from helpers import tiny_gpt_config as config
 
 from model import GPT, KVCache, build_attention
+from model.attention.masks import Causal, Chunked, Window, seen, seen_at, sees_every_key
+from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import LAYER_FIELDS, attention_label, label_grammar
-from model.decoding import StaticStep
-from model.gpt2_export import what_gpt2_cannot_hold
-from model.masks import Causal, Chunked, Window, sees_every_key, visible, visible_at
+from model.decoding.steps import StaticStep
 from model.registry import MASKS
 
 
@@ -32,9 +32,9 @@ def test_the_mask_is_registered_and_its_predicate_is_the_definition():
     for chunk in (1, 2, 3, 5, 8):
         for q_len, k_len in ((1, 1), (7, 7), (1, 13), (4, 13), (20, 20)):
             masks = ((Causal, True), (Chunked, chunk))
-            assert torch.equal(visible(q_len, k_len, masks, torch.device("cpu")), brute(q_len, k_len, chunk))
+            assert torch.equal(seen(q_len, k_len, masks, torch.device("cpu")), brute(q_len, k_len, chunk))
             both = ((Causal, True), (Window, 2), (Chunked, chunk))
-            assert torch.equal(visible(q_len, k_len, both, torch.device("cpu")), brute(q_len, k_len, chunk, 2))
+            assert torch.equal(seen(q_len, k_len, both, torch.device("cpu")), brute(q_len, k_len, chunk, 2))
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 4, 7])
@@ -45,7 +45,7 @@ def test_the_fast_paths_claim_nothing_a_wrapped_ring_or_keys_in_order_contradict
     for cap in range(1, 3 * chunk):
         for i in range(cap - 1, 5 * chunk):  # the query at i, the cache holding positions i - cap + 1 .. i
             keys = torch.arange(i - cap + 1, i + 1)
-            seen = visible_at(torch.tensor([i]), keys, masks)
+            seen = seen_at(torch.tensor([i]), keys, masks)
             if Chunked.sees_whole_cache(chunk, cap):
                 assert bool(seen.all()), f"chunk {chunk}, capacity {cap}: position {i} does not see the whole cache"
         if sees_every_key(1, cap, masks):

@@ -117,7 +117,7 @@ def test_cuda_graph_decoding_makes_the_eager_choices_with_generators_on_the_gpu(
     from same_choices import assert_same_choices, record_choices
 
     from model import GPT
-    from model.generation import generate_batch
+    from model.decoding.generation import generate_batch
 
     torch.manual_seed(1)
     model = GPT(GPTConfig(vocab_size=300, block_size=64, n_layer=2, n_head=4, n_embd=64, n_kv_head=2)).cuda().eval()
@@ -135,7 +135,7 @@ def test_graph_decoding_waits_for_the_device_once_per_token_whatever_the_batch()
     one wait. Counted by torch's sync debug mode: 40 more tokens, at most 40 more synchronisations (200 before)."""
     import warnings
 
-    from model.generation import generate_batch
+    from model.decoding.generation import generate_batch
 
     torch.manual_seed(3)
     model = GPT(GPTConfig(vocab_size=300, block_size=128, n_layer=2, n_head=4, n_embd=64)).cuda().eval()
@@ -164,7 +164,7 @@ def test_cuda_graph_decoding_under_autocast_as_the_trainer_samples(monkeypatch):
     from same_choices import assert_same_choices, record_choices
 
     from model import GPT
-    from model.generation import generate_batch
+    from model.decoding.generation import generate_batch
 
     torch.manual_seed(2)
     model = GPT(GPTConfig(vocab_size=300, block_size=64, n_layer=2, n_head=4, n_embd=64)).cuda().eval()
@@ -179,7 +179,7 @@ def test_cuda_graph_decoding_under_autocast_as_the_trainer_samples(monkeypatch):
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 def test_compiled_decoding_is_captured_and_makes_graph_decodings_choices(dtype, atol, monkeypatch):
     """Compiled decoding on CUDA: the static step compiled without inductor's CUDA graphs, then captured and replayed
-    as graph decoding's (model/decoding.py says why). float32: graph decoding's tokens up to round-off near-ties.
+    as graph decoding's (model/decoding/steps.py says why). float32: graph decoding's tokens up to round-off near-ties.
     bf16: the fused kernels keep intermediates in float32 where graph decoding rounds each op to bf16, so the logits
     differ by bf16 round-off (under 5e-2 here) and a row may part at a near-tie within it, then its tokens differ."""
     import sys
@@ -187,9 +187,9 @@ def test_compiled_decoding_is_captured_and_makes_graph_decodings_choices(dtype, 
     sys.path.insert(0, str(Path(__file__).parent))
     from same_choices import assert_same_choices, record_choices
 
-    import model.generation as generation
+    import model.decoding.generation as generation
     from model import GPT
-    from model.decoding import CompiledGraphedStep
+    from model.decoding.steps import CompiledGraphedStep
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # a training test before may have set it
     steps = []
@@ -212,7 +212,7 @@ def test_compiled_decoding_is_captured_and_makes_graph_decodings_choices(dtype, 
 def test_cuda_graph_decoding_of_a_carried_state_is_a_full_recomputation(attention, fields):
     """A graph's warm-up runs its first step twice: a linear layer's state and a token bias's states are taken once
     (the cache is put back between the runs), so every replayed step's logits are a full forward's."""
-    from model.decoding import GraphedStep
+    from model.decoding.steps import GraphedStep
 
     torch.manual_seed(3)
     model = GPT(GPTConfig(vocab_size=300, block_size=32, n_layer=2, n_head=4, n_embd=64, attention=attention,

@@ -7,9 +7,10 @@ import torch
 from helpers import FLEX_ON_CPU_UNAVAILABLE, assert_steps_are_a_full_forward, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
-import model.decoding as decoding_module
+import model.decoding.steps as decoding_module
 from model import GPT, KVCache
-from model.decoding import (
+from model.decoding.generation import generate, generate_batch
+from model.decoding.steps import (
     CompiledGraphedStep,
     CompiledStep,
     EagerStep,
@@ -18,7 +19,6 @@ from model.decoding import (
     choose_decoding,
     step_class,
 )
-from model.generation import generate, generate_batch
 
 
 def sharp_model(n_kv=None, window=None, attention="fused_qkv", kernel="sdpa") -> GPT:

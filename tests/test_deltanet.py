@@ -16,11 +16,11 @@ import yaml
 
 from analysis.plots import legend_title, tick_label
 from model import GPT, GPTConfig, KVCache, convert_attention_layout, load_model
+from model.attention.modifications import spelled
 from model.config import attention_label
-from model.decoding import StaticStep
-from model.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
-from model.registry import KERNELS, SCORE_MODS
-from model.score_mods import spelled
+from model.decoding.steps import StaticStep
+from model.mixers.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
+from model.registry import KERNELS, MODIFICATIONS
 from tests.attention_reference import deltanet_reference, recurrent_delta_rule
 from tests.helpers import (
     assert_chunked_form_is_the_recurrence,
@@ -283,7 +283,7 @@ def test_the_chunk_size_changes_the_arithmetic_not_the_function_and_names_the_ru
         model = GPT(GPTConfig(**{**BASE, "block_size": 64, "linear_chunk": chunk}))
         losses.append(model(x, x)[1].item())
     assert max(losses) - min(losses) < 1e-5, losses
-    assert attention_label(vars(GPTConfig(**BASE, linear_chunk=32))) == "gated_deltanet-sdpa-chunk32-nopos"
+    assert attention_label(vars(GPTConfig(**BASE, linear_chunk=32))) == "gated_deltanet-sdpa-linchunk32-nopos"
 
 
 def test_its_weights_convert_to_no_other_layout():
@@ -321,7 +321,7 @@ def test_a_hybrids_label_reads_in_the_reports_legend_and_bars():
 # Every field a Gated DeltaNet layer cannot apply, at a value that uses it: those it has a mechanism of its own
 # for, rotary, and every registered score modification (ALiBi, QK-norm, softcap, sinks, the gate).
 UNAPPLIED = [("window", 4), ("n_kv_head", 1), ("position", "rope"),
-             *((mod.field, mod.example) for mod in SCORE_MODS.values())]  # fmt: skip
+             *((mod.field, mod.example) for mod in MODIFICATIONS.values())]  # fmt: skip
 # A hybrid whose linear kind D takes every attention field from the model (positions: none, so D may differ).
 HYBRID = dict(vocab_size=64, block_size=16, n_layer=4, n_head=2, n_embd=16, position="none", layer_pattern="DG")
 

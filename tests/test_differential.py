@@ -17,9 +17,9 @@ from helpers import tiny_gpt_config as config
 from omegaconf import OmegaConf
 
 from model import GPT, build_attention, convert_attention_layout, load_model
+from model.attention.differential import LAMBDA_STD
+from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import attention_label
-from model.differential import LAMBDA_STD
-from model.gpt2_export import what_gpt2_cannot_hold
 
 
 @pytest.mark.parametrize("bad", [0.0, 1.0, -0.2, 1.5, float("nan"), float("inf")])
@@ -284,7 +284,7 @@ def test_bench_takes_each_new_option_as_an_axis_and_refuses_a_bad_value_in_one_l
 
 def test_a_layout_that_cannot_hold_a_kinds_differential_layers_names_the_kinds_option():
     from model import GPTConfig
-    from model.load import check_holds
+    from model.checkpoints.load import check_holds
 
     config = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32, attention="fused_qkv",
                        layer_pattern="AB", layer_kinds={"A": {}, "B": {"differential": True}})  # fmt: skip

@@ -12,8 +12,8 @@ import torch
 from helpers import TINY, compose_train, read_metrics, write_text_corpus
 
 from model import GPT, GPTConfig, KVCache
-from model.decoding import StaticStep
-from model.kernels import flex_unavailable
+from model.attention.kernels import flex_unavailable
+from model.decoding.steps import StaticStep
 from training.loop import train
 
 END = 0  # the end-of-text token of these tests' vocabulary
@@ -204,7 +204,7 @@ def test_each_bad_value_is_refused_in_one_line(fields, says):
 
 
 def test_a_model_without_its_end_of_text_is_refused_and_gpt2_cannot_hold_it():
-    from model.gpt2_export import check_gpt2_holds
+    from model.checkpoints.gpt2_export import check_gpt2_holds
 
     with pytest.raises(ValueError, match=r"^model.document_masking=true needs the token that ends a document"):
         GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, document_masking=True))
@@ -234,8 +234,8 @@ def test_a_run_masks_its_documents_names_it_and_refuses_a_source_of_one_document
 
 @pytest.mark.parametrize("kernel", ["manual", "sdpa"])
 def test_a_forwards_layers_and_heads_share_one_documents_mask_which_a_finished_job_lets_go(kernel, monkeypatch):
-    import model.kernels as kernels
-    from model.masks import within_documents
+    import model.attention.kernels as kernels
+    from model.attention.masks import within_documents
     from training.memory import release_memory
 
     built = []

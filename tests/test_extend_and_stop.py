@@ -13,7 +13,7 @@ from helpers import TINY, compose_train, read_metrics, run_cli, train_losses
 
 import rebuild_wandb
 from analysis.wandb_file import history, read_complete
-from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
+from model.decoding.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
 from sample import SampleConfig
 from training.config import OptimConfig
 from training.continuation import continue_command

@@ -8,7 +8,7 @@ from helpers import CPU_KERNELS, sharp_gpt
 from same_choices import assert_same_choices, record_choices
 
 from model import GPT, KVCache, generate, same_function_layouts, sample_next
-from model.generation import generate_batch
+from model.decoding.generation import generate_batch
 
 LAYOUTS, KERNEL_NAMES = same_function_layouts("fused_qkv"), CPU_KERNELS
 

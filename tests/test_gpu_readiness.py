@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 import compare
 from analysis.runs import load_run
 from model import GPT, GPTConfig, convert_attention_layout, same_function_layouts
-from model.checkpoint import load_checkpoint
+from model.checkpoints.checkpoint import load_checkpoint
 from model.device import peak_tflops, resolve_dtype
 from training.config import grad_accum_steps
 from training.loop import RunFailed, train

@@ -1,6 +1,6 @@
 """A Hugging Face folder that headlab cannot read is refused in one line, the same for every script (issue 51).
 
-sample.py, evaluate.py, export.py, heads.py and ``trainer.init_from`` all load through ``model/load.py``'s
+sample.py, evaluate.py, export.py, heads.py and ``trainer.init_from`` all load through ``model/checkpoints/load.py``'s
 ``load_model``: a folder without ``model.safetensors`` (only ``pytorch_model.bin``, only ``config.json``, no
 ``config.json``) names the folder, what it holds and what is needed; a pickled ``.bin`` is never loaded, and the
 conversion command the message gives really makes a folder that loads. Sharded safetensors (an index and its
@@ -19,7 +19,7 @@ import torch
 from helpers import run_script, save_tiny_hf_gpt2
 
 from model import load_model
-from model.pretrained import load_pretrained_gpt2
+from model.checkpoints.pretrained import load_pretrained_gpt2
 
 
 @pytest.fixture(scope="module")

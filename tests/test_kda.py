@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import yaml
 
 from model import GPT, GPTConfig, KVCache, convert_attention_layout
-from model.kda import chunked_kda
+from model.mixers.kda import chunked_kda
 from tests.attention_reference import kda_reference, recurrent_kda
 from tests.helpers import (
     CONFIGS,
@@ -84,7 +84,7 @@ def kimi_linear(**fields) -> GPTConfig:
 
 @pytest.mark.parametrize("static", [False, True])
 def test_kimi_linears_hybrid_decodes_as_its_full_forward_past_block_size(static):
-    from model.decoding import StaticStep
+    from model.decoding.steps import StaticStep
 
     torch.manual_seed(0)
     model = GPT(kimi_linear()).eval()

@@ -33,9 +33,9 @@ import evaluate
 import sample
 from data.config import DataConfig
 from model import GPT
-from model.context import with_context
-from model.generation import generate_batch
-from model.positions import ROPE_SCALINGS, Rotary, scaled
+from model.attention.positions import ROPE_SCALINGS, Rotary, scaled
+from model.decoding.context import with_context
+from model.decoding.generation import generate_batch
 from training.evaluate import LengthEvaluator
 from training.loop import train
 
@@ -44,13 +44,13 @@ CPU_KERNELS = ("manual", "sdpa")  # flex compiles a graph per shape on a CPU: it
 # test_attention_properties' generation past block_size
 
 
-def reference_logits(model: GPT, idx: torch.Tensor, keys_seen: int | None) -> torch.Tensor:
+def reference_logits(model: GPT, idx: torch.Tensor, context: int | None) -> torch.Tensor:
     """The model's logits in float64 with attention written from the formula, each query seeing at most
-    ``keys_seen`` keys (None: every earlier key)."""
+    ``context`` keys (None: every earlier key)."""
     m, c = copy.deepcopy(model).double(), model.config
     x = m.transformer.wte(idx)
     for block in m.transformer.h:
-        x = x + reference_attention(block.attn, c.attention, block.ln_1(x), c.n_head, c.kv_heads, keys_seen,
+        x = x + reference_attention(block.attn, c.attention, block.ln_1(x), c.n_head, c.kv_heads, context,
                                     c.position, c.rope_theta)  # fmt: skip
         x = x + block.mlp(block.ln_2(x))
     return m.lm_head(m.transformer.ln_f(x))[..., : c.vocab_size]

@@ -1,8 +1,8 @@
-"""Every registered mask's facts agree with its own predicate (``model.masks``): the capacity a KV cache gets, and the
-fast paths' answers (a new query sees a whole cache; the mask hides nothing the causal mask shows). The kernels and
-the cache trust these instead of the predicate, so a fact that claims more than the predicate gives is a wrong
-answer in decoding, and one that claims less a cache that keeps keys nobody sees: each is checked by brute force over
-positions, for every mask registered (tomorrow's too), at its option's example value and more."""
+"""Every registered mask's facts agree with its own predicate (``model.attention.masks``): the capacity a KV cache
+gets, and the fast paths' answers (a new query sees a whole cache; the mask hides nothing the causal mask shows). The
+kernels and the cache trust these instead of the predicate, so a fact that claims more than the predicate gives is a
+wrong answer in decoding, and one that claims less a cache that keeps keys nobody sees: each is checked by brute force
+over positions, for every mask registered (tomorrow's too), at its option's example value and more."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model.attention import AttentionSpec
-from model.masks import Causal
+from model.attention.masks import Causal
 from model.registry import MASKS
 
 EXAMPLES = {f.name: f.metadata["example"] for f in fields(AttentionSpec) if "example" in f.metadata}

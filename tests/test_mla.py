@@ -19,9 +19,9 @@ from model import (
     detect_attention_layout,
     load_model,
 )
-from model.decoding import CompiledStep, StaticStep
-from model.latent import LatentAttention
-from tests.attention_reference import keys_seen, latent_reference
+from model.attention.latent import LatentAttention
+from model.decoding.steps import CompiledStep, StaticStep
+from tests.attention_reference import latent_reference, mask_values
 from tests.helpers import FLEX_ON_CPU_UNAVAILABLE, TINY, run_cli, train_losses
 
 LENGTHS = (1, 2, 7, 16, 33, 70)  # 70: past block_size (64), where a rope model's context acts as a window
@@ -64,7 +64,7 @@ def reference(attn: LatentAttention, name: str, x: torch.Tensor) -> tuple[torch.
     """DeepSeek-V2's equations (9)-(19), head by head, in float64 from the module's weights
     (``attention_reference.latent_reference``: the output (B, T, C) and the attention weights (B, H, T, T)), its
     rotary angles' cos and sin in float32, as headlab's (and Llama's) rotary makes them whatever the model's dtype."""
-    return latent_reference(attn, "mla", x, keys_seen(attn.spec), rotation=rope, weights_too=True)
+    return latent_reference(attn, "mla", x, mask_values(attn.spec), rotation=rope, weights_too=True)
 
 
 def kernels_of(name: str) -> list[str]:

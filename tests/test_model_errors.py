@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import tiny_gpt_config as config
 
-from model import ATTENTION_LAYOUTS, GPT, build_attention, convert_attention_layout
+from model import GPT, MIXERS, build_attention, convert_attention_layout
 
 
 def test_width_not_divisible_by_heads_names_both_numbers():
@@ -29,7 +29,7 @@ def test_dropout_outside_unit_interval_is_rejected():
 
 
 def test_unknown_layout_lists_the_valid_ones():
-    expected = rf"unknown attention layout 'fused'; choose one of: {', '.join(sorted(ATTENTION_LAYOUTS))}"
+    expected = rf"unknown attention layout 'fused'; choose one of: {', '.join(sorted(MIXERS))}"
     with pytest.raises(ValueError, match=expected):
         config(attention="fused")
     with pytest.raises(ValueError, match=expected):

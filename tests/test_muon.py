@@ -13,9 +13,9 @@ from helpers import TINY, compose_train, tiny_gpt_config, train_losses
 from torch import nn
 
 from model import GPT
-from model.attention import SeparateQKVAttention
-from model.convert import convert_attention_layout
-from model.registry import ATTENTION_LAYOUTS
+from model.attention.layouts import SeparateQKVAttention
+from model.checkpoints.convert import convert_attention_layout
+from model.registry import MIXERS
 from training.config import OptimConfig
 from training.loop import train
 from training.muon import adjusted_lr, embedding_ids, hidden_matrices, is_hidden_matrix, muon_adamw
@@ -117,7 +117,7 @@ def test_the_training_losses_of_the_layouts_agree_by_q_k_v_and_part_as_stored(tm
 
 def every_layer() -> list:
     """Each registered layer as a tiny model's layout (the softmax ones with a sparse indexer too)."""
-    cases = [pytest.param(layout, LAYER_OPTIONS.get(layout, {}), id=layout) for layout in ATTENTION_LAYOUTS]
+    cases = [pytest.param(layout, LAYER_OPTIONS.get(layout, {}), id=layout) for layout in MIXERS]
     return [*cases, pytest.param("fused_qkv", dict(sparse_topk=2), id="fused_qkv+indexer"),
             pytest.param("wrapper", dict(n_kv_head=2), id="wrapper-kv2")]
 
@@ -156,7 +156,7 @@ def test_a_layer_that_does_not_say_how_it_splits_takes_only_the_split_as_stored(
     import re
 
     Unsaid.QKV_KEY = re.compile(r"(?P<proj>q_unsaid|k_unsaid|v_unsaid)\.(?P<kind>weight|bias)$")
-    monkeypatch.setitem(ATTENTION_LAYOUTS, Unsaid.name, Unsaid)
+    monkeypatch.setitem(MIXERS, Unsaid.name, Unsaid)
     common = [*TINY, "logger=none", "model.attention=unsaid_qkv", f"data.cache_dir={tmp_path / 'cache'}"]
     with pytest.raises(ValueError, match=r"^optim.muon_split=qkv orthogonalises each projection apart, but "
                                          r"attention=unsaid_qkv \(layers 0\) does not say how its weights split "

@@ -26,9 +26,9 @@ from helpers import GPT2_LAYOUTS
 from test_options import layout_defaults
 from torch import nn
 
-from model import ATTENTION_LAYOUTS, GPT, GPTConfig
+from model import GPT, MIXERS, GPTConfig
 from model.attention import AttentionSpec
-from model.options import applied, option_fields, spelled
+from model.attention.options import applied, option_fields, spelled
 
 N_EMBD, N_HEAD, T, VOCAB, END = 16, 4, 12, 32, 0  # END: the token that ends a document (document masking)
 DECLARED = {f.name: f for f in fields(AttentionSpec) if f.name in option_fields()}
@@ -148,7 +148,7 @@ def named(message: str, setting: tuple) -> bool:
     return any(f"model.{n}=" in message for n in (name, *needs))
 
 
-@pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(MIXERS))
 def test_every_pair_of_options_is_refused_naming_both_or_each_changes_the_function(layout):
     problems = []
     for first, second in pairs(layout):
@@ -192,7 +192,7 @@ def converted(target_layout: str, source: GPT, options: dict) -> GPT:
     return gpt
 
 
-GPT2_OPTIONS = applied(ATTENTION_LAYOUTS[GPT2_LAYOUTS[0]], AttentionSpec(N_EMBD, N_HEAD, position="rope"))
+GPT2_OPTIONS = applied(MIXERS[GPT2_LAYOUTS[0]], AttentionSpec(N_EMBD, N_HEAD, position="rope"))
 
 
 @pytest.mark.parametrize("first", [s for s in SETTINGS if s[0] in GPT2_OPTIONS or s[0] in MODEL_OPTIONS],
@@ -225,11 +225,11 @@ def test_every_declared_conflict_is_refused_in_one_line_naming_both_and_why():
     """An option declares the options it cannot coexist with (``option(conflicts=...)``): refused together, in one
     line naming both and why, in every layer that applies both (the walk above holds every other pair to change the
     function). The mechanism too, on a pair declared here: today's options all coexist."""
-    from model.options import check_conflicts, declared_conflicts
+    from model.attention.options import check_conflicts, declared_conflicts
 
     for (a, b), why in declared_conflicts().items():
         fa, fb = DECLARED[a].metadata, DECLARED[b].metadata
-        for layout in sorted(ATTENTION_LAYOUTS):
+        for layout in sorted(MIXERS):
             both = model(layout, {**fa["with"], **fb["with"], a: fa["example"], b: fb["example"]})
             assert isinstance(both, ValueError), f"attention={layout} took model.{a} with model.{b}: {why}"
             assert f"model.{a}=" in str(both) and f"model.{b}=" in str(both), str(both)

@@ -1,6 +1,6 @@
 """Every attention option is applied or refused, in every layer, every kernel and the export (issue 52, item 1).
 
-An option (``model.options``: every field of ``AttentionSpec`` but the shape and the kernel's choice) set away
+An option (``model.attention.options``: every field of ``AttentionSpec`` but the shape and the kernel's choice) set away
 from its off value is, for each registered layer: refused in one line naming it (and, where another layer takes
 it, that layer), or applied: the block then computes another function than with the option off (but for an
 option that says every value is the same function, a chunk size). For each kernel, the masks and modifications an
@@ -20,11 +20,11 @@ import torch
 from helpers import CONFIGS
 from omegaconf import OmegaConf
 
-from model import ATTENTION_LAYOUTS, KERNELS, GPTConfig, build_attention
+from model import KERNELS, MIXERS, GPTConfig, build_attention
 from model.attention import AttentionSpec
+from model.attention.options import applied, option_fields, takers
+from model.checkpoints.gpt2_export import GPT2_HOLDS, what_gpt2_cannot_hold
 from model.config import attention_label
-from model.gpt2_export import GPT2_HOLDS, what_gpt2_cannot_hold
-from model.options import applied, option_fields, takers
 
 OPTIONS = {f.name: f.metadata for f in fields(AttentionSpec) if f.name in option_fields()}
 N_EMBD, N_HEAD, T = 16, 4, 12
@@ -100,10 +100,10 @@ def computes_something_else(layout: str, kernel: str, name: str, meta: dict, on)
 def applies(layout: str, options: dict) -> bool:
     """Whether the layer declares it applies the options' last one (with the position encoding they choose)."""
     name = list(options)[-1]
-    return name in applied(ATTENTION_LAYOUTS[layout], SimpleNamespace(position=options.get("position", "learned")))
+    return name in applied(MIXERS[layout], SimpleNamespace(position=options.get("position", "learned")))
 
 
-@pytest.mark.parametrize("layout", sorted(ATTENTION_LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(MIXERS))
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_every_option_is_applied_or_refused_in_every_layer(name, layout):
     meta = OPTIONS[name]
@@ -146,7 +146,7 @@ def kernel_cells():
 
 @pytest.mark.parametrize("name,effect,kernel", list(kernel_cells()))
 def test_every_effect_an_option_asks_of_a_kernel_is_applied_or_refused_naming_the_kernel(name, effect, kernel):
-    from model.kernels import flex_unavailable
+    from model.attention.kernels import flex_unavailable
 
     meta = OPTIONS[name]
     block = buildable("fused_qkv", kernel, **{**meta["with"], name: meta["example"]})
@@ -172,7 +172,7 @@ def test_the_export_refuses_every_option_gpt2_does_not_hold(name):
         config = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=N_HEAD, n_embd=N_EMBD, kernel="manual",
                            **fields_of)  # fmt: skip
     except ValueError:  # a layer's own option (attention=mla's latent): refused for GPT-2's layouts already
-        assert name not in applied(ATTENTION_LAYOUTS["fused_qkv"], AttentionSpec(N_EMBD, N_HEAD))
+        assert name not in applied(MIXERS["fused_qkv"], AttentionSpec(N_EMBD, N_HEAD))
         return
     problems = " ".join(what_gpt2_cannot_hold(config))
     if name in GPT2_HOLDS:

@@ -17,17 +17,17 @@ import pytest
 import torch
 from test_options import layout_defaults
 
-from model import ATTENTION_LAYOUTS, GPT, GPTConfig, KVCache
+from model import GPT, MIXERS, GPTConfig, KVCache
 from model.attention import AttentionSpec, MultiHeadAttention
 
-SOFTMAX = sorted(name for name, cls in ATTENTION_LAYOUTS.items() if cls.takes_kernel)
+SOFTMAX = sorted(name for name, cls in MIXERS.items() if cls.takes_kernel)
 
 # What a layout may define: its projection (and what the cache's contents become: keys_values), its weights' common
 # form, and the facts it states. Anything else a layout class defined would be a stage of its own.
 PROJECTION_AND_FACTS = {
     "project", "projections", "split_heads", "keys_values", "to_qkv", "from_qkv", "heads_in", "input_casts",
     "score_widths", "kv_width", "rotary_width", "query_parts", "key_parts", "initial_tensor", "check_spec",
-    "projection_options", "cannot_hold",
+    "projection_options", "cannot_hold", "matrix_rows",
     "name", "colour", "marker", "QKV_KEY", "QKV_EXAMPLE", "LINEARS", "canonical", "function", "computes", "applies",
     "__init__", "__module__", "__qualname__", "__doc__", "__annotations__", "__firstlineno__",
     "__static_attributes__", "__dict__", "__weakref__", "__parameters__", "_abc_impl",
@@ -47,10 +47,10 @@ def classes_between(layout: type) -> list[type]:
 
 @pytest.mark.parametrize("layout", SOFTMAX)
 def test_a_layout_defines_its_projection_and_its_facts_never_a_stage(layout):
-    defined = {name for cls in classes_between(ATTENTION_LAYOUTS[layout]) for name in vars(cls)}
+    defined = {name for cls in classes_between(MIXERS[layout]) for name in vars(cls)}
     assert defined <= PROJECTION_AND_FACTS, (
         f"attention={layout} defines {sorted(defined - PROJECTION_AND_FACTS)}: a stage of the pipeline belongs to "
-        f"MultiHeadAttention (model/attention.py), which every layout runs; a layout owns only its projection")
+        f"MultiHeadAttention (model/attention/pipeline.py), which every layout runs; a layout owns only its projection")
 
 
 def model(layout: str, options: dict) -> GPT:
@@ -102,27 +102,27 @@ def test_every_option_has_its_place_a_stage_a_projection_or_a_layer_of_its_own_f
     """An option is applied where it is declared: by a stage of the pipeline (then by every pipeline layer, which the
     probes above prove reach the output), by a projection, by a layer that runs its own form, or by a position
     encoding (its fields). One declared nowhere would be refused everywhere: said here, before a user finds it."""
-    from model.attention import STAGE_OPTIONS
-    from model.options import option_fields
+    from model.attention.options import option_fields
+    from model.attention.pipeline import STAGE_OPTIONS
     from model.registry import POSITIONS
 
     placed = set().union(*STAGE_OPTIONS.values())
-    placed |= {name for cls in ATTENTION_LAYOUTS.values() for name in getattr(cls, "projection_options", ())}
-    placed |= {name for cls in ATTENTION_LAYOUTS.values() if not cls.takes_kernel for name in cls.applies}
+    placed |= {name for cls in MIXERS.values() for name in getattr(cls, "projection_options", ())}
+    placed |= {name for cls in MIXERS.values() if not cls.takes_kernel for name in cls.applies}
     placed |= {name for cls in POSITIONS.values() for name in cls.fields}
     assert set(option_fields()) <= placed, f"options with no place: {sorted(set(option_fields()) - placed)}"
 
 
 def keeps_a_state(layout: str) -> bool:
     """Whether a layer carries a fixed-size decoding state (``state_bytes``: a linear layer's)."""
-    return ATTENTION_LAYOUTS[layout].state_bytes(AttentionSpec(32, 4, **layout_defaults(layout)), 4) > 0
+    return MIXERS[layout].state_bytes(AttentionSpec(32, 4, **layout_defaults(layout)), 4) > 0
 
 
-@pytest.mark.parametrize("layout", [name for name in sorted(ATTENTION_LAYOUTS) if keeps_a_state(name)])
+@pytest.mark.parametrize("layout", [name for name in sorted(MIXERS) if keeps_a_state(name)])
 def test_a_layers_decoding_state_is_written_in_place_for_a_captured_step(layout):
     """A CUDA graph replays the buffers it captured: a layer's state must be written into them, never replaced
     (a reassigned state passes every CPU test). Every layer that keeps a state, through static decode steps."""
-    from model.decoding import StaticStep
+    from model.decoding.steps import StaticStep
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=4, n_embd=32, attention=layout,
@@ -137,3 +137,16 @@ def test_a_layers_decoding_state_is_written_in_place_for_a_captured_step(layout)
         for t in range(4, 8):
             step(idx[:, t : t + 1], t)
     assert [t.data_ptr() for t in cache.layers[0].slots[0]] == held, f"attention={layout} replaced its state"
+
+
+def test_every_modification_states_its_stage_and_a_modification_of_the_scores_is_the_kernels():
+    """The modifications registry holds each modification of softmax attention with the stage that applies it (QK-norm
+    of the encodings, the output gate, the scores' ALiBi bias, softcap, sinks and forget gate of the kernel): named for
+    what it holds, so none is read as another's kind."""
+    from model.attention.pipeline import STAGE_OPTIONS
+    from model.registry import MODIFICATIONS
+
+    for name, mod in MODIFICATIONS.items():
+        assert mod.stage in STAGE_OPTIONS, f"{name} states no stage of the pipeline: {mod.stage!r}"
+        assert (mod.stage == "kernel") == mod.on_scores, f"{name}: on the scores exactly when the kernel applies it"
+    assert {MODIFICATIONS["qk_norm"].stage, MODIFICATIONS["gate"].stage} == {"encodings", "gate"}

@@ -19,9 +19,9 @@ from helpers import GPT2_LAYOUTS, TINY, compose_train
 from helpers import tiny_gpt_config as config
 
 from model import GPT, KVCache, convert_attention_layout
-from model.checkpoint import load_checkpoint
-from model.load import model_from_checkpoint
-from model.positions import Rotary, alibi_slopes
+from model.attention.positions import Rotary, alibi_slopes
+from model.checkpoints.checkpoint import load_checkpoint
+from model.checkpoints.load import model_from_checkpoint
 
 LAYOUTS = GPT2_LAYOUTS
 # The fields issue 30 added to GPTConfig: a checkpoint written before them has none of them.

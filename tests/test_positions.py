@@ -9,7 +9,7 @@ import torch
 from helpers import sharp_gpt
 
 from model import GPT, KVCache, same_function_layouts
-from model.decoding import StaticStep
+from model.decoding.steps import StaticStep
 from model.gpt import KVCache as KVCacheFromGPT
 
 LAYOUTS = same_function_layouts("fused_qkv")

@@ -15,9 +15,9 @@ from helpers import tiny_gpt_config as config
 from omegaconf import OmegaConf
 
 from model import GPT, build_attention
-from model.attention import tempered
+from model.attention.pipeline import tempered
+from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import attention_label
-from model.gpt2_export import what_gpt2_cannot_hold
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 7, 8])

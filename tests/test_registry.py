@@ -21,10 +21,10 @@ from analysis.report import build_rows
 from analysis.runs import find_runs
 from cli import check_attention_and_kernel
 from model import GPT, GPTConfig, build_attention, convert_attention_layout, detect_attention_layout
-from model.attention import SeparateQKVAttention
-from model.convert import initial_form
-from model.kernels import ManualKernel
-from model.registry import ATTENTION_LAYOUTS, KERNELS, canonical_layout, kernel_options
+from model.attention.kernels import ManualKernel
+from model.attention.layouts import SeparateQKVAttention
+from model.checkpoints.convert import initial_form
+from model.registry import KERNELS, MIXERS, canonical_layout, kernel_options
 from training.loop import train
 from training.plan import activation_bytes, make_plan
 
@@ -61,7 +61,7 @@ class TextbookKernel(ManualKernel):
 @pytest.fixture
 def fourth(monkeypatch):
     """The fourth layout and kernel, registered for one test (as their modules' decorators would)."""
-    monkeypatch.setitem(ATTENTION_LAYOUTS, RenamedQKVAttention.name, RenamedQKVAttention)
+    monkeypatch.setitem(MIXERS, RenamedQKVAttention.name, RenamedQKVAttention)
     monkeypatch.setitem(KERNELS, TextbookKernel.name, TextbookKernel)
 
 
@@ -116,10 +116,10 @@ def test_a_fourth_layout_starts_from_the_weights_of_every_other(fourth):
     assert all(torch.equal(converted[k], fused[k]) for k in fused)
 
 
-@pytest.mark.parametrize("layout", [*(name for name in ATTENTION_LAYOUTS if initial_form(name) == canonical_layout()),
+@pytest.mark.parametrize("layout", [*(name for name in MIXERS if initial_form(name) == canonical_layout()),
                                     DrawingQKVAttention.name])  # fmt: skip
 def test_same_seed_same_function_same_initial_weights_however_a_layout_is_built(monkeypatch, layout):
-    monkeypatch.setitem(ATTENTION_LAYOUTS, DrawingQKVAttention.name, DrawingQKVAttention)
+    monkeypatch.setitem(MIXERS, DrawingQKVAttention.name, DrawingQKVAttention)
     canonical = canonical_layout()
     built = {}
     for name in (canonical, layout):
@@ -180,21 +180,23 @@ def test_bench_draws_and_names_a_fourth_kernels_line_style(fourth):
 
 
 # Layout and kernel names as string literals: only their own modules, the registry and the configs say them.
-NAMES = (*ATTENTION_LAYOUTS, *KERNELS)  # as registered at import: the fixtures' fourth ones come later
+NAMES = (*MIXERS, *KERNELS)  # as registered at import: the fixtures' fourth ones come later
 SCANNED = ["model", "training", "analysis", "cli", "bench.py", "sample.py", "heads.py", "evaluate.py", "export.py",
            "compare.py"]  # fmt: skip
-OWN_MODULES = {Path(inspect.getfile(cls)).relative_to(ROOT).as_posix()  # attention.py, latent.py, kernels.py
-               for cls in (*ATTENTION_LAYOUTS.values(), *KERNELS.values())} | {"model/registry.py"}
+OWN_MODULES = {Path(inspect.getfile(cls)).relative_to(ROOT).as_posix()  # layouts.py, latent.py, kernels.py
+               for cls in (*MIXERS.values(), *KERNELS.values())} | {"model/registry.py"}
 # Places that only NAME a default (or a fixed format), each with why; a literal that goes away must leave here.
 ALLOWED = {
     ("model/config.py", "fused_qkv"): "GPTConfig's default attention",
     ("model/config.py", "sdpa"): "GPTConfig's default kernel",
-    ("model/gpt2_import.py", "fused_qkv"): "import_hf_gpt2's default layout (GPT-2's own)",
-    ("model/gpt2_import.py", "sdpa"): "import_hf_gpt2's default kernel",
-    ("model/pretrained.py", "fused_qkv"): "load_pretrained_gpt2's default layout",
-    ("model/pretrained.py", "sdpa"): "load_pretrained_gpt2's default kernel",
-    ("model/gpt2_export.py", "fused_qkv"): "the export writes GPT-2's format, whose attention is c_attn: fused",
-    ("model/gpt2_export.py", "sdpa"): "the kernel of the model the export builds (any would do)",
+    ("model/attention/spec.py", "sdpa"): "AttentionSpec's default kernel",
+    ("model/checkpoints/gpt2_import.py", "fused_qkv"): "import_hf_gpt2's default layout (GPT-2's own)",
+    ("model/checkpoints/gpt2_import.py", "sdpa"): "import_hf_gpt2's default kernel",
+    ("model/checkpoints/pretrained.py", "fused_qkv"): "load_pretrained_gpt2's default layout",
+    ("model/checkpoints/pretrained.py", "sdpa"): "load_pretrained_gpt2's default kernel",
+    ("model/checkpoints/gpt2_export.py", "fused_qkv"): "the export writes GPT-2's format, whose attention is "
+                                                        "c_attn: fused",
+    ("model/checkpoints/gpt2_export.py", "sdpa"): "the kernel of the model the export builds (any would do)",
     ("bench.py", "manual"): "bench's default --kernels",
     ("bench.py", "sdpa"): "bench's default --kernels",
 }
@@ -217,7 +219,7 @@ def test_no_layout_or_kernel_name_is_matched_outside_its_own_module_the_registry
              for name in name_literals(p)}  # fmt: skip
     assert found - ALLOWED.keys() == set(), "ask model.registry (a layout's or kernel's own facts) instead"
     assert ALLOWED.keys() - found == set(), "an allowed literal went away: take it off ALLOWED"
-    assert name_literals(ROOT / "model/kernels.py") >= {"manual", "sdpa", "flex"}, "the scan sees literals"
+    assert name_literals(ROOT / "model/attention/kernels.py") >= {"manual", "sdpa", "flex"}, "the scan sees literals"
 
 
 def test_a_layout_whose_weight_names_another_layout_claims_is_refused_as_it_registers():
@@ -228,7 +230,7 @@ def test_a_layout_whose_weight_names_another_layout_claims_is_refused_as_it_regi
     class InProjAttention(RenamedQKVAttention):
         name, QKV_KEY, QKV_EXAMPLE = "in_proj_layer", re.compile(r"(?P<proj>in_proj)\.(?P<kind>weight)$"), "in_proj"
 
-    registry = dict(ATTENTION_LAYOUTS)
+    registry = dict(MIXERS)
     with pytest.raises(ValueError, match=r"attention=in_proj_layer's weight names \(in_proj\.weight\) are "
                                          r"attention=gated_deltanet's .* name its projections otherwise"):  # fmt: skip
         register(registry)(InProjAttention)
@@ -242,15 +244,15 @@ def test_a_layer_of_its_own_form_states_its_options_and_plan_terms_or_is_refused
     says: a layer built on Gated DeltaNet (as KDA is) took its applies, memory and FLOP estimates silently (issue
     61). Refused as it registers, naming the term and where it came from; with its own, registered. A layout of the
     same function may share them (a renamed separate_qkv)."""
-    from model.attention import OWN_FORM_TERMS
-    from model.deltanet import GatedDeltaNet
+    from model.attention.pipeline import OWN_FORM_TERMS
+    from model.mixers.deltanet import GatedDeltaNet
     from model.registry import register
 
     class Retention(GatedDeltaNet):
         name, function = "retention", "retention"
         QKV_KEY, QKV_EXAMPLE = re.compile(r"(?P<proj>ret_proj)\.(?P<kind>weight|bias)$"), "ret_proj"
 
-    registry = dict(ATTENTION_LAYOUTS)
+    registry = dict(MIXERS)
     with pytest.raises(ValueError, match=r"^attention=retention takes input_casts from attention=gated_deltanet: a "
                                          r"plan term is the layer's own .*; define input_casts in its class$"):
         register(registry)(Retention)
@@ -286,6 +288,6 @@ def test_no_layout_shadows_an_attribute_the_base_attention_sets():
 
     probe = Probe(AttentionSpec(16, 2))
     set_by_base = set(vars(probe)) | set(probe._modules) | set(probe._parameters) | set(probe._buffers)
-    for name, cls in ATTENTION_LAYOUTS.items():
+    for name, cls in MIXERS.items():
         own = {attr for klass in cls.__mro__[: cls.__mro__.index(MultiHeadAttention)] for attr in vars(klass)}
         assert not own & set_by_base, f"attention={name} defines {sorted(own & set_by_base)}, which the base sets"

@@ -11,7 +11,7 @@ from dataclasses import asdict, fields
 import pytest
 from helpers import TINY, compose_train, read_metrics
 
-from model.checkpoint import load_checkpoint
+from model.checkpoints.checkpoint import load_checkpoint
 from model.config import GPTConfig
 from training import reuse
 from training.config import TrainConfig

@@ -12,7 +12,7 @@ from same_choices import Step, Trace, assert_same_choices, record_choices
 
 import sample
 from model import GPTConfig, generate
-from model.pretrained import load_pretrained_gpt2
+from model.checkpoints.pretrained import load_pretrained_gpt2
 
 
 def config(**fields) -> sample.SampleConfig:
@@ -64,10 +64,10 @@ def test_the_speed_line_says_what_decoding_keeps_between_tokens(fields, kept, ca
 def test_the_decode_rate_is_said_against_the_memory_bandwidth_limit(monkeypatch, capsys):
     """19 tokens after the first in 0.22 s at batch 1: the decode steps' contexts are 5 to 23 tokens (their mean 14),
     each position 64 bytes of cache (a key and a value of 8 float32 numbers, one layer)."""
-    import model.decoding
+    import model.decoding.steps
 
-    monkeypatch.setattr(model.decoding, "memory_bandwidth", lambda device: 4.8e12)
-    monkeypatch.setattr(model.decoding, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(model.decoding.steps, "memory_bandwidth", lambda device: 4.8e12)
+    monkeypatch.setattr(model.decoding.steps, "device_name", lambda device: "NVIDIA H200")
     cfg = sample.SampleConfig(source="x", num_samples=1)
     marks = [(0.0, 0), (0.1, 1), (0.12, 1), (0.32, 18)]
     sample.report_speed(cfg, GPTConfig(n_layer=1, n_head=2, n_embd=8), 4, marks, torch.device("cuda"),

@@ -1,5 +1,5 @@
-"""The LM head's CPU sampling shortcut lives on the sampling side (model.packed, installed by generation), not in
-the GPT: present while a generation runs, gone after it, never in the way of weights packed for the batch."""
+"""The LM head's CPU sampling shortcut lives on the sampling side (model.decoding.packed, installed by generation), not
+in the GPT: present while a generation runs, gone after it, never in the way of weights packed for the batch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from helpers import sharp_gpt
 
-from model.generation import generate_batch
-from model.packed import TransposedHead, is_packed, mkl_packing_available, packed_linears, sampling_head
+from model.decoding.generation import generate_batch
+from model.decoding.packed import TransposedHead, is_packed, mkl_packing_available, packed_linears, sampling_head
 
 
 def tiny_model():

@@ -18,9 +18,9 @@ import sample
 from analysis.report import build_rows, markdown_table
 from analysis.runs import find_runs
 from model import GPT, KVCache, convert_attention_layout
+from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import LAYER_FIELDS, attention_label, context_notes
-from model.decoding import StaticStep
-from model.gpt2_export import what_gpt2_cannot_hold
+from model.decoding.steps import StaticStep
 from training.loop import train
 from training.plan import activation_bytes, make_plan
 from training.run_log import run_tags

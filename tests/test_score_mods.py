@@ -20,10 +20,10 @@ from helpers import tiny_gpt_config as config
 import bench
 from analysis.plots import legend_title
 from analysis.report import COLUMNS, shown_columns
+from model.attention.modifications import Activations, with_fields
+from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import LABEL_AXES, attention_label
-from model.gpt2_export import what_gpt2_cannot_hold
-from model.registry import KERNELS, SCORE_MODS
-from model.score_mods import Activations, with_fields
+from model.registry import KERNELS, MODIFICATIONS
 from training.plan import activation_bytes
 
 LAYOUTS = GPT2_LAYOUTS
@@ -71,11 +71,11 @@ def test_a_bad_value_is_refused_by_the_config_naming_it(options, expected):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("name", SCORE_MODS)
+@pytest.mark.parametrize("name", MODIFICATIONS)
 def test_each_modification_is_checked_named_shown_benched_and_refused_for_gpt2_as_its_class_says(name):
     """Everything a modification means outside its arithmetic is asked of its registered class: a new one appears
     in every place below without another file naming it (issue 37)."""
-    mod = SCORE_MODS[name]
+    mod = MODIFICATIONS[name]
     assert name in REFERENCED_MODS, f"{name} has no float64 reference in tests/attention_reference.py"
     kernel = next(k for k, cls in KERNELS.items() if name in cls.applies or not mod.on_scores)
     model = config(**{mod.field: mod.example}, kernel=kernel, n_head=4)
@@ -208,11 +208,12 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(layout):
 def test_sdpa_builds_the_float_mask_once_per_forward_for_every_layer(options, monkeypatch):
     # The mask (0 where a key is seen, -inf where not, plus ALiBi's bias) is the same in every layer: built once per
     # forward, and again for the next forward's positions; not once per layer.
-    from model import GPT, kernels
+    from model import GPT
+    from model.attention import kernels
 
     built = []
-    build = kernels.visible
-    monkeypatch.setattr(kernels, "visible", lambda *args: built.append(args) or build(*args))
+    build = kernels.seen
+    monkeypatch.setattr(kernels, "seen", lambda *args: built.append(args) or build(*args))
     torch.manual_seed(0)
     model = GPT(config(n_layer=3, n_head=4, n_embd=32, block_size=16, kernel="sdpa", **options)).eval()
     idx = torch.randint(0, 50, (2, 11))

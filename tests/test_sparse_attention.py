@@ -19,12 +19,12 @@ import logging
 import pytest
 import torch
 from attention_reference import index_scores, reference, sparse_selection
-from attention_reference import keys_seen as reference_masks
+from attention_reference import mask_values as reference_masks
 from cell_failures import CellFailures
 from helpers import TINY, compose_train, read_metrics, run_script, tiny_run
 
 from model import GPT, GPTConfig, KVCache, build_attention
-from model.decoding import StaticStep
+from model.decoding.steps import StaticStep
 from training.loop import train
 
 LAYERS = [("fused_qkv", {}), ("separate_qkv", {"n_kv_head": 2}), ("wrapper", {"n_kv_head": 1}),
@@ -359,7 +359,7 @@ def test_a_hybrids_softmax_kind_is_sparse_and_the_refusal_of_the_whole_model_nam
 def test_the_compiled_static_step_is_the_full_forward():
     """The static step compiled (sample.py's compiled decoding): the indexer's keys, their top-k and the masks in one
     graph, past block_size, from two prompt lengths."""
-    from model.decoding import CompiledStep
+    from model.decoding.steps import CompiledStep
 
     gpt = decode_model("fused_qkv", "sdpa", 3, window=12)
     idx = torch.randint(0, 50, (2, 29), generator=torch.Generator().manual_seed(2))
@@ -464,8 +464,8 @@ def test_a_run_whose_queries_see_at_most_topk_keys_trains_as_the_dense_run_step_
 
 
 def test_a_checkpoint_saved_within_the_warm_up_is_read_dense_as_it_trained(tmp_path, data_cache):
-    from model.checkpoint import load_checkpoint
-    from model.load import model_from_checkpoint
+    from model.checkpoints.checkpoint import load_checkpoint
+    from model.checkpoints.load import model_from_checkpoint
 
     run = tmp_path / "run"
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=8", "trainer.stop_at_step=3",

@@ -15,8 +15,8 @@ from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
 from model import GPT, Checkpoint, generate
-from model.generation import generate_batch
-from model.packed import (
+from model.decoding.generation import generate_batch
+from model.decoding.packed import (
     ONE_ROW_TOKENS,
     ONE_ROW_VENDORS,
     cpu_vendor,

@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from model.registry import ATTENTION_LAYOUTS
+from model.registry import MIXERS
 from training.config import TrainConfig, grad_accum_steps, micro_batch_for, validate
 from training.loop import train
 
@@ -182,6 +182,6 @@ def test_cli_help_lists_the_groups_and_options(tmp_path):
     groups = ["attention", "kernel", "model", "logger", "experiment", "score_mods", "kv_cache", "length_variant",
               "schedule", "mixing", "attention_2026"]  # fmt: skip
     expected = [f"{group}: {', '.join(sorted(p.stem for p in (CONFIGS / group).glob('*.yaml')))}" for group in groups]
-    assert expected[0] == f"attention: {', '.join(sorted(ATTENTION_LAYOUTS))}"
+    assert expected[0] == f"attention: {', '.join(sorted(MIXERS))}"
     for line in expected:
         assert line in result.stdout

@@ -15,7 +15,7 @@ import torch
 from helpers import ROOT, TINY, compose_train, read_metrics, run_cli, train_losses, user_env
 from warm_python import run_python, start_python
 
-from model.checkpoint import load_checkpoint
+from model.checkpoints.checkpoint import load_checkpoint
 from training.loop import RunFailed, train
 
 

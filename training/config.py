@@ -22,7 +22,7 @@ from common.optim_label import OPTIM_DEFAULTS
 from data.config import DataConfig, check_data_config
 from model.compiling import COMPILE_MODES, COMPILE_SCOPES
 from model.config import GPTConfig, making_sparse
-from model.context import check_past_context
+from model.decoding.context import check_past_context
 from model.device import DTYPES
 from training.lengths import check_protocol, length_spellings
 from training.muon import check_split

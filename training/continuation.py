@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.run_files import FAILURE, LAST, METRICS, OWNER, RUN_INFO, directory_in_use, read_json, write_text
-from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
+from model.checkpoints.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from training import reuse
 from training.config import OptimConfig
 from training.optim import lr_at, same_schedule

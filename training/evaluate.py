@@ -138,7 +138,7 @@ def length_rows(model: torch.nn.Module, val_tokens: np.ndarray, lengths: list[in
     """The model read at each length by ``protocol`` with ``past_context``'s rule, each over the first ``span``
     tokens of the split (default ``n_windows`` x the longest length): one row per length (evaluate.py's JSON,
     compare.py)."""
-    from model.context import with_context
+    from model.decoding.context import with_context
 
     rows, span = [], span or n_windows * max(lengths, default=1)  # the same stretch at every length
     for length in lengths:
@@ -158,7 +158,7 @@ def reading_bytes(config, length: int, batch_tokens: int, past_context: str = "r
     """(sequences per forward, estimated bytes) reading ``length`` tokens, at most ``batch_tokens`` per forward:
     the plan's forward peak (``training/plan.py``'s ``eval_bytes``: the manual kernel's length x length weights
     dominate), plus the copy of the weights that ``past_context=full`` reads with past block_size
-    (``model/context.py``'s ``with_context``)."""
+    (``model/decoding/context.py``'s ``with_context``)."""
     sequences, nbytes = eval_bytes(config, length, batch_tokens)
     if past_context == "full" and length > config.block_size:
         nbytes += 4 * param_count(config)

@@ -30,11 +30,11 @@ from common.warmup import MAX_WARMUP_STEPS, WARMUP_FRACTION
 from data.loader import BatchLoader, PreparedData
 from data.prepare import PreparationInterrupted, data_tokenizer, prepare
 from model import GPT
-from model.checkpoint import Checkpoint
+from model.checkpoints.checkpoint import Checkpoint
 from model.compiling import compile_for_training, eager
 from model.config import context_notes
+from model.decoding.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from model.device import autocast, device_id, device_name, peak_flops
-from model.generation import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, generate
 from training import continuation, slurm
 from training.config import TrainConfig, grad_accum_steps
 from training.distributed import Distributed, init_distributed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from model.kernels import forget_forward_masks
+from model.attention.kernels import forget_forward_masks
 
 _STATUS, _CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 

@@ -25,10 +25,10 @@ import torch
 
 from data.tokenizers import EOT_IDS, VOCAB_SIZES
 from model import registry
+from model.attention.masks import options_set
+from model.attention.modifications import Activations
 from model.config import GPTConfig, attention_label
 from model.device import available_memory, resolve_device
-from model.masks import options_set
-from model.score_mods import Activations
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
 from training.lengths import resolve_lengths
@@ -117,7 +117,7 @@ def axes_text(config: GPTConfig) -> str:
 def cache_kind(config: GPTConfig) -> str:
     """What sampling's KV cache keeps per layer, in words: the keys and values of every head (multi-head), of
     fewer shared heads (grouped-query, multi-query), or a latent they are made from (latent)."""
-    if registry.layout(config.attention).state_bytes(config.attention_spec, 4):  # a linear layer
+    if registry.mixer(config.attention).state_bytes(config.attention_spec, 4):  # a linear layer
         return f"none: each of {config.n_head} heads keeps a {config.head_dim} x {config.head_dim} state instead"
     if config.kv_latent is not None:
         rope = f" + a rotary key of {config.rope_head_dim}" if config.rope_head_dim else ""
@@ -137,7 +137,7 @@ def attends(config: GPTConfig) -> str:
 
 def cache_width(config: GPTConfig) -> int:
     """Numbers sampling's KV cache keeps per token and layer, as the layout says (``cache_width(spec)``)."""
-    return registry.layout(config.attention).cache_width(config.attention_spec)
+    return registry.mixer(config.attention).cache_width(config.attention_spec)
 
 
 def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
@@ -153,12 +153,12 @@ def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
         with torch.device("meta"):
             params = sum(p.numel() for p in Block(one).parameters())
         spec, T = one.attention_spec, config.block_size
-        flops = 6 * params + score_flops(registry.layout(one.attention), spec, T)
+        flops = 6 * params + score_flops(registry.mixer(one.attention), spec, T)
         per_position = cache_width(one) * a
         full = per_position * one.cache_capacity
         label = attention_label(vars(one), sep="|").split("|")
         options = ", ".join([*([one.attention] if one.attention != config.attention else []), *label[2:]])
-        state = registry.layout(one.attention).state_bytes(spec, a)
+        state = registry.mixer(one.attention).state_bytes(spec, a)
         if state:  # a linear layer: a state of fixed size, no KV cache
             memory = f"a state of {state * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} at any length"
         else:
@@ -189,7 +189,7 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     kv_share = config.kv_heads / H  # keys and values are this share of N
     scores = B * H * T * T  # one attention matrix per head, in elements (a window masks them, not shrinks)
     drop = config.dropout > 0
-    casts = registry.layout(config.attention).input_casts(H, config.kv_heads) if a < 4 else 1
+    casts = registry.mixer(config.attention).input_casts(H, config.kv_heads) if a < 4 else 1
 
     qkv_input = casts * N * a
     qkv = int((1 + 2 * kv_share) * N * a)
@@ -219,7 +219,7 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
                            + B * config.indexer_heads * T * T * (4 + (a if a < 4 else 0)) + B * T * T * 10
                            if config.sparse_topk is not None else 0),
     }
-    own = getattr(registry.layout(config.attention), "activation_bytes", None)  # a linear layer's own parts
+    own = getattr(registry.mixer(config.attention), "activation_bytes", None)  # a linear layer's own parts
     if own is not None:
         del per_layer["attention projections"], per_layer["attention matrices" if matrices else "attention log-sum-exp"]
         per_layer = {**own(config.attention_spec, B, T, a), **per_layer}
@@ -246,10 +246,10 @@ def eval_bytes(config: GPTConfig, length: int, batch_tokens: int) -> tuple[int, 
 
 
 def encoding_bytes(config: GPTConfig, forward: Activations, a: int) -> int:
-    """Per layer, what the modifications (``SCORE_MODS``' plan terms: QK-norm's RMSNorm its float32 steps) and rotary
+    """Per layer, what the modifications (``MODIFICATIONS``' plan terms: QK-norm's RMSNorm its float32 steps) and rotary
     positions keep of the queries and keys (``forward.elements`` is one query tensor): rotary the input and its
     rotated half (one copy in the matmul dtype, measured). 0 for a model without them."""
-    mods = sum(mod.plan_bytes(forward) for mod in registry.SCORE_MODS.values()
+    mods = sum(mod.plan_bytes(forward) for mod in registry.MODIFICATIONS.values()
                if mod.used(getattr(config, mod.field)))  # fmt: skip
     turns = registry.position(config.position).turns_queries_keys
     rotary = (1 + forward.kv_share) * forward.elements * a if turns else 0

@@ -22,10 +22,10 @@ from common.run_files import remove_stale_checkpoints
 from data.sources import check_source
 from data.tokenizers import GPT2_IDS
 from model import load_model
-from model.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
+from model.attention.kernels import check_kernel_runs
+from model.checkpoints.checkpoint import Checkpoint, checkpoint_path, load_checkpoint
 from model.config import GPTConfig
 from model.device import available_memory, device_id, resolve_device, resolve_dtype
-from model.kernels import check_kernel_runs
 from training import continuation, reuse, slurm
 from training.config import TrainConfig, TrainerConfig, micro_batch_for, validate
 from training.continuation import Continuation

@@ -45,7 +45,7 @@ def retrieval_rows(model: torch.nn.Module, encode, tasks: list[str], lengths: li
     too short for it (``data/retrieval.py``'s ``usable_lengths``); by default every length."""
     from tqdm import tqdm
 
-    from model.context import with_context
+    from model.decoding.context import with_context
 
     usable = usable or {task: lengths for task in tasks}
     rows = []

@@ -29,8 +29,8 @@ class TrainStep:
         # compile_mode=reduce-overhead: each forward begins a new step of inductor's CUDA graph trees, whose outputs of
         # the last replay (a micro-step's loss, already summed) may then be overwritten
         self.graphs_replayed = graphs_replayed
-        # Sparse attention (model.sparse): dense for the first indexer_warmup steps while its indexers learn; the mean
-        # of their KL over the last step's micro-steps and ranks (None without sparse attention)
+        # Sparse attention (model.attention.sparse): dense for the first indexer_warmup steps while its indexers
+        # learn; the mean of their KL over the last step's micro-steps and ranks (None without sparse attention)
         self.indexer_warmup, self.indexer_kl = indexer_warmup, None
         # clipped apart: sparse attention's indexers from the rest (GPT.gradient_groups); the first one's norm reported
         self.clip_groups = model.gradient_groups()

@@ -18,17 +18,21 @@ from collections.abc import Mapping
 import torch
 
 from model import registry
-from model.attention import QKV, MultiHeadAttention, kv_heads_of
-from model.registry import ATTENTION_LAYOUTS
+from model.attention.layouts import kv_heads_of
+from model.attention.pipeline import QKV, MultiHeadAttention
+from model.registry import MIXERS, weight_name_start
 
 
 def split_qkv_key(key: str) -> tuple[str, str, str] | None:
-    """(layout, module prefix, name inside the module) of a q/k/v tensor's key, or None for other keys."""
-    for layout, cls in ATTENTION_LAYOUTS.items():
-        match = cls.QKV_KEY.search(key)
-        if match and (match.start() == 0 or key[match.start() - 1] == "."):
-            return layout, key[: match.start()], key[match.start() :]
-    return None
+    """(layout, module prefix, name inside the module) of a q/k/v tensor's key, or None for other keys: the layer
+    whose pattern matches earliest in the key (the wrapper's ``heads.0.query`` before separate_qkv's ``query``), so
+    the order layers registered in says nothing."""
+    found = [(start, name) for name, cls in MIXERS.items()
+             if (start := weight_name_start(cls, key)) is not None]  # fmt: skip
+    if not found:
+        return None
+    start, layout = min(found)
+    return layout, key[:start], key[start:]
 
 
 def detect_attention_layout(state_dict: Mapping[str, torch.Tensor], like: str | None = None) -> str:
@@ -36,15 +40,15 @@ def detect_attention_layout(state_dict: Mapping[str, torch.Tensor], like: str | 
     linear layers'): there, the one of ``like``'s function."""
     found = {parts[0] for key in state_dict if (parts := split_qkv_key(key))}
     if like is not None and len(found) > 1:
-        function = registry.layout(like).function
-        found = {name for name in found if registry.layout(name).function == function} or found
+        function = registry.mixer(like).function
+        found = {name for name in found if registry.mixer(name).function == function} or found
     if not found:
-        examples = [repr(cls.QKV_EXAMPLE) for cls in ATTENTION_LAYOUTS.values()]
+        examples = [repr(cls.QKV_EXAMPLE) for cls in MIXERS.values()]
         raise ValueError(
             "the state dict holds no attention q/k/v weights "
             f"(no {', '.join(examples[:-1])} or {examples[-1]} keys); is it a headlab GPT state dict?"
         )
-    functions = {registry.layout(name).function for name in found}
+    functions = {registry.mixer(name).function for name in found}
     if len(found) > len(functions):
         raise ValueError(f"the state dict mixes attention layouts {sorted(found)}; it is corrupt")
     if len(found) > 1:
@@ -64,7 +68,7 @@ def convert_attention_layout(
     ``as_multi_head`` writes grouped-query keys and values as the multi-head equivalent: each
     key/value head repeated for every query head of its group (the same function; e.g. for GPT-2).
     """
-    src_cls, dst_cls = registry.layout(src), registry.layout(dst)
+    src_cls, dst_cls = registry.mixer(src), registry.mixer(dst)
     check_converts(src, dst)
     seen = detect_attention_layout(state_dict, like=src)
     if seen != src:
@@ -74,7 +78,7 @@ def convert_attention_layout(
     modules: dict[str, dict[str, torch.Tensor]] = {}  # module prefix -> its q/k/v tensors by local name
     for key, tensor in state_dict.items():
         parts = split_qkv_key(key)
-        if parts is None or registry.layout(parts[0]).function != src_cls.function:  # a hybrid's other layers
+        if parts is None or registry.mixer(parts[0]).function != src_cls.function:  # a hybrid's other layers
             out[key] = tensor
         else:
             modules.setdefault(parts[1], {})[parts[2]] = tensor
@@ -99,7 +103,7 @@ def convert_attention_layout(
 def check_converts(src: str, dst: str) -> None:
     """Refuse, in one line, converting between layouts that compute different functions (attention=mla and the
     three QKV layouts): before any weights are read or a model is built."""
-    src_cls, dst_cls = registry.layout(src), registry.layout(dst)
+    src_cls, dst_cls = registry.mixer(src), registry.mixer(dst)
     if src_cls.function != dst_cls.function:
         odd, other = (src_cls, dst_cls) if src_cls.function != MultiHeadAttention.function else (dst_cls, src_cls)
         raise ValueError(function_refusal(odd, other.name))
@@ -127,8 +131,8 @@ class ConvertsToNoOther:
 def same_function_layouts(layout: str) -> list[str]:
     """The layouts that compute the same function as ``layout`` (itself included), sorted: those its weights
     convert to exactly (attention=mla computes another function than fused_qkv, separate_qkv and wrapper)."""
-    function = registry.layout(layout).function
-    return sorted(name for name, cls in ATTENTION_LAYOUTS.items() if cls.function == function)
+    function = registry.mixer(layout).function
+    return sorted(name for name, cls in MIXERS.items() if cls.function == function)
 
 
 def initial_form(layout: str) -> str:

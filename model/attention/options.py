@@ -10,7 +10,7 @@ Who applies what:
   and applies the options its position encoding consumes (``PositionEncoding.fields``: rotary's base, fraction
   and scaling) where it applies ``position``;
 - a kernel lists the effects it applies (``AttentionKernel.applies``: masks, score modifications, dropout);
-- the export lists what GPT-2's format holds (``model.gpt2_export.GPT2_HOLDS``).
+- the export lists what GPT-2's format holds (``model.checkpoints.gpt2_export.GPT2_HOLDS``).
 
 A set option that the layer does not apply is refused in one line, naming the option, the layer and those that
 take it (``unapplied``, ``refusal``). A new field of ``AttentionSpec`` is therefore refused everywhere until a
@@ -30,7 +30,7 @@ KERNEL_CHOICE = ("kernel", "sdpa_backend")  # which kernel runs the softmax: a l
 def option_fields(spec_class=None) -> tuple[str, ...]:
     """Every option of ``AttentionSpec`` (the class, passed to avoid an import circle), in its order."""
     if spec_class is None:
-        from model.attention import AttentionSpec as spec_class
+        from model.attention.spec import AttentionSpec as spec_class
     return tuple(f.name for f in fields(spec_class) if f.name not in SHAPE + KERNEL_CHOICE)
 
 
@@ -57,7 +57,7 @@ def applied(layout, spec) -> set[str]:
 
 def takers(name: str) -> list[str]:
     """Who applies option ``name``, as options choose them: ``attention=mla``, ``model.position=rope``."""
-    layouts = [f"attention={n}" for n, cls in registry.ATTENTION_LAYOUTS.items() if name in cls.applies]
+    layouts = [f"attention={n}" for n, cls in registry.MIXERS.items() if name in cls.applies]
     positions = [f"model.position={n}" for n, cls in registry.POSITIONS.items() if name in cls.fields]
     return layouts + positions
 
@@ -103,7 +103,7 @@ def check_applied(layout, spec) -> None:
 def declared_conflicts(spec_class=None) -> dict[tuple[str, str], str]:
     """Every pair of options declared unable to coexist (``option(conflicts=...)``, either side), with why."""
     if spec_class is None:
-        from model.attention import AttentionSpec as spec_class
+        from model.attention.spec import AttentionSpec as spec_class
     pairs = {}
     for f in fields(spec_class):
         for other, why in f.metadata.get("conflicts", {}).items():

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from common.run_files import LAST
+from model.checkpoints.gpt2_import import import_hf_gpt2
 from model.gpt import GPT
-from model.gpt2_import import import_hf_gpt2
 
 HUB_GPT2 = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"

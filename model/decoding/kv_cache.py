@@ -2,7 +2,7 @@
 
 The GPT asks the cache for the positions of the tokens it is given (``positions``) and tells it when they
 are processed (``advance``); attention stores and reads keys and values through ``LayerCache.update``; a
-static decode step (``model.decoding``) opens and closes its step here (``open_step`` / ``close_step`` /
+static decode step (``model.decoding.steps``) opens and closes its step here (``open_step`` / ``close_step`` /
 ``stepped``). Eager, CUDA-graph and compiled decoding share this one bookkeeping.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from model.masks import HeldKeys
+from model.attention.masks import HeldKeys
 
 
 class LayerCache:
@@ -20,7 +20,7 @@ class LayerCache:
     latents and (batch, 1, capacity, rope_head_dim) rotary keys), allocated at the first write and written in place
     (no copy of the past per token): slot 0 serves the multi-head layouts, one slot per key/value group
     the wrapper; slot ``STATES_SLOT`` (-1) the token biases' states per key and head, (batch, heads, capacity, 1)
-    (``model.score_mods``). The capacity is the context, or the window when shorter: then
+    (``model.attention.modifications``). The capacity is the context, or the window when shorter: then
     the buffer is a ring (position p in slot p % capacity) and one new query sees all of it, exactly its window.
     """
 
@@ -46,10 +46,10 @@ class LayerCache:
 
     def update(self, slot: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Store the new positions' per-token tensors (keys and values, each its own width: attention=mla's latents
-        and rotary keys; a modification's state per key, ``ScoreMod.cache_width``), each (batch, heads, new, width);
+        and rotary keys; a modification's state per key, ``Modification.cache_width``), each (batch, heads, new, width);
         return the ones the new queries attend over, in the same order, then, where they are not in position order
         from 0, the positions they hold (``HeldKeys``: a ring that has wrapped, a static decode step's whole cache;
-        the kernels' masks read them, ``model.masks``), else None."""
+        the kernels' masks read them, ``model.attention.masks``), else None."""
         start, new, capacity = self.owner.length, tensors[0].size(2), self.capacity
         if self.owner.position is not None:  # a static decode step: one position, given as a tensor
             where = (self.owner.position % capacity).view(1)
@@ -172,7 +172,7 @@ class KVCache:
         """A static step at ``position`` (a 0-d tensor) writes its keys there and attends over every slot: slot s
         holds the latest position up to ``position`` congruent to s modulo its capacity, negative where none is
         (each capacity its own: a schedule's local layers wrap before its global ones); the masks
-        (``model.masks``) say which its query sees."""
+        (``model.attention.masks``) say which its query sees."""
         self.held = {c: HeldKeys(position - (position - self.slot_ids[:c]).remainder(c), full=False)
                      for c in dict.fromkeys(self.capacities)}  # fmt: skip
         self.position = position

@@ -9,8 +9,8 @@ traced); ``capacity(value)``, the most recent keys a query may need, which sizes
 positions holds, which a kernel's fast path asks before it drops the mask.
 
 A block attends under the masks its spec sets (``AttentionSpec.masks``: causal always, a window, ...): the manual
-kernel and sdpa's boolean or float mask AND them over the queries' and keys' positions (``visible``, keys in position
-order; ``visible_at``, keys at explicit positions: a ring that has wrapped, a static step's whole cache), flex ANDs
+kernel and sdpa's boolean or float mask AND them over the queries' and keys' positions (``seen``, keys in position
+order; ``seen_at``, keys at explicit positions: a ring that has wrapped, a static step's whole cache), flex ANDs
 them in its block mask. A mask registered here is therefore right in training, in eager decoding and in static
 steps past every wrap of the ring; the property grid holds every registered mask to its float64 formula
 (``tests/attention_reference.py``).
@@ -197,7 +197,7 @@ def in_order(q_len: int, k_len: int, device: torch.device) -> tuple[torch.Tensor
             torch.arange(k_len, device=device)[None, :])  # fmt: skip
 
 
-def visible(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
+def seen(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
     """(q_len, k_len), True where query i (the last q_len of k_len positions, keys in position order) sees key j.
 
     Cached in eager mode: a training run asks for the same mask in every layer of every step. Under
@@ -206,39 +206,39 @@ def visible(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch
     kept: 32 of them would hold gigabytes after the reading.
     """
     if torch.compiler.is_compiling() or q_len * k_len > CACHED_MASK_ELEMENTS:
-        return _build_visible(q_len, k_len, masks, device)
-    return _cached_visible(q_len, k_len, masks, device)
+        return _build_seen(q_len, k_len, masks, device)
+    return _cached_seen(q_len, k_len, masks, device)
 
 
 CACHED_MASK_ELEMENTS = 1 << 22  # 4 MiB of booleans: a training context of 2,048 tokens is kept
 
 
-def _build_visible(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
+def _build_seen(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
     return sees(masks, *in_order(q_len, k_len, device)).expand(q_len, k_len)
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_visible(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
+def _cached_seen(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
     # A mask first built while generating (inference mode) would be an inference tensor, which a later training
     # step could not save for backward: the cached one is always an ordinary tensor.
     with ordinary_tensors():
-        return _build_visible(q_len, k_len, masks, device).contiguous()
+        return _build_seen(q_len, k_len, masks, device).contiguous()
 
 
 def hidden(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
-    """``~visible``: True where a query may not look at a key (where its score is masked), cached as it is."""
+    """``~seen``: True where a query may not look at a key (where its score is masked), cached as it is."""
     if torch.compiler.is_compiling() or q_len * k_len > CACHED_MASK_ELEMENTS:
-        return ~_build_visible(q_len, k_len, masks, device)
+        return ~_build_seen(q_len, k_len, masks, device)
     return _cached_hidden(q_len, k_len, masks, device)
 
 
 @functools.lru_cache(maxsize=32)
 def _cached_hidden(q_len: int, k_len: int, masks: Masks, device: torch.device) -> torch.Tensor:
     with ordinary_tensors():
-        return ~_cached_visible(q_len, k_len, masks, device)
+        return ~_cached_seen(q_len, k_len, masks, device)
 
 
-def visible_at(queries: torch.Tensor, keys: torch.Tensor, masks: Masks) -> torch.Tensor:
+def seen_at(queries: torch.Tensor, keys: torch.Tensor, masks: Masks) -> torch.Tensor:
     """(q_len, k_len): whether each query at ``queries`` (q_len,) sees each key at ``keys`` (k_len,), a key at a
     negative position being an empty slot of the cache (seen by none)."""
     query, key = queries[:, None], keys[None, :]

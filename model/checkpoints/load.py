@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from model import registry
-from model.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint
+from model.checkpoints.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint
+from model.checkpoints.convert import check_converts
+from model.checkpoints.pretrained import is_pretrained_source, load_pretrained_gpt2
 from model.config import GPTConfig, where_set
-from model.convert import check_converts
 from model.gpt import GPT
-from model.pretrained import is_pretrained_source, load_pretrained_gpt2
 
 
 @dataclass
@@ -75,9 +75,9 @@ def exported_tokenizer(source: str) -> str | None:
 def check_holds(config: GPTConfig, attention: str) -> None:
     """Refuse converting a checkpoint to a layout that does not apply an option its model sets (differential
     attention to the wrapper), naming the layouts that do: the option is the checkpoint's, not the user's to drop."""
-    from model.options import spelled, takers, unapplied
+    from model.attention.options import spelled, takers, unapplied
 
-    target = registry.layout(attention)
+    target = registry.mixer(attention)
     for i in range(config.n_layer):
         layer = config.layer_config(i)
         if layer.attention != config.attention:  # a hybrid's linear layers keep their own layer

@@ -7,11 +7,11 @@ h // (heads / kv_heads) (grouped-query attention; one key/value head is multi-qu
 heads, multi-head). It returns q's shape. Layouts (``model.attention``) decide how q, k, v are produced;
 the kernel only decides how they are combined, so every layout runs with every kernel.
 
-A kernel is built for a block (``get_kernel``): its masks (``model.masks``: causal, a sliding window, ...,
+A kernel is built for a block (``get_kernel``): its masks (``model.attention.masks``: causal, a sliding window, ...,
 predicates over the queries' and keys' positions), and for ``sdpa`` the implementation PyTorch may use. Keys are
 in position order from 0 (training, a cache that has not wrapped) unless the cache gives their positions
 (``keys``: a ``HeldKeys``): a ring that has wrapped, or a static decode step's whole preallocated cache
-(``model.decoding``), whose empty slots sit at negative positions.
+(``model.decoding.steps``), whose empty slots sit at negative positions.
 
 Each kernel is a class (``AttentionKernel``) registered in ``model.registry.KERNELS``: its function and its
 facts (whether it keeps the score matrices, has dropout, trains on a CPU, compiles, takes an SDPA backend,
@@ -31,22 +31,22 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from model.masks import (
+from model.attention.masks import (
     HeldKeys,
     Masks,
     hidden,
     of_spec,
     ordinary_tensors,
+    seen,
+    seen_at,
     sees,
     sees_every_key,
-    visible,
-    visible_at,
     within_documents,
 )
-from model.masks import options_set as masks_set
+from model.attention.masks import options_set as masks_set
+from model.attention.modifications import ScoreMods, softmax_with_sinks
 from model.registry import KERNELS, MASKS, register
 from model.registry import kernel as kernel_class
-from model.score_mods import ScoreMods, softmax_with_sinks
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float, bool], torch.Tensor]
 
@@ -66,9 +66,9 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: H
                     ) -> torch.Tensor:  # fmt: skip
     """softmax(Q K^T / sqrt(d_k)) under the block's ``masks`` (keys in position order, or at the positions ``keys``
     gives) and within each query's document (``document_starts``), with its score modifications
-    (``model.score_mods``; ``positions`` are the queries', for ALiBi): the weights every kernel applies to V.
-    ``selected`` (B, 1, q_len, k_len), sparse attention's keys (``model.sparse``), replaces the masks where given:
-    it is chosen among the keys they show."""
+    (``model.attention.modifications``; ``positions`` are the queries', for ALiBi): the weights every kernel applies
+    to V. ``selected`` (B, 1, q_len, k_len), sparse attention's keys (``model.attention.sparse``), replaces the masks
+    where given: it is chosen among the keys they show."""
     k = repeat_kv(k, q.size(1))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
     q_len, k_len = q.size(-2), k.size(-2)
@@ -79,7 +79,7 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, masks: Masks = (), keys: H
     elif keys is None and document_starts is None:
         masked = hidden(q_len, k_len, masks, q.device)  # cached, as the mask it negates
     else:
-        masked = ~kept_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
+        masked = ~seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
     return softmax_with_sinks(scores.masked_fill(masked, float("-inf")), mods)
 
 
@@ -87,12 +87,12 @@ _last_seen: list = [None]  # ((document_starts, keys, key), mask): the documents
 
 
 def forget_forward_masks() -> None:
-    """Drop the masks the last forward's layers shared (``score_bias``'s, ``seen_keys``'): a finished job leaves no
-    tensor of its own held here."""
+    """Drop the masks the last forward's layers shared (``score_bias``'s, ``seen_in_documents``'): a finished job leaves
+    no tensor of its own held here."""
     _last_bias[0] = _last_seen[0] = None
 
 
-def seen_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
+def seen_in_documents(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
               document_starts: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # fmt: skip
     """True where a query sees a key: under the masks, (q_len, k_len), and within its document with
     ``document_starts``, (B, 1, q_len, k_len). Keys in position order or at the positions ``keys`` gives.
@@ -106,22 +106,22 @@ def seen_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, posit
     if remembered and last is not None and last[0][0] is document_starts and last[0][1] is keys and last[0][2] == key:
         return last[1]
     queries, held = positions_of(q_len, k_len, keys, positions, device)
-    keep = visible(q_len, k_len, masks, device) if keys is None else visible_at(queries, held, masks)
+    keep = seen(q_len, k_len, masks, device) if keys is None else seen_at(queries, held, masks)
     keep = within_documents(keep, document_starts, held)
     if remembered:
         _last_seen[0] = ((document_starts, keys, key), keep)
     return keep
 
 
-def kept_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
+def seen_keys(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, positions: torch.Tensor | None,
               document_starts: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # fmt: skip
     """True where a query sees a key under the masks, (q_len, k_len), and within its document with
     ``document_starts``, (B, 1, q_len, k_len); keys in position order or at the positions ``keys`` gives."""
     if document_starts is not None:
-        return seen_keys(q_len, k_len, masks, keys, positions, document_starts, device)
+        return seen_in_documents(q_len, k_len, masks, keys, positions, document_starts, device)
     if keys is None:
-        return visible(q_len, k_len, masks, device)
-    return visible_at(query_positions(positions, q_len, k_len, device), keys.positions, masks)
+        return seen(q_len, k_len, masks, device)
+    return seen_at(query_positions(positions, q_len, k_len, device), keys.positions, masks)
 
 
 def query_positions(positions: torch.Tensor | None, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
@@ -177,19 +177,19 @@ def sdpa_attention(q, k, v, dropout: float, training: bool, masks: Masks = (), k
         if selected is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=selected, dropout_p=p, enable_gqa=gqa)
         if document_starts is not None:
-            seen = seen_keys(q_len, k_len, masks, keys, positions, document_starts, q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=p, enable_gqa=gqa)
+            keep = seen_in_documents(q_len, k_len, masks, keys, positions, document_starts, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, enable_gqa=gqa)
         if keys is not None:  # a ring that has wrapped, or a static step's whole cache
             if sees_every_key(q_len, k_len, masks, keys.full):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa)
-            seen = visible_at(query_positions(positions, q_len, k_len, q.device), keys.positions, masks)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=p, enable_gqa=gqa)
+            keep = seen_at(query_positions(positions, q_len, k_len, q.device), keys.positions, masks)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p, enable_gqa=gqa)
         if q_len == k_len and not any(mask.narrows_causal(value, k_len) for mask, value in masks):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
         if sees_every_key(q_len, k_len, masks):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=gqa)
         # is_causal aligns the mask top-left; cached queries need it bottom-right, and a window bands it.
-        mask = visible(q_len, k_len, masks, q.device)
+        mask = seen(q_len, k_len, masks, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
 
 
@@ -212,7 +212,7 @@ def score_bias(q_len: int, k_len: int, masks: Masks, keys: HeldKeys | None, mods
     if remembered and last is not None and last[0][0] is positions and last[0][1] is keys and last[0][2] == key:
         return last[1]
     queries, held = positions_of(q_len, k_len, keys, positions, device)
-    keep = seen_keys(q_len, k_len, masks, keys, positions, document_starts, device)
+    keep = seen_in_documents(q_len, k_len, masks, keys, positions, document_starts, device)
     bias = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
     biases = mods.bias(queries, held)
     bias = bias if biases is None else bias + biases.to(dtype)  # (H, q_len, k_len), (B, H, ...) or broadcastable
@@ -432,8 +432,8 @@ class AttentionKernel:
 
     name: ClassVar[str]
     attend: ClassVar[Callable]  # (q, k, v, dropout, training, masks=(), keys=None, mods=None, positions=None)
-    # The effects it applies (model.options): the masks it masks keys with, the modifications of the scores
-    # (model.registry.SCORE_MODS' names) and attention dropout, each kernel its own: a spec that needs another
+    # The effects it applies (model.attention.options): the masks it masks keys with, the modifications of the scores
+    # (model.registry.MODIFICATIONS' names) and attention dropout, each kernel its own: a spec that needs another
     # (AttentionSpec.kernel_effects) is refused naming the kernels that apply it, so a new mask or modification is
     # refused by every kernel until the kernel applies it and says so.
     applies: ClassVar[frozenset[str]] = frozenset({"window", "chunked", "documents", "sparse", "dropout"})

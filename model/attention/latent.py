@@ -13,7 +13,7 @@ rope_head_dim) (the kernels scale by the queries' width). Values stay head_dim w
 latent and the rotated shared key: ``kv_latent + rope_head_dim`` numbers per token per layer.
 
 MLA is another function, not another layout of the same one: its weights do not convert to or from the
-other layouts (``model.convert`` refuses, naming this). The weights follow DeepSeek's own code:
+other layouts (``model.checkpoints.convert`` refuses, naming this). The weights follow DeepSeek's own code:
 ``wq`` stacks W_Q and W_QR by head ([content; rotary] per head), ``wkv_a`` stacks W_DKV and W_KR,
 ``kv_norm`` is the latent's RMSNorm, ``wkv_b`` stacks W_UK and W_UV by head ([key; value] per head).
 """
@@ -26,17 +26,18 @@ import torch
 from torch import nn
 
 from model import registry
-from model.attention import AttentionSpec, KeyGroup, MultiHeadAttention, Parts, check_one_pair, rms_normed
-from model.convert import ConvertsToNoOther
-from model.options import check_applied
-from model.registry import ATTENTION_LAYOUTS, register
+from model.attention.options import check_applied
+from model.attention.pipeline import KeyGroup, MultiHeadAttention, Parts, rms_normed
+from model.attention.spec import AttentionSpec, check_one_pair
+from model.checkpoints.convert import ConvertsToNoOther
+from model.registry import MIXERS, register
 
 
 def positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-@register(ATTENTION_LAYOUTS)
+@register(MIXERS)
 class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "mla", "tab:purple", "D"
     function = "mla"

@@ -1,8 +1,9 @@
-"""Score modifications: what a model does to the attention scores between Q K^T / sqrt(d) and the softmax,
-to the queries and keys before them (QK-norm), and to the heads' outputs after them (the output gate).
+"""The modifications of softmax attention, each at its stage of the pipeline (``Modification.stage``): on the scores
+between Q K^T / sqrt(d) and the softmax (the kernel's: ALiBi's bias, softcap, sinks, the forget gate), on the
+queries and keys before them (the heads' encodings: QK-norm), and on the heads' outputs after them (the output gate).
 
-Each is a class registered in ``model.registry.SCORE_MODS`` that states its own facts: its config field, its
-part of a run's label, its report column, its ``bench.py`` flag, whether GPT-2's format holds it, its
+Each is a class registered in ``model.registry.MODIFICATIONS`` that states its own facts: its stage, its config field,
+its part of a run's label, its report column, its ``bench.py`` flag, whether GPT-2's format holds it, its
 parameters and their initial values, its plan memory term; the config checks, run names, reports, plots,
 ``bench.py``, the export and the plan iterate the registry. Its float64 reference is
 ``tests/attention_reference.py``'s (the tests refuse a registered modification without one).
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from model import registry
-from model.registry import SCORE_MODS, register
+from model.registry import MODIFICATIONS, register
 
 
 def finite_number(value) -> bool:
@@ -49,7 +50,7 @@ def spelled(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-class ScoreMod:
+class Modification:
     """A modification of the attention, as a model's config sets it: a switch (``model.<field>=true``) unless a
     subclass says otherwise. Every fact is asked of the class; nothing else spells its name."""
 
@@ -65,9 +66,15 @@ class ScoreMod:
     bench_off: ClassVar[str] = "off"  # the flag's value that leaves it unused (its default)
     gpt2_lacks: ClassVar[str | None] = None  # why GPT-2's format cannot hold it, for the export; None: it can
 
+    # Its stage of the attention pipeline (model.attention.pipeline.STAGE_OPTIONS): "kernel" for a modification of the
+    # scores (it has a ``form``), "encodings" (QK-norm: on the queries and keys), "gate" (on the heads' outputs)
+    stage: ClassVar[str]
+
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         cls.on_scores = cls.form is not None
+        if cls.on_scores:
+            cls.stage = "kernel"
 
     @classmethod
     def used(cls, value) -> bool:
@@ -182,8 +189,8 @@ class ScoreMod:
         return cls.field.replace("_", "-")
 
 
-@register(SCORE_MODS)
-class Alibi(ScoreMod):
+@register(MODIFICATIONS)
+class Alibi(Modification):
     """ALiBi (Press et al. 2022): a position encoding that biases the scores, so it is set, named, shown, benched
     and refused for GPT-2 as ``model.position`` (the position encoding's own facts)."""
 
@@ -214,11 +221,11 @@ class Alibi(ScoreMod):
         return None  # the position's part of the label says it
 
 
-@register(SCORE_MODS)
-class QKNorm(ScoreMod):
+@register(MODIFICATIONS)
+class QKNorm(Modification):
     """QK-norm (Qwen3's, OLMo 2's): queries and keys RMS-normalised per head, one learned scale per head dim."""
 
-    name, field, column = "qk_norm", "qk_norm", "qk norm"
+    name, field, column, stage = "qk_norm", "qk_norm", "qk norm", "encodings"
     label_pattern, label_title = r"qknorm", "-qknorm"
     bench_help, gpt2_lacks = "QK-norm (model.qk_norm): off and/or on", "GPT-2 has no norm of the queries and keys"
 
@@ -235,8 +242,8 @@ class QKNorm(ScoreMod):
         return 2.75 * ((1 + forward.kv_share) * forward.elements) * 4  # RMSNorm's float32 steps: 2.75 copies, measured
 
 
-@register(SCORE_MODS)
-class Softcap(ScoreMod):
+@register(MODIFICATIONS)
+class Softcap(Modification):
     """Gemma 2's logit softcap: scores -> c tanh(scores / c)."""
 
     name, field, off, example, column, bench_off = "softcap", "softcap", None, 30.0, "softcap", "none"
@@ -289,8 +296,8 @@ class Softcap(ScoreMod):
         return cap
 
 
-@register(SCORE_MODS)
-class Sinks(ScoreMod):
+@register(MODIFICATIONS)
+class Sinks(Modification):
     """gpt-oss's attention sinks: a learned logit per head in the softmax's denominator, attending to nothing."""
 
     name, field, column, form = "sinks", "sinks", "sinks", "sink"
@@ -309,12 +316,12 @@ class Sinks(ScoreMod):
 GATES = ("none", "headwise", "elementwise")
 
 
-@register(SCORE_MODS)
-class Gate(ScoreMod):
+@register(MODIFICATIONS)
+class Gate(Modification):
     """The output gate (Qiu et al. 2025, arXiv 2505.06708; Qwen3-Next): each head's output scaled by a sigmoid of
     a projection of the block's input, one gate per head (``headwise``) or per element (``elementwise``)."""
 
-    name, field, off, example, column = "gate", "gate", "none", "elementwise", "gate"
+    name, field, off, example, column, stage = "gate", "gate", "none", "elementwise", "gate", "gate"
     bench_off = "none"
     label_pattern, label_title = r"(?:head|elem)gate", "-headgate|-elemgate"
     bench_help = "output gates (model.gate): none, headwise and/or elementwise"
@@ -353,8 +360,8 @@ class Gate(ScoreMod):
         return text
 
 
-@register(SCORE_MODS)
-class ForgetGate(ScoreMod):
+@register(MODIFICATIONS)
+class ForgetGate(Modification):
     """The Forgetting Transformer's forget gate (Lin et al. 2025, arXiv 2503.02130): token t forgets by
     f_t = sigmoid(x_t w_f + b_f), one per head, and a query at i weighs the key at j by the product of the forgets
     after it, f_{j+1} ... f_i: its score gets sum_{j < l <= i} log f_l. No position encoding is needed (the paper
@@ -403,10 +410,10 @@ def sums_between(states: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor
     return through_query[..., :, None] - through_key[..., None, :]
 
 
-def with_fields() -> list[type[ScoreMod]]:
+def with_fields() -> list[type[Modification]]:
     """The modifications that have a config field and report column of their own (ALiBi's are the position
     encoding's), in the registry's order."""
-    return [mod for mod in SCORE_MODS.values() if mod.column is not None]
+    return [mod for mod in MODIFICATIONS.values() if mod.column is not None]
 
 
 def score_mod_fields() -> tuple[str, ...]:
@@ -416,7 +423,7 @@ def score_mod_fields() -> tuple[str, ...]:
 
 def on_scores() -> tuple[str, ...]:
     """The modifications that act between the scores and the softmax, by name: what a kernel may apply."""
-    return tuple(name for name, mod in SCORE_MODS.items() if mod.on_scores)
+    return tuple(name for name, mod in MODIFICATIONS.items() if mod.on_scores)
 
 
 STATES_SLOT = -1  # a layer cache's slot of the token biases' states per key (the layouts' keys and values: 0, 1, ...)
@@ -424,7 +431,7 @@ STATES_SLOT = -1  # a layer cache's slot of the token biases' states per key (th
 
 @dataclass(frozen=True)
 class Activations:
-    """One layer's forward, for a modification's plan term (``ScoreMod.plan_bytes``)."""
+    """One layer's forward, for a modification's plan term (``Modification.plan_bytes``)."""
 
     batch: int
     length: int
@@ -438,15 +445,15 @@ class Activations:
         return self.batch * self.heads * self.length * self.length
 
 
-def on_the_scores(spec) -> list[type[ScoreMod]]:
+def on_the_scores(spec) -> list[type[Modification]]:
     """The modifications of the scores ``spec`` uses (``form``), in the registry's order."""
-    return [mod for mod in SCORE_MODS.values() if mod.form is not None and mod.used(getattr(spec, mod.field))]
+    return [mod for mod in MODIFICATIONS.values() if mod.form is not None and mod.used(getattr(spec, mod.field))]
 
 
 @dataclass(frozen=True)
 class ScoreMods:
     """One attention block's modifications of the scores, for its query heads (a wrapper head gets its own slice):
-    each registered one it uses (``on_the_scores``) with what the kernels need of it (``ScoreMod.runtime``). They
+    each registered one it uses (``on_the_scores``) with what the kernels need of it (``Modification.runtime``). They
     act on the scores of queries and keys at their absolute positions (the kernels pass both: keys in position
     order, or at the positions a wrapped ring or a static step's cache holds them): the transforms first, then the
     biases, then the masks, then the softmax over the keys and the sink."""
@@ -457,7 +464,7 @@ class ScoreMods:
     bias_key: tuple | None = None
 
     @classmethod
-    def of_block(cls, block, mods: list[type[ScoreMod]], x: torch.Tensor | None = None) -> ScoreMods | None:
+    def of_block(cls, block, mods: list[type[Modification]], x: torch.Tensor | None = None) -> ScoreMods | None:
         """A block's modifications (its ``mods``: ``on_the_scores`` of its spec) at its input ``x`` (a token bias's
         states are the tokens'), or None where it has none."""
         if not mods:
@@ -477,7 +484,7 @@ class ScoreMods:
         return replace(self, used=tuple((mod, next(kept) if mod.form == "token bias" else value)
                                         for mod, value in self.used))  # fmt: skip
 
-    def of_form(self, form: str) -> list[tuple[type[ScoreMod], object]]:
+    def of_form(self, form: str) -> list[tuple[type[Modification], object]]:
         return [(mod, value) for mod, value in self.used if mod.form == form]
 
     @property
@@ -544,7 +551,7 @@ class ScoreMods:
 
     def flex_score(self, score, h, query, key):
         """flex's score_mod body for one score of head ``h``, query and key at these positions (the sink and the token
-        biases apart: flex reads those from a tensor, ``model.kernels``)."""
+        biases apart: flex reads those from a tensor, ``model.attention.kernels``)."""
         for mod, value in self.of_form("transform"):
             score = mod.transform(score, value)
         for mod, value in self.of_form("bias"):

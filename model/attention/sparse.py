@@ -37,12 +37,12 @@ import torch
 from torch import nn
 
 from model import registry
-from model.kernels import kept_keys
-from model.masks import HeldKeys, Masks
-from model.masks import capacity as mask_capacity
+from model.attention.kernels import seen_keys
+from model.attention.masks import HeldKeys, Masks
+from model.attention.masks import capacity as mask_capacity
 
 if TYPE_CHECKING:
-    from model.kv_cache import LayerCache
+    from model.decoding.kv_cache import LayerCache
 
 INDEXER_HEADS, INDEXER_DIM = 4, 32  # model.indexer_heads / indexer_dim by default (DeepSeek-V3.2: 64 x 128)
 INDEXER_SHAPE = {"indexer_heads": INDEXER_HEADS, "indexer_dim": INDEXER_DIM}  # the model's, for every sparse layer
@@ -102,7 +102,7 @@ class LightningIndexer(nn.Module):
         T, S = index.shape[-2:]
         if not self.selecting or self.topk >= mask_capacity(masks, S):
             return None, index
-        keep = kept_keys(T, S, masks, keys, positions, document_starts, x.device)
+        keep = seen_keys(T, S, masks, keys, positions, document_starts, x.device)
         return top_keys(index, keep, self.topk, keys), index
 
     def kl(self, index: torch.Tensor, probs: torch.Tensor, selected: torch.Tensor | None, masks: Masks,
@@ -147,11 +147,11 @@ def allowed_keys(selected: torch.Tensor | None, T: int, S: int, masks: Masks, po
     (T, S) or (B, T, S)."""
     if selected is not None:
         return selected[:, 0]
-    return per_query(kept_keys(T, S, masks, None, positions, document_starts, device))
+    return per_query(seen_keys(T, S, masks, None, positions, document_starts, device))
 
 
 def per_query(keep: torch.Tensor) -> torch.Tensor:
-    """``kept_keys``' mask without its head axis: (T, S), or (B, T, S) with documents (B, 1, T, S)."""
+    """``seen_keys``' mask without its head axis: (T, S), or (B, T, S) with documents (B, 1, T, S)."""
     return keep[:, 0] if keep.dim() == 4 else keep
 
 

@@ -1,6 +1,6 @@
 """Export a headlab GPT of any layout to the Hugging Face GPT-2 format (``config.json`` + ``model.safetensors``).
 
-The inverse of ``model.gpt2_import``: weights converted to the fused layout
+The inverse of ``model.checkpoints.gpt2_import``: weights converted to the fused layout
 (GPT-2's ``c_attn``), matmul weights transposed to ``Conv1D``'s (in, out), the
 padded vocabulary cropped, and, for models trained without biases, zero biases
 (exactly the same function). ``transformers.GPT2LMHeadModel.from_pretrained``
@@ -16,18 +16,19 @@ from pathlib import Path
 import torch
 
 from model import registry
-from model.convert import convert_attention_layout
+from model.attention.options import applied, is_set, option_fields, spelled
+from model.checkpoints.convert import convert_attention_layout
+from model.checkpoints.gpt2_import import CONV1D
 from model.gpt import GPT
-from model.gpt2_import import CONV1D
-from model.options import applied, is_set, option_fields, spelled
 
 HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # what GPT2LMHeadModel.from_pretrained reads
 
 # GPT-2's activation is the tanh approximation of GELU ("gelu_new" in transformers), as headlab's MLP.
 HF_ACTIVATION = "gelu_new"
-# The attention options (model.options) GPT-2's format holds set away from their off values: grouped key/value heads
-# (written repeated per query head, the same function) and dropout (training's, no part of the function). Every
-# other option set is refused: the specific ones with why (below), any other, a new one included, as having no place.
+# The attention options (model.attention.options) GPT-2's format holds set away from their off values: grouped
+# key/value heads (written repeated per query head, the same function) and dropout (training's, no part of the
+# function). Every other option set is refused: the specific ones with why (below), any other, a new one included, as
+# having no place.
 GPT2_HOLDS = frozenset({"n_kv_head", "dropout"})
 
 
@@ -47,11 +48,11 @@ def what_gpt2_cannot_hold(config) -> list[str]:
     if not registry.position(config.position).in_gpt2:
         problems.append(f"model.position={config.position} (GPT-2 holds learned positions only: a table of "
                         f"block_size vectors)")  # fmt: skip
-    for mod in registry.SCORE_MODS.values():  # QK-norm, softcap, sinks (ALiBi: its position encoding's, above)
+    for mod in registry.MODIFICATIONS.values():  # QK-norm, softcap, sinks (ALiBi: its position encoding's, above)
         problem = mod.gpt2_problem(getattr(config, mod.field))
         if problem:
             problems.append(problem)
-    layout, gpt2 = registry.layout(config.attention), registry.layout(registry.canonical_layout())  # GPT-2's form
+    layout, gpt2 = registry.mixer(config.attention), registry.mixer(registry.canonical_layout())  # GPT-2's form
     if getattr(layout, "function", None) != getattr(gpt2, "function", None):
         problems.append(f"attention={config.attention} (it computes {layout.computes}: another function than "
                         f"GPT-2's multi-head attention)")  # fmt: skip
@@ -64,7 +65,7 @@ def unheld(config, layout, gpt2) -> list[str]:
     problem above names (the window, the position encoding and its options, the modifications)."""
     spec = config.attention_spec
     named = {"window", "position", *registry.POSITIONS[config.position].fields,
-             *(mod.field for mod in registry.SCORE_MODS.values())}  # fmt: skip
+             *(mod.field for mod in registry.MODIFICATIONS.values())}  # fmt: skip
     ours = applied(gpt2, spec) if layout.function == gpt2.function else set()
     return [f"model.{name}={spelled(getattr(spec, name))} (GPT-2's format has no place for it)"
             for name in option_fields(type(spec))
@@ -84,8 +85,8 @@ def check_gpt2_holds(config) -> None:
     """Refuse, before anything is written, a model GPT-2's format cannot hold, naming each option and the fix."""
     problems = what_gpt2_cannot_hold(config)
     if problems:
-        gpt2 = getattr(registry.layout(registry.canonical_layout()), "function", None)
-        layouts = ", ".join(name for name, cls in registry.ATTENTION_LAYOUTS.items()
+        gpt2 = getattr(registry.mixer(registry.canonical_layout()), "function", None)
+        layouts = ", ".join(name for name, cls in registry.MIXERS.items()
                             if getattr(cls, "function", None) == gpt2)  # fmt: skip
         raise ValueError(f"GPT-2's format cannot hold this model: {'; '.join(problems)}. Export a model trained "
                          f"with GPT-2's attention (learned positions, none of the options above; layout "

@@ -1,7 +1,7 @@
 """Autoregressive generation: a batch of samples at once, a preallocated KV cache, a sliding window.
 
 With the cache each new token costs one position, not the whole context, and
-the cache is written in place (``model.kv_cache``). A model with learned
+the cache is written in place (``model.decoding.kv_cache``). A model with learned
 absolute positions knows them up to ``block_size``, so once the context is full
 it slides: the cache is rebuilt from the last ``block_size // 2`` tokens and
 grows again. Without the cache the same windows are used, so both paths predict
@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from model.config import GPTConfig
-from model.decoding import choose_decoding, make_step
+from model.decoding.kv_cache import KVCache
+from model.decoding.packed import packed_linears, sampling_head
+from model.decoding.steps import choose_decoding, make_step
 from model.gpt import GPT
-from model.kv_cache import KVCache
-from model.packed import packed_linears, sampling_head
 
 # Sampling's defaults, one place for sample.py and the trainer's end-of-run sample.
 DEFAULT_TEMPERATURE = 0.8
@@ -104,7 +104,7 @@ def context_lengths(config: GPTConfig, prompt_len: int, new_tokens: int) -> list
     """The tokens each step of ``generate_batch`` reads as its context, one number per new token: the prompt
     (at most ``block_size`` of it) for the first, then one more each step; a model with a position table slides
     its window back to its last ``block_size // 2`` tokens once it passes ``block_size``. What a decode step's
-    bytes scale with (``model.decoding.step_bytes``)."""
+    bytes scale with (``model.decoding.steps.step_bytes``)."""
     block, keep = config.block_size, max(1, config.block_size // 2)
     slides = not config.runs_past_context
     start = max(0, prompt_len - block) if slides else 0
@@ -160,7 +160,7 @@ def generate_batch(
 
     A sample that produced ``stop_id`` yields None from then on; generation ends when every
     sample has stopped or after ``max_new_tokens``. ``decoding`` is how a cached step runs
-    (``model.decoding``: auto is a CUDA graph on CUDA, eager on a CPU). ``read_ahead`` (default: on
+    (``model.decoding.steps``: auto is a CUDA graph on CUDA, eager on a CPU). ``read_ahead`` (default: on
     CUDA) reads a decode step's tokens once the next step is launched, so that the device never
     waits for the host between steps; on a CPU, which computes as it launches, it would only delay
     every token by a step.

@@ -31,14 +31,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention import AttentionSpec, MultiHeadAttention
-from model.convert import ConvertsToNoOther
-from model.options import check_applied
-from model.registry import ATTENTION_LAYOUTS, SCORE_MODS, register
-from model.score_mods import spelled
+from model.attention.modifications import spelled
+from model.attention.options import check_applied
+from model.attention.pipeline import MultiHeadAttention
+from model.attention.spec import AttentionSpec
+from model.checkpoints.convert import ConvertsToNoOther
+from model.registry import MIXERS, MODIFICATIONS, register
 
 if TYPE_CHECKING:
-    from model.kv_cache import LayerCache
+    from model.decoding.kv_cache import LayerCache
 
 CONV_SIZE = 4  # the short convolution's width (the paper's, Qwen3-Next's)
 L2_EPS = 1e-6  # the queries' and keys' L2 norm: x / sqrt(|x|^2 + eps), Qwen3-Next's, Kimi Linear's and fla's
@@ -144,7 +145,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, past: torch.Tensor | None
     return sum(taps[:, i] * padded[:, i : i + T] for i in range(CONV_SIZE))
 
 
-@register(ATTENTION_LAYOUTS)
+@register(MIXERS)
 class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "gated_deltanet", "tab:olive", "P"
     function = "gated_deltanet"
@@ -189,7 +190,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
             if value not in offs and not (name == "n_kv_head" and value == spec.n_head):
                 found.append((name, value, offs, why))
         tableless = tuple(n for n, p in registry.POSITIONS.items() if not (p.turns_queries_keys or p.biases_scores))
-        for mod in SCORE_MODS.values():  # softcap, sinks, ALiBi: modifications of scores it does not have
+        for mod in MODIFICATIONS.values():  # softcap, sinks, ALiBi: modifications of scores it does not have
             value = getattr(spec, mod.field)
             if mod.field not in OWN_FIELDS and mod.used(value):
                 offs = tableless if mod.field == "position" else (mod.off,)

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import AttentionSpec
-from model.deltanet import CONV_SIZE, GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
-from model.registry import ATTENTION_LAYOUTS, register
+from model.attention.spec import AttentionSpec
+from model.mixers.deltanet import CONV_SIZE, GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
+from model.registry import MIXERS, register
 
 
 def chunked_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
@@ -85,7 +85,7 @@ def _chunked(q, k, v, log_decay, beta, chunk, state):
     return torch.stack(out, dim=2).reshape(B, H, n * chunk, dv)[:, :, :T], S
 
 
-@register(ATTENTION_LAYOUTS)
+@register(MIXERS)
 class KimiDeltaAttention(GatedDeltaNet):
     name, colour, marker = "kda", "tab:brown", "X"
     function = "kda"

@@ -14,7 +14,7 @@
 
 A static step takes the token and its position as tensors, writes its keys and values in place into the
 preallocated KV cache and attends over every slot of it with a mask of the slots that hold keys (the
-cache's own bookkeeping: ``model.kv_cache.KVCache.open_step``): the same shapes at every position, which
+cache's own bookkeeping: ``model.decoding.kv_cache.KVCache.open_step``): the same shapes at every position, which
 is what a graph needs. It computes the same function as the eager step (tested on a CPU, where the static
 step runs compiled or eager).
 
@@ -23,14 +23,14 @@ before: measured on an H200 (torch 2.11, ``bench_reference.py generate --batch 8
 decoded 101 tokens/s at batch 1 where graph decoding did 1,109. What made it slow:
 
 - a recompilation at every generation. ``generation.generate_batch`` gave the LM head a new sampling forward
-  object per generation (``model.packed.sampling_head``); the compiled step traces it and Dynamo guards on its
+  object per generation (``model.decoding.packed.sampling_head``); the compiled step traces it and Dynamo guards on its
   identity ("Cache line invalidated because ...lm_head.forward got deallocated"), so every generation compiled
   the step again, and with ``fullgraph`` the ninth generation of a process raised ``FailOnRecompileLimitHit``
   (torch 2.13, on a CPU; the H200's torch 2.11 ran its 12). The benchmark's decode rate began at the first token,
   so it counted that set-up:
   127 tokens at 101 tokens/s is 1.26 s per generation at batch 1, and 127 x 8 at 608 tokens/s 1.67 s at batch 8,
-  a cost per generation, not per token. The head now keeps one forward object (``model.packed.transposed_head``),
-  and the benchmark says the first decode step apart from the rate.
+  a cost per generation, not per token. The head now keeps one forward object
+  (``model.decoding.packed.transposed_head``), and the benchmark says the first decode step apart from the rate.
 - CUDA graph trees then record a new graph per generation: the new cache's tensors are static inputs at new
   addresses (``cudagraph_trees.py``, ``check_invariants``: ``StaticInputIdxMismatch``), after a warm-up run,
   and every replay passes through the trees' bookkeeping in Python (invariant checks over every input, the
@@ -66,9 +66,9 @@ import statistics
 import torch
 
 from model.config import GPTConfig
+from model.decoding.kv_cache import KVCache
 from model.device import device_name, memory_bandwidth
 from model.gpt import GPT
-from model.kv_cache import KVCache
 
 DECODINGS = ("auto", "eager", "graph", "compiled")
 

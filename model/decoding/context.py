@@ -54,7 +54,7 @@ def with_context(model: GPT, length: int, past_context: str) -> GPT:
 
 
 def with_rope_scaling(model: GPT, scaling: str | None, factor: float) -> GPT:
-    """The same weights with rotary scaled at inference (``model.positions.scaled``): position interpolation,
+    """The same weights with rotary scaled at inference (``model.attention.positions.scaled``): position interpolation,
     NTK-aware or YaRN by ``factor``, YaRN counting turns over the model's trained length."""
     config = model.config
     original = (config.rope_original_length or config.block_size) if scaling == "yarn" else None  # YaRN's alone

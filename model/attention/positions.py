@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from model.kernels import ordinary_tensors
+from model.attention.kernels import ordinary_tensors
 from model.registry import POSITIONS, register
 
 
@@ -241,7 +241,7 @@ class PositionEncoding:
     # reads each token's own position (a table), not the distance between a query and a key: where positions restart
     # per document (model.document_positions), what it adds changes; a distance within a document does not
     absolute: ClassVar[bool] = False
-    # The attention options it consumes (model.options): a layer that applies positions applies them with it
+    # The attention options it consumes (model.attention.options): a layer that applies positions applies them with it
     fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod

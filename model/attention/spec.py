@@ -1,0 +1,308 @@
+"""AttentionSpec: one attention block's shape and how it attends, the one place its options are declared and checked.
+
+An option (``option(...)``) states its default, a value that sets it, the values of a choice, what it needs, the
+options it cannot coexist with, whether a layer kind may set it and whether a run's label spells it: the option walks
+(tests/test_options.py, tests/test_option_pairs.py) read these declarations, so a new option is walked with no test
+edit. Which layer applies an option is said by the layers (``model.attention.options``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from model import registry
+from model.attention.differential import LAMBDA_INIT
+from model.attention.kernels import SDPA_BACKENDS, get_kernel
+from model.attention.masks import Masks
+from model.attention.masks import of_spec as masks_of
+from model.attention.masks import options_set as masks_set
+from model.attention.modifications import GATES, finite_number
+from model.attention.options import check_conflicts, spelled
+from model.attention.positions import ROPE_SCALINGS
+from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, check_sparse
+from model.registry import KERNELS, MODIFICATIONS, POSITIONS, lookup
+
+
+def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
+           values: tuple = (), conflicts: dict[str, str] | None = None, **needs):  # fmt: skip
+    """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
+    other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
+    option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
+    schedule's layer kind may set it for its layers (``model.config.LAYER_FIELDS``; not a model-wide setting: the
+    rotary scaling a reading applies, dropout, a layout's own widths), and whether a run's label spells it
+    (``attention_label``: two runs that differ in it must not share a name; not dropout, a training setting), and
+    the options it cannot coexist with, each with why (``conflicts``: refused in one line naming both, whichever is
+    set first; the pair walk, tests/test_option_pairs.py, holds every other pair to change the function)."""
+    return field(default=default, metadata={"example": example, "values": values, "with": needs,
+                                            "same_function": same_function, "per_layer": per_layer,
+                                            "labelled": labelled, "conflicts": conflicts or {}})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One attention block's shape and how it attends: what every layout is built from, and the one place
+    its options are checked (a GPTConfig makes one: ``GPTConfig.attention_spec``)."""
+
+    n_embd: int
+    n_head: int
+    kernel: str = "sdpa"
+    # The options (model.attention.options: every field but the shape and the kernel's choice) say a value that sets
+    # them (``example``, with the options it needs, ``with``): tests/test_options.py holds every option, in every layer,
+    # kernel and the export, to be applied (it changes the function) or refused.
+    dropout: float = option(0.0, 0.25, per_layer=False, labelled=False)
+    bias: bool = True
+    n_kv_head: int | None = option(None, 2, values=(1,))  # None: n_head (multi-head); 1: multi-query
+    window: int | None = option(None, 3)  # None: every earlier position
+    # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
+    attention_chunk: int | None = option(None, 3)
+    sdpa_backend: str = "auto"
+    position: str = option("learned", "alibi", values=tuple(POSITIONS))  # model.positions: learned|rope|alibi|none
+    rope_theta: float = option(10000.0, 50.0, position="rope")
+    # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
+    rope_fraction: float = option(1.0, 0.5, position="rope")
+    # rotary read past its trained length: pi | ntk | yarn (model.attention.positions.scaled)
+    rope_scaling: str | None = option(None, "pi", per_layer=False, values=ROPE_SCALINGS, position="rope",
+                                      rope_factor=4.0)
+    # the scaling's factor s (the read length over the trained one, typically)
+    rope_factor: float = option(1.0, 4.0, per_layer=False, position="rope", rope_scaling="pi")
+    # the trained length YaRN's ramp counts turns over (None: block_size)
+    rope_original_length: int | None = option(None, 2, per_layer=False, position="rope", rope_scaling="yarn",
+                                              rope_factor=4.0)
+    # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
+    # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
+    query_temperature: int | None = option(None, 4)
+    qk_norm: bool = option(False, True)
+    softcap: float | None = option(None, 3.0)
+    sinks: bool = option(False, True)
+    gate: str = option("none", "headwise", values=GATES)  # an output gate from the block's input (GATES)
+    forget_gate: bool = option(False, True)  # the Forgetting Transformer's forget gate on the scores
+    # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
+    # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
+    differential: bool = option(False, True)
+    # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
+    lambda_init: float = option(LAMBDA_INIT, 0.5, differential=True)
+    block_size: int | None = None  # the model's context: what a position past it sees (``context``)
+    kv_latent: int | None = option(None, 8)  # attention=mla's latent width (a schedule's kinds may set it)
+    rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
+    # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
+    linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False)
+    # document masking: a query sees no key before its document's start (after the last end-of-text token)
+    document_masking: bool = option(False, True, per_layer=False)
+    # DeepSeek Sparse Attention (model.attention.sparse): each query attends the keys a lightning indexer of this many
+    # heads of this width scores highest, this many of them; None: dense. A schedule's kind may set it (a hybrid's
+    # softmax layers); the indexer's shape is the model's, for every sparse layer
+    sparse_topk: int | None = option(None, 2)
+    indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
+    indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
+
+    def __post_init__(self) -> None:
+        check_heads(self.n_embd, self.n_head)
+        kv = self.n_kv_head
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
+            problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
+            raise ValueError(f"model.n_kv_head={kv!r} {problem} model.n_head={self.n_head}; choose a divisor "
+                             f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
+        check_positions("window", self.window, "", "all")
+        check_positions("attention_chunk", self.attention_chunk, " per chunk", "no chunks")
+        check_positions("query_temperature", self.query_temperature, " (the queries' temperature grows each time the "
+                        "position passes a multiple of it; Llama 4's 8192)", "off")  # fmt: skip
+        if not isinstance(self.differential, bool):
+            raise ValueError(f"model.differential={self.differential!r} must be true or false")
+        if not finite_number(self.lambda_init) or not 0 < self.lambda_init < 1:
+            raise ValueError(f"model.lambda_init={self.lambda_init!r} must be a number between 0 and 1, both excluded "
+                             f"(the paper's 0.8, or 0.8 - 0.6 exp(-0.3 (l - 1)) at depth l)")  # fmt: skip
+        if self.lambda_init != LAMBDA_INIT and not self.differential:
+            raise ValueError(f"model.lambda_init={self.lambda_init} is differential attention's lambda: set "
+                             f"model.differential=true, or leave model.lambda_init at {LAMBDA_INIT}")  # fmt: skip
+        if self.differential and self.n_head % 2:
+            raise ValueError(f"model.differential=true pairs heads 2h and 2h+1 into one, but model.n_head="
+                             f"{self.n_head} is odd; use an even number of heads (model.n_head={self.n_head + 1} "
+                             f"or {self.n_head - 1})")  # fmt: skip
+        if self.differential and self.kv_heads % 2:
+            even = [n for n in range(2, self.n_head + 1, 2) if self.n_head % n == 0]
+            raise ValueError(f"model.differential=true pairs key/value heads too (each differential head's two maps "
+                             f"read a key each of its group's pair, and a value two heads wide, the paper's grouped "
+                             f"form), but model.n_kv_head={self.n_kv_head} is odd; use an even model.n_kv_head "
+                             f"({', '.join(map(str, even))})")  # fmt: skip
+        check_within_context("query_temperature", self.query_temperature, self.block_size,
+                             "Llama 4's 8192 is its chunk", "off")  # fmt: skip
+        check_within_context("attention_chunk", self.attention_chunk, self.block_size,
+                             "a chunk of the whole context cuts only past it, as Llama 4's does", "no chunks")
+        if self.window is not None and self.attention_chunk is not None and self.window >= self.attention_chunk:
+            chunk = self.attention_chunk
+            raise ValueError(f"model.window={self.window} cuts nothing inside model.attention_chunk={chunk}: a query "
+                             f"sees at most the {chunk} keys of its chunk (itself included); use a window below "
+                             f"{chunk}, or model.window=null (or model.attention_chunk=null)")  # fmt: skip
+        kernel = registry.kernel(self.kernel)
+        lookup(SDPA_BACKENDS, "model.sdpa_backend", self.sdpa_backend)
+        if self.sdpa_backend != "auto" and self.sdpa_backend not in kernel.backends:
+            takers = " or ".join(name for name, k in KERNELS.items() if self.sdpa_backend in k.backends)
+            raise ValueError(f"model.sdpa_backend={self.sdpa_backend} chooses kernel={takers}'s implementation, but "
+                             f"kernel={self.kernel}; use kernel={takers}, or model.sdpa_backend=auto")  # fmt: skip
+        registry.position(self.position)
+        if not finite_number(self.rope_theta) or not self.rope_theta > 1:  # NaN compares false: it is refused too
+            raise ValueError(f"model.rope_theta={self.rope_theta!r} must be a finite number above 1 (10000: "
+                             f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
+        self.check_rope_scaling()
+        self.check_rope_fraction()
+        check_sparse(self)
+        for mod in MODIFICATIONS.values():
+            mod.check(getattr(self, mod.field))
+        check_conflicts(self)
+
+    def check_kernel_applies(self) -> None:
+        """Refuse what this attention needs its kernel to apply (``kernel_effects``) and the kernel does not, naming
+        the kernels that do: asked by a layer that runs a kernel (``options.check_applied``), never of one that runs
+        its own form (Gated DeltaNet: the kernel is not the fix)."""
+        kernel = registry.kernel(self.kernel)
+        if "dropout" not in kernel.applies and self.dropout > 0:
+            others = " or ".join(name for name, k in KERNELS.items() if "dropout" in k.applies)
+            raise ValueError(f"kernel={self.kernel} has no attention dropout, but model.dropout={self.dropout}; set "
+                             f"model.dropout=0, or use kernel={others}")  # fmt: skip
+        for effect, option, what in self.kernel_effects:
+            if effect not in kernel.applies:
+                takers = " or ".join(kernel_name for kernel_name, k in KERNELS.items() if effect in k.applies)
+                raise ValueError(f"{option} {what}, which kernel={self.kernel} cannot do; use "
+                                 f"kernel={takers or 'none: no kernel applies it yet'}")  # fmt: skip
+
+    def check_rope_scaling(self) -> None:
+        scaling, factor = self.rope_scaling, self.rope_factor
+        if self.rope_original_length is not None and scaling != "yarn":
+            raise ValueError(f"model.rope_original_length={self.rope_original_length!r} is the trained length YaRN "
+                             f"counts each pair's turns over, but model.rope_scaling={spelled(scaling)}; set "
+                             f"model.rope_scaling=yarn, or model.rope_original_length=null")  # fmt: skip
+        if scaling is None:
+            if factor != 1.0:
+                raise ValueError(f"model.rope_factor={factor!r} scales nothing without model.rope_scaling; "
+                                 f"set model.rope_scaling={'|'.join(ROPE_SCALINGS)}, or leave rope_factor at "
+                                 f"1")  # fmt: skip
+            return
+        if scaling not in ROPE_SCALINGS:
+            raise ValueError(f"model.rope_scaling={scaling!r}; choose one of: {', '.join(ROPE_SCALINGS)} (position "
+                             f"interpolation, NTK-aware, YaRN), or null")  # fmt: skip
+        if not registry.position(self.position).turns_queries_keys:
+            raise ValueError(f"model.rope_scaling={scaling} scales rotary positions, but model.position="
+                             f"{self.position} turns nothing; use model.position=rope, or "
+                             f"model.rope_scaling=null")  # fmt: skip
+        if isinstance(factor, bool) or not finite_number(factor) or not factor >= 1:
+            raise ValueError(f"model.rope_factor={factor!r} must be a finite number of at least 1 (4: read 4x "
+                             f"the trained length)")  # fmt: skip
+        if factor == 1:  # every scaling by 1 is rotary as it is
+            raise ValueError(f"model.rope_scaling={scaling} at model.rope_factor=1 scales nothing (the same function "
+                             f"as no scaling); set model.rope_factor=<the read length over the trained one, above 1>, "
+                             f"or model.rope_scaling=null")  # fmt: skip
+        original = self.block_size if self.rope_original_length is None else self.rope_original_length
+        if scaling == "yarn" and (not isinstance(original, int) or isinstance(original, bool) or original < 1):
+            raise ValueError(f"model.rope_scaling=yarn counts each pair's turns over the trained length: "
+                             f"model.rope_original_length={self.rope_original_length!r} must be a positive number "
+                             f"of tokens (null: block_size)")  # fmt: skip
+
+    def check_rope_fraction(self) -> None:
+        fraction = self.rope_fraction
+        if isinstance(fraction, bool) or not finite_number(fraction) or not 0 < fraction <= 1:
+            raise ValueError(f"model.rope_fraction={fraction!r} must be in (0, 1]: the share of each head's dims "
+                             f"that rotary turns (1: all; Qwen3-Next: 0.25)")  # fmt: skip
+        if fraction == 1:
+            return
+        if not registry.position(self.position).turns_queries_keys:
+            raise ValueError(f"model.rope_fraction={fraction:g} is the share of each head's dims that rotary turns, "
+                             f"but model.position={self.position} turns nothing; use model.position=rope, or "
+                             f"model.rope_fraction=1")  # fmt: skip
+        turned = fraction * self.head_dim
+        if turned != int(turned) or int(turned) % 2:
+            even = [f"{k / self.head_dim:g}" for k in range(2, self.head_dim, 2)][:4]
+            raise ValueError(f"model.rope_fraction={fraction:g} turns {fraction:g} x {self.head_dim} = {turned:g} "
+                             f"of each head's {self.head_dim} dims; rotary turns pairs: choose a fraction that "
+                             f"turns an even whole number of them ({', '.join(even)}, ...)")  # fmt: skip
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that rotary turns (``rope_fraction`` of them)."""
+        return round(self.rope_fraction * self.head_dim)
+
+    def rotary(self, dim: int):
+        """The rotation of ``dim`` dims of queries and keys at this spec's positions (base, scaling read past the
+        trained length), or None where its position encoding turns nothing: a head's, a sparse indexer's."""
+        scaling = {} if self.rope_scaling is None else dict(
+            scaling=self.rope_scaling, factor=float(self.rope_factor),
+            original=self.block_size if self.rope_original_length is None else self.rope_original_length)  # fmt: skip
+        return registry.position(self.position).rotary(dim, self.rope_theta, **scaling)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def score_mods(self) -> tuple[str, ...]:
+        """The modifications of the scores this attention uses (``model.attention.modifications``), by name."""
+        return tuple(name for name, mod in MODIFICATIONS.items()
+                     if mod.on_scores and mod.used(getattr(self, mod.field)))  # fmt: skip
+
+    @property
+    def kernel_effects(self) -> list[tuple[str, str, str]]:
+        """What this attention needs its kernel to apply, each (effect, the option that asks for it, what it does):
+        its masks and its modifications of the scores (``AttentionKernel.applies`` names the ones a kernel does)."""
+        effects = [(mask.name, f"model.{mask.field}={value}", "masks keys its queries do not see")
+                   for mask, value in masks_set(self)]  # fmt: skip
+        if self.document_masking:
+            effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
+        if self.sparse_topk is not None:
+            effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
+        return effects + [(name, MODIFICATIONS[name].option(getattr(self, MODIFICATIONS[name].field)),
+                           "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
+
+    @property
+    def context(self) -> int | None:
+        """Keys a query sees at most: the window; or, for a model that reads past its ``block_size`` (no
+        position table), the block size as well (its training context); None: every earlier key."""
+        if not registry.position(self.position).runs_past_context or self.block_size is None:
+            return self.window
+        return min(self.window or self.block_size, self.block_size)
+
+    @property
+    def masks(self) -> Masks:
+        """The masks this attention's queries see keys through (``model.attention.masks``): causal, and its context's
+        window."""
+        return masks_of(self)
+
+    def build_kernel(self):
+        return get_kernel(self.kernel, self.masks, self.sdpa_backend)
+
+
+def check_positions(name: str, value, unit: str, null: str) -> None:
+    """Refuse an option that counts positions unless it is a positive integer or None: ``model.<name>=<value> must be
+    a positive number of positions<unit>, or null (<null>)``."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"model.{name}={value!r} must be a positive number of positions{unit}, or null ({null})")
+
+
+def check_one_pair(spec: AttentionSpec, width: int, what: str, wider: str) -> None:
+    """Refuse what a rotation of one pair of dims (``width`` 2: ``what`` sets it) leaves unchanged: its one frequency
+    is theta^0 = 1 whatever the base, so model.rope_theta and NTK's scaling (which raises the base) do nothing."""
+    if width != 2 or not registry.position(spec.position).turns_queries_keys:
+        return
+    base = next(f.default for f in fields(AttentionSpec) if f.name == "rope_theta")
+    if spec.rope_theta != base:
+        raise ValueError(f"model.rope_theta={spec.rope_theta:g} changes nothing: rotary turns one pair of dims here "
+                         f"({what}), whose one frequency is theta^0 = 1 at any base; use {wider}, or leave "
+                         f"model.rope_theta at {base:g}")  # fmt: skip
+    if spec.rope_scaling == "ntk":
+        raise ValueError(f"model.rope_scaling=ntk raises rotary's base, which changes nothing when rotary turns one "
+                         f"pair of dims ({what}): its one frequency is theta^0 = 1; use {wider}, or "
+                         f"model.rope_scaling=pi or yarn")  # fmt: skip
+
+
+def check_within_context(name: str, value: int | None, block_size: int | None, why: str, null: str) -> None:
+    """Refuse an option that counts positions past the model's context, where it would act only beyond it."""
+    if value is not None and block_size is not None and value > block_size:
+        raise ValueError(f"model.{name}={value} is longer than the context (model.block_size={block_size}): set it "
+                         f"to at most {block_size} ({why}), or null ({null})")
+
+
+def check_heads(n_embd: int, n_head: int) -> None:
+    if n_embd % n_head != 0:
+        raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head")
