@@ -132,6 +132,17 @@ def test_every_package_sits_on_a_floor():
     assert packages <= PACKAGES | {"hydra_plugins"}, f"packages with no floor: {sorted(packages - PACKAGES)}"
 
 
+def test_every_package_and_subpackage_is_installed():
+    """pyproject.toml lists the packages a (non-editable) install copies: a subpackage left off would be missing from
+    an installed headlab, while every test of an editable checkout passes."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.glob("**/__init__.py")
+             if p.parts[len(ROOT.parts)] in PACKAGES | {"hydra_plugins"}}  # fmt: skip
+    assert found - {"hydra_plugins"} <= listed, f"packages pyproject.toml does not install: {sorted(found - listed)}"
+
+
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [
