@@ -166,9 +166,10 @@ def sweep_run_name(cfg: DictConfig, hydra_cfg) -> str | None:
     ``wrapper-sdpa-kv4-nano``, ``fused_qkv-sdpa-nano-muon_qkv``, ``fused_qkv-sdpa-nano-optim.lr=0.001``; None where
     the run's default name already says it all."""
     model, optim = OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.optim, resolve=True)
-    label = run_label(model, cfg.data, swept_axes(hydra_cfg), cfg.model.name, optim)
+    preset = cfg.logger.preset
+    label = run_label(model, cfg.data, swept_axes(hydra_cfg), cfg.model.name, optim, preset)
     name = label + swept_suffix(hydra_cfg, NAMED_BY_DEFAULT)
-    return None if name == run_label(model, cfg.data, model_name=cfg.model.name, optim=optim) else name
+    return None if name == run_label(model, cfg.data, model_name=cfg.model.name, optim=optim, preset=preset) else name
 
 
 def run_dir_name(model: DictConfig, data: DictConfig, optim: DictConfig) -> str:
@@ -184,9 +185,11 @@ def run_dir_name(model: DictConfig, data: DictConfig, optim: DictConfig) -> str:
         hydra_cfg = HydraConfig.get()
     except ValueError:  # the config printed outside a run (--cfg hydra): no sweep to read
         return run_label(model, data, optim=optim)
+    preset = schedule_preset(hydra_cfg.runtime.choices, model.get("layer_pattern"))  # kimi_linear-mla-sdpa-...
     if hydra_cfg.mode != RunMode.MULTIRUN:
-        return run_label(model, data, optim=optim)
-    return run_label(model, data, swept_axes(hydra_cfg), optim=optim) + swept_suffix(hydra_cfg, IN_THE_LABEL)
+        return run_label(model, data, optim=optim, preset=preset)
+    return (run_label(model, data, swept_axes(hydra_cfg), optim=optim, preset=preset)
+            + swept_suffix(hydra_cfg, IN_THE_LABEL))
 
 
 OmegaConf.register_new_resolver("run_dir_name", run_dir_name, replace=True)
@@ -233,10 +236,10 @@ def run_command(cfg: DictConfig, hydra_cfg) -> float | None:
     if multirun and cfg.logger.group is None:
         sweep_dir = os.path.normpath(hydra_cfg.sweep.dir)
         cfg.logger.group = f"sweep-{os.path.basename(os.path.dirname(sweep_dir))}_{os.path.basename(sweep_dir)}"
+    if cfg.logger.preset is None:  # before the name, which opens with it
+        cfg.logger.preset = schedule_preset(hydra_cfg.runtime.choices, cfg.model.layer_pattern)
     if multirun and cfg.logger.name is None:
         cfg.logger.name = sweep_run_name(cfg, hydra_cfg)
-    if cfg.logger.preset is None:
-        cfg.logger.preset = schedule_preset(hydra_cfg.runtime.choices, cfg.model.layer_pattern)
     with errors_for_the_launcher():
         typed = list(hydra_cfg.overrides.task)
         with user_errors(USAGE, as_typed=lambda message: set_by(message, typed, "train")):

@@ -109,20 +109,28 @@ def schedule_part(model: dict, parts: list[str], show) -> str:
     it turns off is ``no<part>``): ``LLLG_L.window128.nosinks_G.nopos``."""
     spelled = [model["layer_pattern"]]
     uniform = {**model, "layer_pattern": None, "layer_kinds": {}}
+    mixed = mixes_layouts(model)  # then every kind names its layout: KKKM_K.kda_M.mla, not a bare M
     for kind, overrides in (model.get("layer_kinds") or {}).items():
         if not isinstance(overrides, Mapping):  # a bad value, spelled as given (the config refuses it)
             spelled.append(f"{kind}.{overrides}")
             continue
         theirs = attention_label({**uniform, **overrides}, "|", [*show, *overrides]).split("|")
         changes = [p for p in theirs[2:] if p not in parts]
-        if overrides.get("attention", model.get("attention")) != model.get("attention"):
-            changes.insert(0, str(overrides["attention"]))  # a hybrid's linear layers: D.gated_deltanet.nopos
+        if mixed or overrides.get("attention", model.get("attention")) != model.get("attention"):
+            changes.insert(0, str(overrides.get("attention", model.get("attention"))))  # D.gated_deltanet.nopos
         for mod in registry.MODIFICATIONS.values():  # one a kind turns off: its part, with "no"
             own = mod.label(model.get(mod.field, mod.off))
             if own and mod.field in overrides and not mod.used(overrides[mod.field]):
                 changes.append(f"no{own}")
         spelled.append(".".join([kind, *changes]))
     return "_".join(spelled)
+
+
+def mixes_layouts(model: dict) -> bool:
+    """Whether a schedule's kinds run layouts other than the model's own (Kimi Linear's KDA beside MLA): then
+    the model's layout and kernel, which a label opens with, say what only some layers run."""
+    kinds = schedule_kinds(model)
+    return bool(kinds) and kinds != schedule_kinds({**model, "layer_kinds": {}})
 
 
 def schedule_kinds(model: dict) -> dict[str, str]:

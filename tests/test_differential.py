@@ -212,7 +212,7 @@ def test_the_2026_presets_variants_are_the_baseline_llama4s_schedule_and_differe
     labels = {name: attention_label(vars(m)) for name, m in models.items()}
     assert labels == {"full": "fused_qkv-sdpa-rope", "llama4": "fused_qkv-sdpa-rope-RRRN_R.chunked8_N.nopos.qtemp8",
                       "differential": "fused_qkv-sdpa-rope-diff",
-                      "kimi_linear": "mla-sdpa-latent64-nopos-KKKM_K.kda_M",
+                      "kimi_linear": "mla-sdpa-latent64-nopos-KKKM_K.kda_M.mla",
                       "documents": "fused_qkv-sdpa-rope-docs", "sparse": "fused_qkv-sdpa-rope-top16"}  # fmt: skip
     assert configs["sparse"].trainer.indexer_warmup == 30 and configs["full"].trainer.indexer_warmup == 0
     preset = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026.yaml").hydra.sweeper.params

@@ -22,7 +22,8 @@ from analysis.report import build_rows
 from analysis.runs import find_runs
 from analysis.wandb_file import read_complete
 from training.config import validate
-from training.run_log import open_run_log, run_tags
+from training.plan import attends
+from training.run_log import open_run_log, run_name, run_tags
 
 KIMI = "kimi_linear: KKKM, K=kda, M=mla/sdpa"
 
@@ -65,9 +66,13 @@ def test_run_json_and_the_wandb_tags_name_a_schedule_by_its_preset_and_kinds(tmp
     tags = run_tags(cfg)
     assert tags[:3] == ["kimi_linear", "K=kda", "M=mla/sdpa"], tags
     assert "mla" not in tags and "sdpa" not in tags, "a layout and kernel three of its four layers do not run"
+    # its name opens with the preset, and each kind names its layout (a bare M read as a name cut short)
+    assert run_name(cfg) == info["name"] == "kimi_linear-mla-sdpa-latent64-nopos-KKKM_K.kda_M.mla-nano"
+    assert attends(cfg.model) == "KKKM: K=kda, M=mla/sdpa", "the plan says what each kind runs, not mla + sdpa"
     # a schedule whose every kind runs the model's layout leads with it, after its preset
     gemma = OmegaConf.to_object(compose_train(*TINY, "schedule=gemma3", "model.n_layer=4", "logger.preset=gemma3"))
     assert run_tags(gemma)[:3] == ["gemma3", "fused_qkv", "sdpa"]
+    assert run_name(gemma).startswith("gemma3-fused_qkv-sdpa-") and attends(gemma.model) == "fused_qkv + sdpa"
     plain = OmegaConf.to_object(compose_train(*TINY, "logger=none"))
     (tmp_path / "plain").mkdir()
     open_run_log(plain, OmegaConf.to_container(OmegaConf.structured(plain)), tmp_path / "plain", {}, None, "cpu",
@@ -102,7 +107,7 @@ def test_the_report_gives_a_schedules_layouts_and_kernels_by_kind_and_its_preset
     assert [row["schedule"] for row in rows] == ["", KIMI], "report.csv too"
     runs = find_runs([tmp_path])
     legend = [t.get_text() for t in val_loss_figure(runs, "step").axes[0].get_legend().get_texts()]
-    assert legend == ["fused_qkv-sdpa-learned", f"{KIMI}\nmla-sdpa-latent64-nopos-KKKM_K.kda_M"]
+    assert legend == ["fused_qkv-sdpa-learned", f"{KIMI}\nmla-sdpa-latent64-nopos-KKKM_K.kda_M.mla"]
     ticks = [t.get_text() for t in throughput_figure(runs, build_rows(runs, None)[0]).axes[0].get_xticklabels()]
     lines = ticks[1].splitlines()
     assert lines[:3] == ["kimi_linear: KKKM", "K=kda", "M=mla/sdpa"] and "mla" not in lines and "sdpa" not in lines
@@ -118,6 +123,9 @@ def test_a_preset_chosen_on_the_command_line_is_in_run_json_the_wandb_run_and_it
     info = json.loads((run / "run.json").read_text())
     hybrid = "hybrid: DDDG, D=gated_deltanet, G=fused_qkv/sdpa"
     assert info["logger"]["preset"] == "hybrid" and info["schedule"] == hybrid
+    assert info["name"].startswith("hybrid-fused_qkv-sdpa-") and "_D.gated_deltanet" in info["name"], info["name"]
+    assert any(line.startswith("plan: tiny (DDDG: D=gated_deltanet, G=fused_qkv/sdpa;")
+               for line in (result.stdout + result.stderr).splitlines()), "the plan names each kind's layout"
     (trained,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
     (record,) = [r.run for r in read_complete(trained) if r.WhichOneof("record_type") == "run"]
     tags = list(record.tags)

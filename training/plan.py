@@ -27,7 +27,7 @@ from data.tokenizers import EOT_IDS, VOCAB_SIZES
 from model import registry
 from model.attention.masks import options_set
 from model.attention.modifications import Activations
-from model.config import GPTConfig, attention_label
+from model.config import GPTConfig, attention_label, mixes_layouts, schedule_text
 from model.device import available_memory, resolve_device
 from training.config import TrainConfig, micro_batch_for, validate
 from training.distributed import from_environment
@@ -131,7 +131,10 @@ def cache_kind(config: GPTConfig) -> str:
 
 def attends(config: GPTConfig) -> str:
     """How a model attends, for the plan's lines: the layout and the kernel (``fused_qkv + sdpa``); the layout alone
-    where no layer runs a kernel (every layer linear attention)."""
+    where no layer runs a kernel (every layer linear attention); what each kind runs where a schedule's kinds run
+    other layouts (``KKKM: K=kda, M=mla/sdpa``: not ``mla + sdpa``, which three of its four layers do not run)."""
+    if mixes_layouts(vars(config)):
+        return schedule_text(vars(config)).replace(", ", ": ", 1)
     return f"{config.attention} + {config.kernel}" if config.runs_a_kernel else config.attention
 
 

@@ -45,17 +45,20 @@ def run_name(cfg: TrainConfig) -> str:
     from the defaults), then the data where it is not the default corpus (``-tinyshakespeare``, ``-my_notes``
     for data.path=my_notes.txt), then the optimizer and schedule where they are not AdamW and cosine (``-muon_qkv``,
     ``-wsd``: common/optim_label.py), or the name train.py made (with a sweep's other overrides)."""
-    return cfg.logger.name or run_label(vars(cfg.model), cfg.data, model_name=cfg.model.name, optim=vars(cfg.optim))
+    return cfg.logger.name or run_label(vars(cfg.model), cfg.data, model_name=cfg.model.name, optim=vars(cfg.optim),
+                                        preset=cfg.logger.preset)
 
 
 def run_label(model: dict, data, show: tuple[str, ...] | list[str] = (), model_name: str | None = None,
-              optim: dict | None = None) -> str:  # fmt: skip
-    """What a run's directory and its name both say of it, in this order: how it attends (``attention_label``,
+              optim: dict | None = None, preset: str | None = None) -> str:  # fmt: skip
+    """What a run's directory and its name both say of it, in this order: the preset that chose its schedule of
+    layers (``kimi_linear``; ``preset``, where one did), how it attends (``attention_label``,
     spelling ``show``'s axes at their default too), the model (``model_name``: the name gives it, the directory
     leaves it to its config), the data where it is not the default corpus, and how it trains where that is not
     AdamW and cosine (``training_label``): the directory ``fused_qkv-sdpa-my_notes-muon_qkv``, the name
     ``fused_qkv-sdpa-nano-my_notes-muon_qkv``."""
-    parts = (attention_label(model, show=show), model_name, data_part(data), training_label(optim))
+    preset = preset if model.get("layer_pattern") else None
+    parts = (preset, attention_label(model, show=show), model_name, data_part(data), training_label(optim))
     return "-".join(part for part in parts if part)
 
 
