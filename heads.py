@@ -199,13 +199,17 @@ def run(cfg: HeadsConfig) -> Path:
                        f"per-head statistics over {len(x)} validation windows, {name}")  # fmt: skip
 
     # Ablation: the loss increase when each head alone is removed.
-    base, increase = ablation(model, x, y)
-    ablation_header = ["layer", "head", "loss_increase", "loss_without_head"]
-    ablation_rows = [[layer, head, increase[layer, head].item(), base + increase[layer, head].item()]
-                     for layer, head in every_head]  # fmt: skip
+    removed = ablation(model, x, y)
+    base, increase, error = removed
+    ablation_header = ["layer", "head", "loss_increase", "standard_error", "loss_without_head"]
+    ablation_rows = [[layer, head, increase[layer, head].item(), error[layer, head].item(),
+                      base + increase[layer, head].item()] for layer, head in every_head]  # fmt: skip
     write_table(out / "ablation", ablation_header, ablation_rows)
+    noise = sum(removed.noise(layer, head) for layer, head in every_head)
     plot_head_heatmaps({"val loss increase when removed": increase}, out / "ablation.png",
-                       f"head ablation (val loss {base:.4f} with all heads), {name}", cmap="viridis")  # fmt: skip
+                       f"head ablation (val loss {base:.4f} with all heads; each increase's standard error over the "
+                       f"{len(x)} windows {error.min():.4f} to {error.max():.4f}: {noise} of {len(every_head)} heads "
+                       f"within 2 of them, noise), {name}", cmap="viridis")  # fmt: skip
     if cfg.prune:
         curve = greedy_pruning(model, x, y)
         write_table(out / "pruning", ["removed", "layer", "head", "loss"],
@@ -215,9 +219,14 @@ def run(cfg: HeadsConfig) -> Path:
     ranked = sorted(every_head, key=lambda lh: increase[lh].item(), reverse=True)
     print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads, over {len(x)} windows of "
           f"{block} tokens spread evenly over the validation split of data={cfg.data.name}", file=sys.stderr)
-    print("most important heads (loss increase when removed): "
-          + ", ".join(f"L{layer}H{head} {increase[layer, head]:+.4f}" for layer, head in ranked[:5]),
+    print(f"most important heads (loss increase when removed, ± its standard error over the {len(x)} windows; "
+          f"'noise': within 2 of them, no measured effect): "
+          + ", ".join(f"L{layer}H{head} {increase[layer, head]:+.4f} ±{error[layer, head]:.4f}"
+                      + (" noise" if removed.noise(layer, head) else "") for layer, head in ranked[:5]),
           file=sys.stderr)  # fmt: skip
+    if noise == len(every_head):
+        print(f"no head's removal changed the loss beyond its noise over {len(x)} windows: this ranking is noise "
+              f"(more windows: windows=<n>, or a longer-trained model)", file=sys.stderr)
     if sinks:
         print(f"sinks: a row of each map sums to less than 1, the rest went to the head's sink: {SINK} in stats.md "
               f"(mean {stats[SINK].mean():.3f}, per head {stats[SINK].min():.3f} to {stats[SINK].max():.3f})",

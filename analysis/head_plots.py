@@ -110,7 +110,8 @@ def plot_head_heatmaps(values: dict[str, torch.Tensor], path: Path, title: str, 
         ax.set_yticks(range(grid.shape[0]))
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(name, fontsize=9)
+        # the colours span the values' own range, however narrow: the title says how narrow
+        ax.set_title(f"{name}\nrange {format_cell(low, 4)} to {format_cell(high, 4)}", fontsize=9)
         bar = fig.colorbar(image, ax=ax, fraction=0.046)
         bar.formatter.set_useOffset(False)  # whole values on the scale, not "+2.543" and small offsets
         bar.update_ticks()

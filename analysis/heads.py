@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from model import GPT
@@ -141,24 +143,47 @@ def heads_removed(model: GPT, removed: list[tuple[int, int]]) -> Iterator[None]:
 
 
 @torch.no_grad()
-def mean_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 32) -> float:
-    total = 0.0
+def window_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 32) -> torch.Tensor:
+    """(N,) each window's mean loss over its tokens (targets of -1 ignored), in float64: an ablation's increase is
+    then paired window by window, and its noise measured (``ablation``)."""
+    losses = []
     for i in range(0, len(x), batch_size):
-        _, loss = model(x[i : i + batch_size], y[i : i + batch_size])
-        total += loss.item() * len(x[i : i + batch_size])
-    return total / len(x)
+        h = model.transformer.ln_f(model.hidden_states(x[i : i + batch_size]))
+        logits = model.lm_head(h)[..., : model.config.vocab_size].double()
+        targets = y[i : i + batch_size]
+        per_token = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-1, reduction="none")
+        losses.append(per_token.sum(1) / (targets != -1).sum(1).clamp(min=1))
+    return torch.cat(losses)
 
 
-def ablation(model: GPT, x: torch.Tensor, y: torch.Tensor, progress: bool = True) -> tuple[float, torch.Tensor]:
-    """The loss with every head, and the (n_layer, n_head) loss increase when each head alone is removed."""
-    base = mean_loss(model, x, y)
+def mean_loss(model: GPT, x: torch.Tensor, y: torch.Tensor, batch_size: int = 32) -> float:
+    return window_losses(model, x, y, batch_size).mean().item()
+
+
+class Ablation(NamedTuple):
+    base: float  # the loss with every head
+    increase: torch.Tensor  # (n_layer, n_head): the loss increase when each head alone is removed
+    standard_error: torch.Tensor  # (n_layer, n_head): of each increase, paired over the windows
+
+    def noise(self, layer: int, head: int) -> bool:
+        """Whether a head's increase is within 2 standard errors of 0: not a measured effect."""
+        return abs(self.increase[layer, head].item()) <= 2 * self.standard_error[layer, head].item()
+
+
+def ablation(model: GPT, x: torch.Tensor, y: torch.Tensor, progress: bool = True) -> Ablation:
+    """The loss with every head, and the loss increase when each head alone is removed, with its standard error
+    over the windows (the same windows with and without the head: the difference's spread, not the losses')."""
+    base = window_losses(model, x, y)
     L, H = model.config.n_layer, model.config.n_head
-    increase = torch.zeros(L, H)
+    increase, standard_error = torch.zeros(L, H), torch.full((L, H), float("nan"))
     every_head = [(layer, head) for layer in range(L) for head in range(H)]
     for layer, head in tqdm(every_head, desc="ablate heads", disable=not progress):
         with heads_removed(model, [(layer, head)]):
-            increase[layer, head] = mean_loss(model, x, y) - base
-    return base, increase
+            difference = window_losses(model, x, y) - base
+        increase[layer, head] = difference.mean().item()
+        if len(difference) > 1:
+            standard_error[layer, head] = (difference.std() / len(difference) ** 0.5).item()
+    return Ablation(base.mean().item(), increase, standard_error)
 
 
 def greedy_pruning(

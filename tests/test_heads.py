@@ -9,7 +9,7 @@ import torch
 from helpers import CPU_KERNELS
 
 import heads
-from analysis.heads import ablation, attention_maps, head_statistics, heads_removed, mean_loss
+from analysis.heads import ablation, attention_maps, head_statistics, heads_removed, mean_loss, window_losses
 from data.config import DataConfig
 from model import GPT, GPTConfig, convert_attention_layout, same_function_layouts
 
@@ -93,9 +93,28 @@ def test_ablating_a_head_equals_removing_its_slice_of_the_concatenated_heads(lay
         by_hand.transformer.h[1].attn.c_proj.weight[:, 16:24] = 0
     expected, expected_loss = by_hand(x, y)
     torch.testing.assert_close(ablated, expected)
-    base, increase = ablation(model, x, y, progress=False)
+    base, increase, _ = ablation(model, x, y, progress=False)
     assert base == original and increase.shape == (2, 4)
     assert increase[1, 2].item() == pytest.approx(expected_loss.item() - original, abs=1e-6)
+
+
+def test_an_ablations_standard_error_is_paired_over_the_windows_and_a_dead_head_is_noise():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)).eval()
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_proj.weight[:, 8:16] = 0  # head 1 of layer 0 reaches nothing
+    x, y = torch.randint(0, 50, (6, 16)), torch.randint(0, 50, (6, 16))
+    result = ablation(model, x, y, progress=False)
+    base = window_losses(model, x, y)
+    with heads_removed(model, [(1, 3)]):
+        difference = window_losses(model, x, y) - base
+    assert result.base == pytest.approx(base.mean().item())
+    assert result.increase[1, 3].item() == pytest.approx(difference.mean().item(), abs=1e-7)
+    assert result.standard_error[1, 3].item() == pytest.approx(difference.std().item() / 6**0.5, rel=1e-6)
+    # the spread of the windows' own losses is far wider than the spread of their paired differences
+    assert result.standard_error[1, 3].item() < base.std().item() / 6**0.5
+    assert result.increase[0, 1].item() == 0 and result.noise(0, 1), "a head that reaches nothing measures nothing"
+    assert not result.noise(1, 3) or abs(result.increase[1, 3].item()) <= 2 * result.standard_error[1, 3].item()
 
 
 def test_out_of_range_heads_are_refused():
