@@ -71,21 +71,11 @@ class AttentionSpec:
     # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
     # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
     query_temperature: int | None = option(None, 4)
-    # Scalable softmax (SSMax, Nakanishi 2025, arXiv 2501.19399): the query i scaled by s_h log n_i, n_i the keys it
-    # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
-    # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
-    ssmax: float | None = option(None, 0.43, conflicts={
-        "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
-                             "fixed form of SSMax's learned s log n)"})
     qk_norm: bool = option(False, True)
     softcap: float | None = option(None, 3.0)
     sinks: bool = option(False, True)
     gate: str = option("none", "headwise", values=GATES)  # an output gate from the block's input (GATES)
     forget_gate: bool = option(False, True)  # the Forgetting Transformer's forget gate on the scores
-    # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
-    # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
-    # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
-    negative_eigenvalues: bool = option(False, True)
     # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
     differential: bool = option(False, True)
@@ -104,6 +94,18 @@ class AttentionSpec:
     sparse_topk: int | None = option(None, 2)
     indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
     indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
+    # (declared last, as each new option is: the generated grids turn layouts, kernels and windows over the entries in
+    # this order, and an entry in the middle would move every later one's turns)
+    # Scalable softmax (SSMax, Nakanishi 2025, arXiv 2501.19399): the query i scaled by s_h log n_i, n_i the keys it
+    # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
+    # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
+    ssmax: float | None = option(None, 0.43, conflicts={
+        "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
+                             "fixed form of SSMax's learned s log n)"})
+    # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
+    # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
+    # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
+    negative_eigenvalues: bool = option(False, True)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
