@@ -83,6 +83,11 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     temperature = model.get("query_temperature")
     if temperature or "query_temperature" in show:  # Llama 4's temperature of the queries: -qtemp8192
         parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
+    ssmax = model.get("ssmax")
+    if ssmax or "ssmax" in show:  # scalable softmax from its initial s: -ssmax0.43
+        parts.append(("ssmax" + (f"{ssmax:g}" if finite_number(ssmax) else str(ssmax))) if ssmax else "nossmax")
+    if model.get("negative_eigenvalues") or "negative_eigenvalues" in show:  # the delta rules' beta in (0, 2)
+        parts.append("negeig" if model.get("negative_eigenvalues") else "nonegeig")
     if model.get("document_masking") or "document_masking" in show:  # each token within its document: -docs
         parts.append("docs" if model.get("document_masking") else "nodocs")
     if model.get("document_positions") or "document_positions" in show:  # positions from each document's start
@@ -173,6 +178,8 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
         (r"ropeorig\d+", "-ropeorig<trained length>"),
         (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
+        (r"(no)?ssmax[\d.e+-]*", "-ssmax<initial s> (scalable softmax)"),
+        (r"(no)?negeig", "-negeig (the delta rules' beta in (0, 2))"),
         (r"(no)?docs", "-docs (document masking)"), (r"(no)?docpos", "-docpos (positions from each document's start)"),
         (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
         (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
@@ -189,8 +196,8 @@ def label_grammar() -> str:
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
 LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
               "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
-              "document_masking", "document_positions", "differential", "lambda_init", "sparse_topk", "indexer_heads",
-              "indexer_dim",
+              "ssmax", "negative_eigenvalues", "document_masking", "document_positions", "differential", "lambda_init",
+              "sparse_topk", "indexer_heads", "indexer_dim",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -218,6 +225,10 @@ class GPTConfig:
     attention_chunk: int | None = field(default=None, metadata={"reuse": "function"})
     # Llama 4's temperature of the queries at long context: 1 + 0.1 log(1 + floor((i + 1) / this)); None: off
     query_temperature: int | None = field(default=None, metadata={"reuse": "function"})
+    # scalable softmax (SSMax): each query scaled by s log n, n the keys it sees, s learned per head from this
+    ssmax: float | None = field(default=None, metadata={"reuse": "weights"})
+    # Gated DeltaNet's and KDA's beta in (0, 2) (2 sigmoid): negative eigenvalues of the state's transition
+    negative_eigenvalues: bool = field(default=False, metadata={"reuse": "function"})
     # differential attention (the Diff Transformer): heads paired, their softmax maps subtracted; lambda's start
     differential: bool = field(default=False, metadata={"reuse": "weights"})
     lambda_init: float = field(default=LAMBDA_INIT, metadata={"reuse": "function"})

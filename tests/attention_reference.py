@@ -5,6 +5,8 @@
                   first model.rope_fraction of the dims, the rest unturned)
     scores[i, j] = q_h[i] . k_g[j] / sqrt(head_dim)
                    -> times 1 + 0.1 ln(1 + floor((i + 1) / N)) (model.query_temperature, Llama 4's)
+                   -> times s_h ln n_i, n_i the keys query i sees (model.ssmax: Scalable-Softmax, Nakanishi 2025,
+                      arXiv 2501.19399: softmax_j(n^(s z_j)); s_h = the option's value + the block's ssmax_offset)
                    -> c tanh(scores / c) (model.softcap) -> - m_h (i - j) (model.position=alibi)
                    -> + sum_{l=j+1}^{i} log f_l,h, f_l = sigmoid(x_l w_f + b_f) (model.forget_gate)
                    for keys j <= i with i - j < window (every j <= i without one)
@@ -100,7 +102,8 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         qk_norm: bool = False, softcap: float | None = None, sinks: bool = False,
                         gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
                         query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
-                        seen: dict | None = None, selected: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                        seen: dict | None = None, selected: torch.Tensor | None = None,
+                        ssmax: float | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
@@ -132,6 +135,8 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
     if query_temperature is not None:
         scores = scores * temperature(T, query_temperature, x.device)[:, None]
+    if ssmax is not None:
+        scores = scores * scalable(ssmax + p["ssmax_offset"], allowed(T, T, window, x.device, seen), selected)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     if position == "alibi":
@@ -173,6 +178,14 @@ def differential_heads(weights: torch.Tensor, v: torch.Tensor, p: dict, lambda_i
         o = (weights[:, 2 * h] - lam * weights[:, 2 * h + 1]) @ torch.cat((v[:, 2 * h], v[:, 2 * h + 1]), dim=-1)
         heads.append(o / torch.sqrt(o.pow(2).mean(dim=-1, keepdim=True) + 1e-5) * (1 - lambda_init))
     return torch.cat(heads, dim=-1)
+
+
+def scalable(s: torch.Tensor, shown: torch.Tensor, selected: torch.Tensor | None) -> torch.Tensor:
+    """Scalable-Softmax's factor of the scores (Nakanishi 2025, eq. 2: softmax over z_j (s log n)), (B or 1, H, T, 1):
+    s_h (H,) times ln n_i, n_i the size of query i's softmax input, the keys it sees: those ``shown`` (T, T) by its
+    masks and, with sparse attention, ``selected`` (B, T, T) among them."""
+    n = (shown if selected is None else shown & selected).sum(dim=-1).double()  # (T,) or (B, T)
+    return s.view(1, -1, 1, 1) * n.log().view(-1, 1, n.size(-1), 1)
 
 
 def temperature(T: int, steps: int, device) -> torch.Tensor:
@@ -248,7 +261,7 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
     return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
-                               seen=seen, selected=sparse_selection(block, x, seen))  # fmt: skip
+                               seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax)  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):
@@ -281,6 +294,7 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
         through = torch.log(torch.sigmoid(linear(x, "forget"))).cumsum(dim=1)  # (B, T, H)
         forgotten = through[:, :, None, :] - through[:, None, :, :]  # (B, T, T, H)
     i, j = positions[:, None], positions[None, :]
+    ssmax = None if spec.ssmax is None else scalable(spec.ssmax + p["ssmax_offset"], seen_mask, None)  # (.., H, T, 1)
     outputs, every = [], []
     for h in range(heads):
         q = linear(x, "wq", slice(h * (d + R), h * (d + R) + d))
@@ -295,6 +309,8 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
         scores = scores / math.sqrt(d + R)
         if spec.query_temperature is not None:
             scores = scores * temperature(T, spec.query_temperature, x.device)[:, None]
+        if ssmax is not None:
+            scores = scores * ssmax[:, h]
         if spec.softcap is not None:
             scores = spec.softcap * torch.tanh(scores / spec.softcap)
         if slopes is not None:
@@ -351,6 +367,13 @@ def l2_norm(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return t / torch.sqrt(t.pow(2).sum(dim=-1, keepdim=True) + eps)
 
 
+def beta_of(block, b: torch.Tensor) -> torch.Tensor:
+    """The delta rules' beta from its inputs ``b`` (B, T, H) -> (B, H, T): sigmoid(b) in (0, 1), or with
+    model.negative_eigenvalues 2 sigmoid(b) in (0, 2), the transition I - beta k k^T's eigenvalue 1 - beta in (-1, 1)
+    (Grazzi et al. 2025, arXiv 2411.12537; OLMo Hybrid's, fla's allow_neg_eigval)."""
+    return (2.0 if block.spec.negative_eigenvalues else 1.0) * torch.sigmoid(b).transpose(1, 2)
+
+
 def deltanet_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tensor:
     """Gated DeltaNet's layer (arXiv 2412.06464) from the block's weights, step by step in float64: projections, the
     causal depthwise convolution and SiLU, L2-normalised queries (scaled) and keys, beta and the decay, the
@@ -364,7 +387,7 @@ def deltanet_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch
     H, hd = block.n_head, block.head_dim
     mixed, gate, b, a = (x @ p["in_proj.weight"].T).split([3 * C, C, H, H], dim=-1)
     q, k, v = convolved_qkv(p["conv_weight"], mixed, H, hd)
-    beta = torch.sigmoid(b).transpose(1, 2)
+    beta = beta_of(block, b)
     log_decay = (-torch.exp(p["A_log"]) * F.softplus(a + p["dt_bias"])).transpose(1, 2)
     o, _ = recurrent_delta_rule(q, k, v, log_decay, beta)
     o = o.transpose(1, 2)
@@ -402,7 +425,7 @@ def kda_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.Tens
     H, hd = block.n_head, block.head_dim
     mixed, b = (x @ p["qkvb_proj.weight"].T).split([3 * C, H], dim=-1)
     q, k, v = convolved_qkv(p["conv_weight"], mixed, H, hd)
-    beta = torch.sigmoid(b).transpose(1, 2)
+    beta = beta_of(block, b)
     f = x @ p["decay_down.weight"].T @ p["decay_up.weight"].T + p["dt_bias"]  # (B, T, C): a decay per channel
     A = torch.exp(p["A_log"]).repeat_interleave(hd)
     log_decay = (-A * F.softplus(f)).view(B, T, H, hd).transpose(1, 2)

@@ -32,46 +32,46 @@ def rewrite() -> None:
 
 FLOORS = {
     "layout wrapper": {
-        "cells": (65, 250), "kernel manual": (36, 85), "kernel sdpa": (29, 81), "kernel flex": (0, 84),
-        "heads mha": (26, 77), "heads gqa": (18, 95), "heads mqa": (21, 78), "mask window": (29, 158),
+        "cells": (67, 256), "kernel manual": (36, 87), "kernel sdpa": (31, 83), "kernel flex": (0, 86),
+        "heads mha": (26, 79), "heads gqa": (18, 97), "heads mqa": (23, 80), "mask window": (31, 163),
         "mask chunked": (12, 27),
     },
     "layout separate_qkv": {
-        "cells": (70, 261), "kernel manual": (35, 89), "kernel sdpa": (35, 84), "kernel flex": (0, 88),
-        "heads mha": (21, 86), "heads gqa": (23, 102), "heads mqa": (26, 73), "mask window": (34, 171),
+        "cells": (72, 267), "kernel manual": (37, 91), "kernel sdpa": (35, 86), "kernel flex": (0, 90),
+        "heads mha": (21, 88), "heads gqa": (25, 104), "heads mqa": (26, 75), "mask window": (34, 174),
         "mask chunked": (12, 27),
     },
     "layout fused_qkv": {
-        "cells": (71, 262), "kernel manual": (36, 88), "kernel sdpa": (33, 85), "kernel flex": (2, 89),
-        "heads mha": (26, 84), "heads gqa": (23, 101), "heads mqa": (22, 77), "mask window": (35, 172),
+        "cells": (73, 268), "kernel manual": (38, 90), "kernel sdpa": (33, 87), "kernel flex": (2, 91),
+        "heads mha": (26, 86), "heads gqa": (23, 103), "heads mqa": (24, 79), "mask window": (36, 175),
         "mask chunked": (12, 27),
     },
-    "layout gated_deltanet": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
-    "layout kda": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
     "layout mla": {
-        "cells": (38, 115), "kernel manual": (21, 39), "kernel sdpa": (17, 37), "kernel flex": (0, 39),
-        "heads mha": (38, 115), "mask window": (21, 74), "mask chunked": (4, 9),
+        "cells": (40, 121), "kernel manual": (21, 41), "kernel sdpa": (19, 39), "kernel flex": (0, 41),
+        "heads mha": (40, 121), "mask window": (23, 79), "mask chunked": (4, 9),
     },
+    "layout gated_deltanet": {"cells": (7, 8), "kernel sdpa": (7, 8), "heads mha": (7, 8)},
+    "layout kda": {"cells": (7, 8), "kernel sdpa": (7, 8), "heads mha": (7, 8)},
     "kernel manual": {
-        "cells": (128, 301), "layout wrapper": (36, 85), "layout separate_qkv": (35, 89), "layout fused_qkv": (36, 88),
-        "layout mla": (21, 39), "heads mha": (54, 122), "heads gqa": (33, 111), "heads mqa": (41, 68),
-        "mask window": (54, 201), "mask chunked": (20, 30),
+        "cells": (132, 309), "layout wrapper": (36, 87), "layout separate_qkv": (37, 91), "layout fused_qkv": (38, 90),
+        "layout mla": (21, 41), "heads mha": (54, 130), "heads gqa": (35, 111), "heads mqa": (43, 68),
+        "mask window": (55, 207), "mask chunked": (20, 30),
     },
     "kernel sdpa": {
-        "cells": (124, 299), "layout wrapper": (29, 81), "layout separate_qkv": (35, 84), "layout fused_qkv": (33, 85),
-        "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "layout mla": (17, 37), "heads mha": (65, 119),
-        "heads gqa": (31, 95), "heads mqa": (28, 85), "mask window": (65, 186), "mask chunked": (20, 30),
+        "cells": (132, 311), "layout wrapper": (31, 83), "layout separate_qkv": (35, 86), "layout fused_qkv": (33, 87),
+        "layout mla": (19, 39), "layout gated_deltanet": (7, 8), "layout kda": (7, 8), "heads mha": (71, 125),
+        "heads gqa": (31, 101), "heads mqa": (30, 85), "mask window": (69, 190), "mask chunked": (20, 30),
     },
     "kernel flex": {
-        "cells": (2, 300), "layout wrapper": (0, 84), "layout separate_qkv": (0, 88), "layout fused_qkv": (2, 89),
-        "layout mla": (0, 39), "heads mha": (2, 133), "heads gqa": (0, 92), "heads mqa": (0, 75),
-        "mask window": (0, 188), "mask chunked": (0, 30),
+        "cells": (2, 308), "layout wrapper": (0, 86), "layout separate_qkv": (0, 90), "layout fused_qkv": (2, 91),
+        "layout mla": (0, 41), "heads mha": (2, 135), "heads gqa": (0, 92), "heads mqa": (0, 81),
+        "mask window": (0, 194), "mask chunked": (0, 30),
     },
     "position learned": {
-        "cells": (194, 668), "layout wrapper": (51, 185), "layout separate_qkv": (55, 196),
-        "layout fused_qkv": (58, 196), "layout gated_deltanet": (2, 3), "layout kda": (2, 3), "layout mla": (26, 85),
-        "kernel manual": (97, 224), "kernel sdpa": (95, 221), "kernel flex": (2, 223), "heads mha": (90, 292),
-        "heads gqa": (51, 194), "heads mqa": (53, 182), "mask window": (89, 435), "mask chunked": (40, 90),
+        "cells": (206, 696), "layout wrapper": (53, 191), "layout separate_qkv": (57, 202),
+        "layout fused_qkv": (60, 202), "layout mla": (28, 91), "layout gated_deltanet": (4, 5), "layout kda": (4, 5),
+        "kernel manual": (101, 232), "kernel sdpa": (103, 233), "kernel flex": (2, 231), "heads mha": (96, 308),
+        "heads gqa": (53, 200), "heads mqa": (57, 188), "mask window": (94, 451), "mask chunked": (40, 90),
     },
     "position rope": {
         "cells": (20, 88), "layout wrapper": (5, 28), "layout separate_qkv": (8, 28), "layout fused_qkv": (6, 30),
@@ -85,7 +85,7 @@ FLOORS = {
     },
     "position none": {
         "cells": (23, 75), "layout wrapper": (4, 19), "layout separate_qkv": (4, 18), "layout fused_qkv": (3, 18),
-        "layout gated_deltanet": (3, 3), "layout kda": (3, 3), "layout mla": (6, 14), "kernel manual": (7, 23),
+        "layout mla": (6, 14), "layout gated_deltanet": (3, 3), "layout kda": (3, 3), "kernel manual": (7, 23),
         "kernel sdpa": (16, 30), "kernel flex": (0, 22), "heads mha": (17, 32), "heads gqa": (3, 31),
         "heads mqa": (3, 12), "mask window": (10, 44),
     },
@@ -120,15 +120,15 @@ FLOORS = {
         "heads mha": (2, 12), "heads gqa": (1, 6), "heads mqa": (3, 6), "mask window": (5, 16),
     },
     "mask causal": {
-        "cells": (254, 900), "layout wrapper": (65, 250), "layout separate_qkv": (70, 261),
-        "layout fused_qkv": (71, 262), "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "layout mla": (38, 115),
-        "kernel manual": (128, 301), "kernel sdpa": (124, 299), "kernel flex": (2, 300), "heads mha": (121, 374),
-        "heads gqa": (64, 298), "heads mqa": (69, 228),
+        "cells": (266, 928), "layout wrapper": (67, 256), "layout separate_qkv": (72, 267),
+        "layout fused_qkv": (73, 268), "layout mla": (40, 121), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
+        "kernel manual": (132, 309), "kernel sdpa": (132, 311), "kernel flex": (2, 308), "heads mha": (127, 390),
+        "heads gqa": (66, 304), "heads mqa": (73, 234),
     },
     "mask window": {
-        "cells": (119, 575), "layout wrapper": (29, 158), "layout separate_qkv": (34, 171),
-        "layout fused_qkv": (35, 172), "layout mla": (21, 74), "kernel manual": (54, 201), "kernel sdpa": (65, 186),
-        "kernel flex": (0, 188), "heads mha": (53, 235), "heads gqa": (31, 193), "heads mqa": (35, 147),
+        "cells": (124, 591), "layout wrapper": (31, 163), "layout separate_qkv": (34, 174),
+        "layout fused_qkv": (36, 175), "layout mla": (23, 79), "kernel manual": (55, 207), "kernel sdpa": (69, 190),
+        "kernel flex": (0, 194), "heads mha": (55, 245), "heads gqa": (31, 195), "heads mqa": (38, 151),
     },
     "mask chunked": {
         "cells": (40, 90), "layout wrapper": (12, 27), "layout separate_qkv": (12, 27), "layout fused_qkv": (12, 27),
@@ -176,6 +176,15 @@ FLOORS = {
     "option sparse_topk": {"cells": (0, 0)},
     "option indexer_heads": {"cells": (0, 0)},
     "option indexer_dim": {"cells": (0, 0)},
+    "option ssmax": {
+        "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
+        "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
+        "heads mha": (2, 12), "heads gqa": (2, 6), "heads mqa": (4, 6), "mask window": (5, 16),
+    },
+    "option negative_eigenvalues": {
+        "cells": (4, 4), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel sdpa": (4, 4),
+        "heads mha": (4, 4),
+    },
     "encoding rope": {
         "cells": (6, 18), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "kernel manual": (4, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 6), "heads mha": (2, 6),
@@ -188,7 +197,7 @@ FLOORS = {
     },
     "encoding none": {
         "cells": (12, 28), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
-        "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "layout mla": (2, 6), "kernel manual": (4, 8),
+        "layout mla": (2, 6), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel manual": (4, 8),
         "kernel sdpa": (8, 12), "kernel flex": (0, 8), "heads mha": (8, 16), "heads gqa": (2, 6), "heads mqa": (2, 6),
         "mask window": (5, 17),
     },
@@ -253,6 +262,15 @@ FLOORS = {
     "encoding kv_latent": {
         "cells": (2, 6), "layout mla": (2, 6), "kernel manual": (0, 2), "kernel sdpa": (2, 2), "kernel flex": (0, 2),
         "heads mha": (2, 6), "mask window": (1, 5),
+    },
+    "encoding ssmax": {
+        "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
+        "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
+        "heads mha": (2, 12), "heads gqa": (2, 6), "heads mqa": (4, 6), "mask window": (5, 16),
+    },
+    "encoding negative_eigenvalues": {
+        "cells": (4, 4), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel sdpa": (4, 4),
+        "heads mha": (4, 4),
     },
 }
 

@@ -473,8 +473,10 @@ def test_the_preset_sweeps_every_length_variant_each_the_model_it_names():
                                                   "model.vocab_size=257")).model  # fmt: skip
         layers = [(spec.position, spec.window, spec.rope_theta) for spec in model.layer_specs]
         assert model.block_size == 64 and model.n_layer == 4
+        assert [spec.ssmax for spec in model.layer_specs] == [0.43 if variant == "none_ssmax" else None] * 4, variant
         expected = {"learned": [("learned", None, 1e4)] * 4, "rope": [("rope", None, 1e4)] * 4,
                     "alibi": [("alibi", None, 1e4)] * 4, "none": [("none", None, 1e4)] * 4,
+                    "none_ssmax": [("none", None, 1e4)] * 4,
                     "window": [("rope", 16, 1e4)] * 4,
                     "gemma3": [("rope", 16, 1e4)] * 3 + [("rope", None, 1e6)]}[variant]  # fmt: skip
         assert layers == expected, variant

@@ -16,7 +16,7 @@ from torch import nn
 
 from model import registry
 from model.attention.differential import DifferentialHeads
-from model.attention.kernels import attention_probs, repeat_kv
+from model.attention.kernels import attention_probs, repeat_kv, seen_keys
 from model.attention.masks import HeldKeys
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
@@ -45,6 +45,15 @@ def tempered(q: torch.Tensor, positions: torch.Tensor, steps: int) -> torch.Tens
     steps)): 1 before position steps - 1, growing with the log of the length past it (arXiv 2501.19399)."""
     scale = torch.log1p(torch.floor((positions.float() + 1) / steps)) * TEMPERATURE_SCALE + 1
     return (q * scale[:, None]).to(q.dtype)
+
+
+def keys_seen(q_len: int, k_len: int, masks, keys: HeldKeys | None, positions: torch.Tensor | None,
+              documents: torch.Tensor | None, selected: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """How many keys each query sees, counted by the predicates its kernel applies (``seen_keys``: the masks, the
+    document, the cache's positions, a static step's empty slots) or sparse attention's ``selected`` keys among them:
+    (q_len, 1), or (B, 1, q_len, 1) per row. Each query sees itself at least."""
+    keep = seen_keys(q_len, k_len, masks, keys, positions, documents, device) if selected is None else selected
+    return keep.sum(dim=-1, keepdim=True).clamp_min(1)
 
 
 def own_draws():
@@ -114,7 +123,8 @@ def on_dims(t: torch.Tensor, dims: slice, f) -> torch.Tensor:
 # there (tests/test_pipeline.py proves each stage reaches every layer's output); a layer that runs no kernel states
 # its own ``applies``.
 STAGE_OPTIONS = {
-    "encodings": frozenset({"position", "qk_norm", "query_temperature"}),  # with the position encoding's own fields
+    # with the position encoding's own fields
+    "encodings": frozenset({"position", "qk_norm", "query_temperature", "ssmax"}),
     "key selection": frozenset({"window", "attention_chunk", "document_masking", "sparse_topk", "indexer_heads",
                                 "indexer_dim"}),
     "kernel": frozenset({"softcap", "sinks", "forget_gate", "dropout"}),
@@ -134,8 +144,9 @@ class MultiHeadAttention(nn.Module):
     the projection:
 
     1. the projection (``project``: the layout's, the one stage it owns): queries, keys and values, in key groups;
-    2. the heads' encodings (``encode_queries``/``encode_keys``: QK-norm, rotary positions; ``scale_queries``: the
-       query scalings) on the dims the layout's ``query_parts``/``key_parts`` say;
+    2. the heads' encodings (``encode_queries``/``encode_keys``: QK-norm, rotary positions) on the dims the layout's
+       ``query_parts``/``key_parts`` say; ``scale_queries``, the query scalings, per kernel call, once the cache
+       says which keys each query sees (SSMax counts them);
     3. the key selection (``forward``: sparse attention's indexer; the masks, which the kernel applies);
     4. the KV cache (``remember``), then ``keys_values`` (what the cache holds -> each head's keys and values: the
        identity, or MLA's up-projection, whose content keys pass the same encodings);
@@ -324,6 +335,10 @@ class MultiHeadAttention(nn.Module):
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
         self.qk_norm, self.softcap, self.query_temperature = spec.qk_norm, spec.softcap, spec.query_temperature
+        # SSMax's s per head: its initial value plus this offset, which starts at 0 as a vector does (GPT's rule) and
+        # takes AdamW's steps (no weight decay on a vector) exactly as the paper's learned s would
+        self.ssmax = spec.ssmax
+        self.ssmax_offset = nn.Parameter(torch.zeros(spec.n_head)) if spec.ssmax is not None else None
         self.sinks = None
         for mod in MODIFICATIONS.values():  # each one's (n_head,) parameters, at the values they start at
             if mod.used(getattr(spec, mod.field)):
@@ -343,9 +358,9 @@ class MultiHeadAttention(nn.Module):
     key_parts: ClassVar[Parts] = WHOLE
 
     def encode_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """(B, heads, T, dq) queries at ``positions`` -> normalised (qk_norm), rotated (rope), then scaled
-        (``scale_queries``: after QK-norm, which would undo a scaling)."""
-        return self.scale_queries(self.encoded(q, positions, self.q_norm, self.query_parts), positions)
+        """(B, heads, T, dq) queries at ``positions`` -> normalised (qk_norm), rotated (rope); scaled later, per
+        kernel call (``scale_queries``: after QK-norm, which would undo a scaling)."""
+        return self.encoded(q, positions, self.q_norm, self.query_parts)
 
     def encode_keys(self, k: torch.Tensor, positions: torch.Tensor, parts: Parts | None = None) -> torch.Tensor:
         """As ``encode_queries``, for keys (``parts``: the dims, the layout's ``key_parts`` by default): before the
@@ -360,7 +375,7 @@ class MultiHeadAttention(nn.Module):
         if qk is None or self.rotary is None or self.qk_norm or not self.query_parts == self.key_parts == WHOLE:
             return self.encode_queries(q, positions), self.encode_keys(k, positions)
         q, k = self.encoded(qk, positions, None, WHOLE).split([q.size(1), k.size(1)], dim=1)  # nothing to normalise
-        return self.scale_queries(q, positions), k
+        return q, k
 
     def encoded(self, t: torch.Tensor, positions: torch.Tensor, norm: nn.RMSNorm | None, parts: Parts) -> torch.Tensor:
         """QK-norm over ``parts.normed``, then rotary over ``parts.turned``: the heads' encodings, the one code that
@@ -371,9 +386,17 @@ class MultiHeadAttention(nn.Module):
             t = on_dims(t, parts.turned, lambda u: self.rotary(u, positions))
         return t
 
-    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The queries' scalings: Llama 4's temperature by position (model.query_temperature)."""
-        return q if self.query_temperature is None else tempered(q, positions, self.query_temperature)
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor | None, head: int = 0,
+                      seen: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The queries' scalings of query heads ``head``.. (``q`` (B, heads, T, dq)): Llama 4's temperature by position
+        (model.query_temperature); SSMax's s_h log n_i (model.ssmax), n_i the keys query i sees, ``seen``
+        (``keys_seen``: (T, 1) or (B, 1, T, 1))."""
+        if self.query_temperature is not None:
+            q = tempered(q, positions, self.query_temperature)
+        if self.ssmax is None:
+            return q
+        s = (self.ssmax + self.ssmax_offset[head : head + q.size(1)]).view(-1, 1, 1)  # (heads, 1, 1)
+        return (q * (s * seen.to(s.dtype).log())).to(q.dtype)
 
     def score_mods(self, x: torch.Tensor, cache: LayerCache | None = None, keys_like: torch.Tensor | None = None):
         """The score modifications of this block (``model.attention.modifications``) at its input ``x``, or None when it
@@ -388,7 +411,8 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """(B, T, C) -> (B, T, C). ``document_starts`` (B, T): the absolute position where each token's document
         starts (model.document_masking; None: one document): a query sees no key before it."""
-        if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature):
+        if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature
+                                  or self.ssmax):  # fmt: skip
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
         documents = document_starts if self.spec.document_masking else None
         selected = None
@@ -406,7 +430,7 @@ class MultiHeadAttention(nn.Module):
         over its heads: over the ``selected`` keys, or (dense: the warm-up) every key a query sees. The weights are
         taken without gradients, from the queries and keys projected again (``queries_keys``)."""
         with torch.no_grad():
-            q, k = self.queries_keys(x)
+            q, k = self.queries_keys(x, documents, selected)
             probs = attention_probs(q, k, self.masks, mods=self.score_mods(x), positions=positions,
                                     document_starts=documents, selected=selected)
         return self.indexer.kl(index, probs.to(index.dtype).sum(dim=1), selected, self.masks, positions, documents)
@@ -446,8 +470,9 @@ class MultiHeadAttention(nn.Module):
             if first_group:  # a token bias's states, kept beside the first group's keys
                 mods, first_group = self.score_mods(x, cache, k), False
             k, v = self.keys_values(k, v, positions)
+            seen = self.keys_seen(x.size(1), k.size(-2), keys, positions, document_starts, selected)  # SSMax's n_i
             for head, queries in group.calls:
-                q = q if whole else self.encode_queries(queries, positions)
+                q = self.scale_queries(q if whole else self.encode_queries(queries, positions), positions, head, seen)
                 heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
                 outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
         if len(outputs) == 1:
@@ -480,15 +505,26 @@ class MultiHeadAttention(nn.Module):
         differential attention its map's of its group's pair (``DifferentialHeads.paired``)."""
         return repeat_kv(k, heads) if self.diff is None else self.diff.paired(k, heads)
 
-    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each query head's queries and keys, (B, H, T, dq), encoded at positions 0..T-1 by the pipeline's own
-        stages: what its attention weights come from."""
+    def keys_seen(self, q_len: int, k_len: int, keys: HeldKeys | None, positions: torch.Tensor | None,
+                  documents: torch.Tensor | None, selected: torch.Tensor | None) -> torch.Tensor | None:  # fmt: skip
+        """How many keys each query sees (``keys_seen``) where a query scaling reads it (SSMax), else None."""
+        if self.ssmax is None:
+            return None
+        device = self.ssmax_offset.device
+        return keys_seen(q_len, k_len, self.masks, keys, positions, documents, selected, device)
+
+    def queries_keys(self, x: torch.Tensor, documents: torch.Tensor | None = None,
+                     selected: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Each query head's queries and keys, (B, H, T, dq), encoded and scaled at positions 0..T-1 by the pipeline's
+        own stages (within ``documents`` and, with sparse attention, the ``selected`` keys, where given): what its
+        attention weights come from."""
         positions = torch.arange(x.size(1), device=x.device)
+        seen = self.keys_seen(x.size(1), x.size(1), None, positions, documents, selected)
         queries, keys = [], []
         for group in self.project(x):
             k, _ = self.keys_values(self.encode_keys(group.k, positions), group.v, positions)
-            for _, q in group.calls:
-                queries.append(self.encode_queries(q, positions))
+            for head, q in group.calls:
+                queries.append(self.scale_queries(self.encode_queries(q, positions), positions, head, seen))
                 keys.append(self.keys_per_query(k, q.size(1)))
         return torch.cat(queries, dim=1), torch.cat(keys, dim=1)
 
@@ -502,7 +538,8 @@ class MultiHeadAttention(nn.Module):
         """
         positions = torch.arange(x.size(1), device=x.device)
         selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
-        return attention_probs(*self.queries_keys(x), self.masks, mods=self.score_mods(x), selected=selected)
+        return attention_probs(*self.queries_keys(x, None, selected), self.masks, mods=self.score_mods(x),
+                               selected=selected)  # fmt: skip
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:

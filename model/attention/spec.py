@@ -94,6 +94,18 @@ class AttentionSpec:
     sparse_topk: int | None = option(None, 2)
     indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
     indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
+    # (declared last, as each new option is: the generated grids turn layouts, kernels and windows over the entries in
+    # this order, and an entry in the middle would move every later one's turns)
+    # Scalable softmax (SSMax, Nakanishi 2025, arXiv 2501.19399): the query i scaled by s_h log n_i, n_i the keys it
+    # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
+    # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
+    ssmax: float | None = option(None, 0.43, conflicts={
+        "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
+                             "fixed form of SSMax's learned s log n)"})
+    # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
+    # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
+    # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
+    negative_eigenvalues: bool = option(False, True)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -106,6 +118,10 @@ class AttentionSpec:
         check_positions("attention_chunk", self.attention_chunk, " per chunk", "no chunks")
         check_positions("query_temperature", self.query_temperature, " (the queries' temperature grows each time the "
                         "position passes a multiple of it; Llama 4's 8192)", "off")  # fmt: skip
+        check_ssmax(self.ssmax)
+        if not isinstance(self.negative_eigenvalues, bool):
+            raise ValueError(f"model.negative_eigenvalues={self.negative_eigenvalues!r} must be true (the delta rules' "
+                             f"beta in (0, 2)) or false (in (0, 1))")  # fmt: skip
         if not isinstance(self.differential, bool):
             raise ValueError(f"model.differential={self.differential!r} must be true or false")
         if not finite_number(self.lambda_init) or not 0 < self.lambda_init < 1:
@@ -278,6 +294,13 @@ def check_positions(name: str, value, unit: str, null: str) -> None:
     a positive number of positions<unit>, or null (<null>)``."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"model.{name}={value!r} must be a positive number of positions{unit}, or null ({null})")
+
+
+def check_ssmax(value) -> None:
+    """Refuse an initial s of SSMax that is not a positive finite number (0 would zero every query: uniform weights)."""
+    if value is not None and (isinstance(value, bool) or not finite_number(value) or not value > 0):
+        raise ValueError(f"model.ssmax={value!r} must be a positive number, SSMax's initial s per head (each query "
+                         f"scaled by s log n, n the keys it sees; the paper's 0.43), or null (off)")
 
 
 def check_one_pair(spec: AttentionSpec, width: int, what: str, wider: str) -> None:

@@ -8,7 +8,9 @@ by a_t, erases what the state holds for the key k_t and writes the value v_t the
 
 (the paper's eq. 10; the erased value is read from the decayed state). Before it, the queries, keys and values
 pass a short causal depthwise convolution and a SiLU, and queries and keys are L2-normalised per head (the
-queries then scaled by 1/sqrt(head_dim)); beta_t = sigmoid(W_b x_t) and the decay a_t = exp(-A softplus(W_a x_t
+queries then scaled by 1/sqrt(head_dim)); beta_t = sigmoid(W_b x_t) (2 sigmoid(W_b x_t) with
+``model.negative_eigenvalues``: the transition I - beta_t k_t k_t^T may then reflect, as fla's allow_neg_eigval
+does) and the decay a_t = exp(-A softplus(W_a x_t
 + dt_bias)) per head, A and dt drawn as Mamba-2 draws them. After it, each head's output passes an RMSNorm
 gated by SiLU(W_g x_t), then ``c_proj``.
 
@@ -154,8 +156,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     QKV_EXAMPLE = "in_proj"
     chunk = 64  # the chunked form's positions per chunk by default (fla's); model.linear_chunk sets another
     norm_eps = 1e-6  # the output's gated RMSNorm: Qwen3-Next's rms_norm_eps
-    # Its own chunk and positions' fields (learned or none: refused otherwise, below); dropout on its output
-    applies = frozenset({"linear_chunk", "position", "dropout"})
+    # Its own chunk, beta's range and positions' fields (learned or none: refused otherwise, below); output dropout
+    applies = frozenset({"linear_chunk", "negative_eigenvalues", "position", "dropout"})
     has_attention_maps, takes_kernel = False, False
     rule = staticmethod(chunked_delta_rule)  # its state's update: (q, k, v, log decays, betas, chunk, state)
     gate_activation = staticmethod(F.silu)  # of the output gate over its RMSNorm
@@ -279,6 +281,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         self.dt_bias = nn.Parameter(torch.zeros(H))
         self.o_norm = nn.RMSNorm(spec.head_dim, eps=self.norm_eps)
         self.chunk = spec.linear_chunk or self.chunk
+        self.beta_max = 2.0 if spec.negative_eigenvalues else 1.0  # beta in (0, 2): negative eigenvalues; else (0, 1)
         nn.init.uniform_(self.conv_weight, -1 / math.sqrt(CONV_SIZE), 1 / math.sqrt(CONV_SIZE))
 
     def inputs(self, x: torch.Tensor, past: torch.Tensor | None):
@@ -290,7 +293,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         q, k, v = F.silu(causal_conv(mixed, self.conv_weight, past)).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)
         q, k = l2_normed(q) * hd**-0.5, l2_normed(k)
         log_decay = -self.A_log.exp() * F.softplus(a + self.dt_bias)
-        return q, k, v, log_decay.transpose(1, 2), b.sigmoid().transpose(1, 2), gate.view(B, T, H, hd), mixed
+        beta = b.sigmoid() * self.beta_max
+        return q, k, v, log_decay.transpose(1, 2), beta.transpose(1, 2), gate.view(B, T, H, hd), mixed
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
                document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,

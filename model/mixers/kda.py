@@ -9,7 +9,8 @@ its own alpha_t, erases what the state holds for the key k_t and writes the valu
 (the paper's eq. 1). alpha_t = exp(-A softplus(f_t + dt_bias)), with A one rate per head and f_t from a low-rank
 projection of the input (width -> head_dim -> width: one decay per channel of every head). As in Gated DeltaNet,
 queries, keys and values pass a short causal depthwise convolution and a SiLU, queries and keys are L2-normalised
-(the queries then scaled by 1/sqrt(head_dim)) and beta_t = sigmoid(W_b x_t); each head's output passes an RMSNorm
+(the queries then scaled by 1/sqrt(head_dim)) and beta_t = sigmoid(W_b x_t) (twice that with
+``model.negative_eigenvalues``); each head's output passes an RMSNorm
 gated by sigmoid(g_t), g_t from a second low-rank projection, then ``c_proj``.
 
 Training runs the chunked form (``chunked_kda``): within a chunk every decay between two positions is
@@ -96,7 +97,8 @@ class KimiDeltaAttention(GatedDeltaNet):
     norm_eps = 1e-5  # the output's gated RMSNorm: Kimi Linear's rms_norm_eps
     rule = staticmethod(chunked_kda)
     gate_activation = staticmethod(torch.sigmoid)
-    applies = frozenset({"linear_chunk", "position", "dropout"})  # its chunk, learned or no positions, output dropout
+    # its chunk, beta's range, learned or no positions, output dropout
+    applies = frozenset({"linear_chunk", "negative_eigenvalues", "position", "dropout"})
 
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
@@ -171,5 +173,5 @@ class KimiDeltaAttention(GatedDeltaNet):
         rate = self.A_log.exp().repeat_interleave(hd)  # each head's rate over its channels
         log_decay = -rate * F.softplus(self.decay_up(self.decay_down(x)) + self.dt_bias)  # float32 at least: dt_bias
         gate = self.gate_up(self.gate_down(x))
-        return (q, k, v, log_decay.view(B, T, H, hd).transpose(1, 2), b.sigmoid().transpose(1, 2),
+        return (q, k, v, log_decay.view(B, T, H, hd).transpose(1, 2), (b.sigmoid() * self.beta_max).transpose(1, 2),
                 gate.view(B, T, H, hd), mixed)  # fmt: skip
