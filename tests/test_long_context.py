@@ -379,6 +379,22 @@ def test_a_bad_rope_scaling_is_refused_in_one_line_naming_it(bad, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("typed", [dict(rope_original_length=64), dict(rope_scaling="yarn"),
+                                   dict(rope_scaling="ntk", rope_factor=2.0)])
+def test_a_rotary_scalings_refusal_gives_the_whole_fix_in_one_line(typed):
+    """The newcomer's pass: model.rope_original_length=64 on the learned table said to set rope_scaling=yarn, which
+    said to use rotary, which said the factor of 1 scales nothing. Each refusal's first fix, applied, now builds."""
+    with pytest.raises(ValueError) as err:
+        GPT(config(**{"position": "learned", **typed}))
+    fix = str(err.value).split("; set ")[-1].split("; use ")[-1].split(", or ")[0]
+    fixed = dict(typed)
+    for setting in fix.split(" model.") if fix.startswith("model.") else []:
+        key, value = setting.removeprefix("model.").split("=", 1)
+        fixed[key] = 4.0 if value.startswith("<") else value
+    assert fixed.get("position") == "rope", f"the fix {fix!r} names rotary positions"
+    GPT(config(**fixed))
+
+
 def test_evaluate_refuses_a_scaling_by_one_before_any_work(rope_run, data_cache):
     data = DataConfig(cache_dir=str(data_cache))
     with pytest.raises(ValueError, match=r"rope_scaling=yarn scales nothing where the longest length read, 32, is "

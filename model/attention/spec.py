@@ -181,12 +181,21 @@ class AttentionSpec:
                 raise ValueError(f"{option} {what}, which kernel={self.kernel} cannot do; use "
                                  f"kernel={takers or 'none: no kernel applies it yet'}")  # fmt: skip
 
+    def scaling_fix(self, scaling: str) -> str:
+        """Every setting a rotary scaling still lacks, in one fix (each refusal naming only the next one led from
+        error to error): ``model.position=rope model.rope_scaling=yarn model.rope_factor=<...>``."""
+        fix = [] if registry.position(self.position).turns_queries_keys else ["model.position=rope"]
+        fix.append(f"model.rope_scaling={scaling}")
+        if self.rope_factor == 1:
+            fix.append("model.rope_factor=<the read length over the trained one, above 1>")
+        return " ".join(fix)
+
     def check_rope_scaling(self) -> None:
         scaling, factor = self.rope_scaling, self.rope_factor
         if self.rope_original_length is not None and scaling != "yarn":
             raise ValueError(f"model.rope_original_length={self.rope_original_length!r} is the trained length YaRN "
                              f"counts each pair's turns over, but model.rope_scaling={spelled(scaling)}; set "
-                             f"model.rope_scaling=yarn, or model.rope_original_length=null")  # fmt: skip
+                             f"{self.scaling_fix('yarn')}, or model.rope_original_length=null")  # fmt: skip
         if scaling is None:
             if factor != 1.0:
                 raise ValueError(f"model.rope_factor={factor!r} scales nothing without model.rope_scaling; "
@@ -198,7 +207,7 @@ class AttentionSpec:
                              f"interpolation, NTK-aware, YaRN), or null")  # fmt: skip
         if not registry.position(self.position).turns_queries_keys:
             raise ValueError(f"model.rope_scaling={scaling} scales rotary positions, but model.position="
-                             f"{self.position} turns nothing; use model.position=rope, or "
+                             f"{self.position} turns nothing; use {self.scaling_fix(scaling)}, or "
                              f"model.rope_scaling=null")  # fmt: skip
         if isinstance(factor, bool) or not finite_number(factor) or not factor >= 1:
             raise ValueError(f"model.rope_factor={factor!r} must be a finite number of at least 1 (4: read 4x "
