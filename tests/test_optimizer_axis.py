@@ -19,7 +19,7 @@ import compare
 from common.optim_label import optimizer_label, optimizer_text, schedule_label, schedule_text, training_label
 from training.config import OptimConfig
 from training.loop import train
-from training.optim import lr_at, same_schedule
+from training.optim import described, lr_at, same_schedule
 from training.plan import make_plan, planned_model
 from training.run_log import run_name
 
@@ -307,3 +307,15 @@ def test_a_sweep_whose_later_job_has_a_bad_split_is_refused_before_its_first_job
     assert last.endswith("): optim.muon_split='columns'; choose one of: as_stored, qkv, heads; no job of the sweep was "
                          "started"), last
     assert not list(sweep.rglob("metrics.jsonl"))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])  # wsd's line says where its warmup meets the decay
+def test_a_run_that_ends_in_its_warmup_says_so_as_it_starts(schedule):
+    """The newcomer's pass: trainer.max_steps=10 under the default 30 warm-up steps ended at a third of the peak
+    learning rate, never decayed, and nothing said so."""
+    cfg = OptimConfig(schedule=schedule)
+    line = described(None, cfg, 10)
+    assert line is not None and ("the run ends in its warm-up (optim.warmup_steps=30, trainer.max_steps=10): the "
+                                 "learning rate ends at 0.000667, 33% of its peak 0.002, and never decays; set "
+                                 "optim.warmup_steps below 10") in line, line  # fmt: skip
+    assert "warm-up" not in (described(None, cfg, 31) or ""), "a run past its warm-up says nothing of it"

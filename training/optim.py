@@ -75,6 +75,12 @@ def described(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int
                      f"{cfg.min_lr:g} at step {max_steps}")  # fmt: skip
     elif cfg.schedule == "constant":
         parts.append(f"schedule constant: warmup {cfg.warmup_steps} steps, then the peak")
+    # a short run silently trained at a fraction of its learning rate (wsd's line says where its warmup meets the decay)
+    if cfg.warmup_steps >= max_steps and cfg.schedule != "wsd":
+        last = lr_at(max_steps - 1, cfg, max_steps)
+        parts.append(f"the run ends in its warm-up (optim.warmup_steps={cfg.warmup_steps}, trainer.max_steps="
+                     f"{max_steps}): the learning rate ends at {last:.3g}, {last / cfg.lr:.0%} of its peak {cfg.lr:g}, "
+                     f"and never decays; set optim.warmup_steps below {max_steps} to reach the peak")  # fmt: skip
     return "optimizer: " + "; ".join(parts) if parts else None
 
 
