@@ -259,6 +259,10 @@ def flag_loss_differences(runs: list[Run], rows: list[dict]) -> str:
                 for i in by_variant[key]:
                     rows[i]["flag"] = f"{metric} {diff:+.4f} vs median"
     among = "the variants" if len(groups) == 1 else "the variants of its function"
+    if noise == 0 and not replicated:  # one step in each final stretch: nothing measured, said as such
+        return (f"{metric} differing from the median of {among} by more than {ROUND_OFF:g} (round-off): no noise "
+                f"was measured, since each run's final stretch is one step and no variant has several seeds; train "
+                f"longer, or add seeds with `-m ... trainer.seed=1,2,3`, before reading a difference as a ranking")
     return (f"{metric} differing from the median of {among} by more than {FLAG_SIGMAS:g} x {noise:.4f} "
             f"(and {ROUND_OFF:g}, round-off), {how}")
 

@@ -116,6 +116,20 @@ def test_repeats_of_one_seed_are_not_a_seed_to_seed_spread(trained_run, tmp_path
     assert "the batch noise of the final train loss; no variant has several seeds (runs repeating one seed" in report
 
 
+def last_train_step_only(records):
+    trained = [r for r in records if "train/loss" in r]
+    return [r for r in records if "train/loss" not in r or r is trained[-1]]
+
+
+def test_a_final_stretch_of_one_step_is_said_to_measure_no_noise_not_a_noise_of_zero(trained_run, tmp_path):
+    """The newcomer's pass: 'by more than 3 x 0.0000' read as a measured noise of nothing."""
+    for i, layout in enumerate(("wrapper", "fused_qkv")):
+        make_run(tmp_path, f"{i}_{layout}", trained_run, i, setting("model", attention=layout), last_train_step_only)
+    report, _ = report_of(tmp_path)
+    assert "x 0.0000" not in report
+    assert "no noise was measured, since each run's final stretch is one step and no variant has several" in report
+
+
 def test_the_table_and_the_legend_spell_the_position_as_the_label_does(trained_run, tmp_path):
     make_run(tmp_path, "0_learned", trained_run, 0)
     make_run(tmp_path, "1_nopos", trained_run, 1, setting("model", position="none"))
