@@ -32,72 +32,72 @@ def rewrite() -> None:
 
 FLOORS = {
     "layout wrapper": {
-        "cells": (65, 250), "kernel manual": (36, 85), "kernel sdpa": (29, 81), "kernel flex": (0, 84),
-        "heads mha": (26, 77), "heads gqa": (18, 95), "heads mqa": (21, 78), "mask window": (29, 158),
+        "cells": (68, 262), "kernel manual": (38, 89), "kernel sdpa": (30, 85), "kernel flex": (0, 88),
+        "heads mha": (27, 81), "heads gqa": (19, 99), "heads mqa": (22, 82), "mask window": (29, 167),
         "mask chunked": (12, 27),
     },
     "layout separate_qkv": {
-        "cells": (70, 261), "kernel manual": (35, 89), "kernel sdpa": (35, 84), "kernel flex": (0, 88),
-        "heads mha": (21, 86), "heads gqa": (23, 102), "heads mqa": (26, 73), "mask window": (34, 171),
+        "cells": (74, 273), "kernel manual": (36, 93), "kernel sdpa": (38, 88), "kernel flex": (0, 92),
+        "heads mha": (20, 91), "heads gqa": (26, 105), "heads mqa": (28, 77), "mask window": (36, 179),
         "mask chunked": (12, 27),
     },
     "layout fused_qkv": {
-        "cells": (71, 262), "kernel manual": (36, 88), "kernel sdpa": (33, 85), "kernel flex": (2, 89),
-        "heads mha": (26, 84), "heads gqa": (23, 101), "heads mqa": (22, 77), "mask window": (35, 172),
+        "cells": (74, 274), "kernel manual": (37, 92), "kernel sdpa": (35, 89), "kernel flex": (2, 93),
+        "heads mha": (28, 87), "heads gqa": (22, 106), "heads mqa": (24, 81), "mask window": (37, 180),
         "mask chunked": (12, 27),
+    },
+    "layout mla": {
+        "cells": (38, 115), "kernel manual": (21, 39), "kernel sdpa": (17, 37), "kernel flex": (0, 39),
+        "heads mha": (38, 115), "mask window": (22, 73), "mask chunked": (4, 9),
     },
     "layout gated_deltanet": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
     "layout kda": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
-    "layout mla": {
-        "cells": (38, 115), "kernel manual": (21, 39), "kernel sdpa": (17, 37), "kernel flex": (0, 39),
-        "heads mha": (38, 115), "mask window": (21, 74), "mask chunked": (4, 9),
-    },
     "kernel manual": {
-        "cells": (128, 301), "layout wrapper": (36, 85), "layout separate_qkv": (35, 89), "layout fused_qkv": (36, 88),
-        "layout mla": (21, 39), "heads mha": (54, 122), "heads gqa": (33, 111), "heads mqa": (41, 68),
-        "mask window": (54, 201), "mask chunked": (20, 30),
+        "cells": (132, 313), "layout wrapper": (38, 89), "layout separate_qkv": (36, 93), "layout fused_qkv": (37, 92),
+        "layout mla": (21, 39), "heads mha": (56, 125), "heads gqa": (34, 114), "heads mqa": (42, 74),
+        "mask window": (55, 209), "mask chunked": (20, 30),
     },
     "kernel sdpa": {
-        "cells": (124, 299), "layout wrapper": (29, 81), "layout separate_qkv": (35, 84), "layout fused_qkv": (33, 85),
-        "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "layout mla": (17, 37), "heads mha": (65, 119),
-        "heads gqa": (31, 95), "heads mqa": (28, 85), "mask window": (65, 186), "mask chunked": (20, 30),
+        "cells": (130, 311), "layout wrapper": (30, 85), "layout separate_qkv": (38, 88), "layout fused_qkv": (35, 89),
+        "layout mla": (17, 37), "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "heads mha": (65, 125),
+        "heads gqa": (33, 101), "heads mqa": (32, 85), "mask window": (69, 194), "mask chunked": (20, 30),
     },
     "kernel flex": {
-        "cells": (2, 300), "layout wrapper": (0, 84), "layout separate_qkv": (0, 88), "layout fused_qkv": (2, 89),
-        "layout mla": (0, 39), "heads mha": (2, 133), "heads gqa": (0, 92), "heads mqa": (0, 75),
-        "mask window": (0, 188), "mask chunked": (0, 30),
+        "cells": (2, 312), "layout wrapper": (0, 88), "layout separate_qkv": (0, 92), "layout fused_qkv": (2, 93),
+        "layout mla": (0, 39), "heads mha": (2, 136), "heads gqa": (0, 95), "heads mqa": (0, 81),
+        "mask window": (0, 196), "mask chunked": (0, 30),
     },
     "position learned": {
-        "cells": (194, 668), "layout wrapper": (51, 185), "layout separate_qkv": (55, 196),
-        "layout fused_qkv": (58, 196), "layout gated_deltanet": (2, 3), "layout kda": (2, 3), "layout mla": (26, 85),
-        "kernel manual": (97, 224), "kernel sdpa": (95, 221), "kernel flex": (2, 223), "heads mha": (90, 292),
-        "heads gqa": (51, 194), "heads mqa": (53, 182), "mask window": (89, 435), "mask chunked": (40, 90),
+        "cells": (196, 668), "layout wrapper": (52, 185), "layout separate_qkv": (56, 196),
+        "layout fused_qkv": (58, 196), "layout mla": (26, 85), "layout gated_deltanet": (2, 3), "layout kda": (2, 3),
+        "kernel manual": (98, 224), "kernel sdpa": (96, 221), "kernel flex": (2, 223), "heads mha": (90, 292),
+        "heads gqa": (52, 194), "heads mqa": (54, 182), "mask window": (90, 434), "mask chunked": (40, 90),
     },
     "position rope": {
-        "cells": (20, 88), "layout wrapper": (5, 28), "layout separate_qkv": (8, 28), "layout fused_qkv": (6, 30),
-        "layout mla": (1, 2), "kernel manual": (15, 31), "kernel sdpa": (5, 25), "kernel flex": (0, 32),
-        "heads mha": (6, 24), "heads gqa": (6, 42), "heads mqa": (8, 22), "mask window": (11, 54),
+        "cells": (24, 106), "layout wrapper": (6, 34), "layout separate_qkv": (9, 34), "layout fused_qkv": (8, 36),
+        "layout mla": (1, 2), "kernel manual": (16, 37), "kernel sdpa": (8, 31), "kernel flex": (0, 38),
+        "heads mha": (7, 30), "heads gqa": (7, 48), "heads mqa": (10, 28), "mask window": (13, 67),
     },
     "position alibi": {
-        "cells": (17, 69), "layout wrapper": (5, 18), "layout separate_qkv": (3, 19), "layout fused_qkv": (4, 18),
-        "layout mla": (5, 14), "kernel manual": (9, 23), "kernel sdpa": (8, 23), "kernel flex": (0, 23),
-        "heads mha": (8, 26), "heads gqa": (4, 31), "heads mqa": (5, 12), "mask window": (9, 42),
+        "cells": (21, 87), "layout wrapper": (6, 24), "layout separate_qkv": (5, 25), "layout fused_qkv": (5, 24),
+        "layout mla": (5, 14), "kernel manual": (11, 29), "kernel sdpa": (10, 29), "kernel flex": (0, 29),
+        "heads mha": (9, 32), "heads gqa": (5, 37), "heads mqa": (7, 18), "mask window": (11, 54),
     },
     "position none": {
         "cells": (23, 75), "layout wrapper": (4, 19), "layout separate_qkv": (4, 18), "layout fused_qkv": (3, 18),
-        "layout gated_deltanet": (3, 3), "layout kda": (3, 3), "layout mla": (6, 14), "kernel manual": (7, 23),
+        "layout mla": (6, 14), "layout gated_deltanet": (3, 3), "layout kda": (3, 3), "kernel manual": (7, 23),
         "kernel sdpa": (16, 30), "kernel flex": (0, 22), "heads mha": (17, 32), "heads gqa": (3, 31),
         "heads mqa": (3, 12), "mask window": (10, 44),
     },
     "modification alibi": {
-        "cells": (17, 69), "layout wrapper": (5, 18), "layout separate_qkv": (3, 19), "layout fused_qkv": (4, 18),
-        "layout mla": (5, 14), "kernel manual": (9, 23), "kernel sdpa": (8, 23), "kernel flex": (0, 23),
-        "heads mha": (8, 26), "heads gqa": (4, 31), "heads mqa": (5, 12), "mask window": (9, 42),
+        "cells": (21, 87), "layout wrapper": (6, 24), "layout separate_qkv": (5, 25), "layout fused_qkv": (5, 24),
+        "layout mla": (5, 14), "kernel manual": (11, 29), "kernel sdpa": (10, 29), "kernel flex": (0, 29),
+        "heads mha": (9, 32), "heads gqa": (5, 37), "heads mqa": (7, 18), "mask window": (11, 54),
     },
     "modification qk_norm": {
-        "cells": (28, 102), "layout wrapper": (8, 28), "layout separate_qkv": (8, 28), "layout fused_qkv": (6, 28),
-        "layout mla": (6, 18), "kernel manual": (16, 36), "kernel sdpa": (12, 30), "kernel flex": (0, 36),
-        "heads mha": (18, 46), "heads gqa": (2, 28), "heads mqa": (8, 28), "mask window": (15, 68),
+        "cells": (32, 120), "layout wrapper": (9, 34), "layout separate_qkv": (9, 34), "layout fused_qkv": (8, 34),
+        "layout mla": (6, 18), "kernel manual": (17, 42), "kernel sdpa": (15, 36), "kernel flex": (0, 42),
+        "heads mha": (19, 52), "heads gqa": (3, 34), "heads mqa": (10, 34), "mask window": (17, 81),
     },
     "modification softcap": {
         "cells": (12, 41), "layout wrapper": (3, 12), "layout separate_qkv": (4, 12), "layout fused_qkv": (3, 13),
@@ -115,20 +115,20 @@ FLOORS = {
         "heads mha": (8, 24), "heads gqa": (2, 18), "heads mqa": (6, 18), "mask window": (8, 39),
     },
     "modification forget_gate": {
-        "cells": (6, 24), "layout wrapper": (1, 6), "layout separate_qkv": (1, 6), "layout fused_qkv": (2, 6),
-        "layout mla": (2, 6), "kernel manual": (3, 8), "kernel sdpa": (3, 8), "kernel flex": (0, 8),
-        "heads mha": (2, 12), "heads gqa": (1, 6), "heads mqa": (3, 6), "mask window": (5, 16),
+        "cells": (12, 42), "layout wrapper": (3, 12), "layout separate_qkv": (4, 12), "layout fused_qkv": (3, 12),
+        "layout mla": (2, 6), "kernel manual": (6, 14), "kernel sdpa": (6, 14), "kernel flex": (0, 14),
+        "heads mha": (3, 18), "heads gqa": (3, 12), "heads mqa": (6, 12), "mask window": (7, 28),
     },
     "mask causal": {
-        "cells": (254, 900), "layout wrapper": (65, 250), "layout separate_qkv": (70, 261),
-        "layout fused_qkv": (71, 262), "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "layout mla": (38, 115),
-        "kernel manual": (128, 301), "kernel sdpa": (124, 299), "kernel flex": (2, 300), "heads mha": (121, 374),
-        "heads gqa": (64, 298), "heads mqa": (69, 228),
+        "cells": (264, 936), "layout wrapper": (68, 262), "layout separate_qkv": (74, 273),
+        "layout fused_qkv": (74, 274), "layout mla": (38, 115), "layout gated_deltanet": (5, 6), "layout kda": (5, 6),
+        "kernel manual": (132, 313), "kernel sdpa": (130, 311), "kernel flex": (2, 312), "heads mha": (123, 386),
+        "heads gqa": (67, 310), "heads mqa": (74, 240),
     },
     "mask window": {
-        "cells": (119, 575), "layout wrapper": (29, 158), "layout separate_qkv": (34, 171),
-        "layout fused_qkv": (35, 172), "layout mla": (21, 74), "kernel manual": (54, 201), "kernel sdpa": (65, 186),
-        "kernel flex": (0, 188), "heads mha": (53, 235), "heads gqa": (31, 193), "heads mqa": (35, 147),
+        "cells": (124, 599), "layout wrapper": (29, 167), "layout separate_qkv": (36, 179),
+        "layout fused_qkv": (37, 180), "layout mla": (22, 73), "kernel manual": (55, 209), "kernel sdpa": (69, 194),
+        "kernel flex": (0, 196), "heads mha": (54, 242), "heads gqa": (32, 201), "heads mqa": (38, 156),
     },
     "mask chunked": {
         "cells": (40, 90), "layout wrapper": (12, 27), "layout separate_qkv": (12, 27), "layout fused_qkv": (12, 27),
@@ -136,6 +136,11 @@ FLOORS = {
         "heads mha": (16, 36), "heads gqa": (12, 27), "heads mqa": (12, 27),
     },
     "option dropout": {"cells": (0, 0)},
+    "option k_eq_v": {
+        "cells": (8, 36), "layout wrapper": (2, 12), "layout separate_qkv": (3, 12), "layout fused_qkv": (3, 12),
+        "kernel manual": (3, 12), "kernel sdpa": (5, 12), "kernel flex": (0, 12), "heads mha": (2, 12),
+        "heads gqa": (2, 12), "heads mqa": (4, 12), "mask window": (4, 25),
+    },
     "option rope_theta": {
         "cells": (4, 12), "layout wrapper": (1, 4), "layout separate_qkv": (2, 4), "layout fused_qkv": (1, 4),
         "kernel manual": (4, 6), "kernel flex": (0, 6), "heads mha": (1, 4), "heads gqa": (1, 4), "heads mqa": (2, 4),
@@ -161,11 +166,11 @@ FLOORS = {
     },
     "option lambda_init": {
         "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
-        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (2, 9), "heads gqa": (2, 3), "mask window": (2, 8),
+        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (4, 9), "heads gqa": (0, 3), "mask window": (3, 8),
     },
     "option kv_latent": {
         "cells": (2, 6), "layout mla": (2, 6), "kernel manual": (0, 2), "kernel sdpa": (2, 2), "kernel flex": (0, 2),
-        "heads mha": (2, 6), "mask window": (1, 5),
+        "heads mha": (2, 6), "mask window": (2, 4),
     },
     "option rope_head_dim": {
         "cells": (1, 2), "layout mla": (1, 2), "kernel manual": (1, 1), "kernel flex": (0, 1), "heads mha": (1, 2),
@@ -188,7 +193,7 @@ FLOORS = {
     },
     "encoding none": {
         "cells": (12, 28), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
-        "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "layout mla": (2, 6), "kernel manual": (4, 8),
+        "layout mla": (2, 6), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel manual": (4, 8),
         "kernel sdpa": (8, 12), "kernel flex": (0, 8), "heads mha": (8, 16), "heads gqa": (2, 6), "heads mqa": (2, 6),
         "mask window": (5, 17),
     },
@@ -213,9 +218,9 @@ FLOORS = {
         "heads mha": (6, 12), "heads gqa": (0, 6), "heads mqa": (2, 6), "mask window": (4, 16),
     },
     "encoding forget_gate": {
-        "cells": (6, 24), "layout wrapper": (1, 6), "layout separate_qkv": (1, 6), "layout fused_qkv": (2, 6),
-        "layout mla": (2, 6), "kernel manual": (3, 8), "kernel sdpa": (3, 8), "kernel flex": (0, 8),
-        "heads mha": (2, 12), "heads gqa": (1, 6), "heads mqa": (3, 6), "mask window": (5, 16),
+        "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
+        "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
+        "heads mha": (2, 12), "heads gqa": (2, 6), "heads mqa": (4, 6), "mask window": (5, 16),
     },
     "encoding rope500+qk_norm+softcap+sinks": {
         "cells": (4, 12), "layout wrapper": (1, 4), "layout separate_qkv": (2, 4), "layout fused_qkv": (1, 4),
@@ -242,17 +247,27 @@ FLOORS = {
         "layout mla": (2, 6), "kernel manual": (2, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
         "heads mha": (5, 12), "heads gqa": (0, 6), "heads mqa": (1, 6), "mask window": (4, 16),
     },
-    "encoding differential": {
-        "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
-        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (4, 9), "heads gqa": (0, 3), "mask window": (3, 8),
+    "encoding k_eq_v+rope+qk_norm": {
+        "cells": (4, 18), "layout wrapper": (1, 6), "layout separate_qkv": (1, 6), "layout fused_qkv": (2, 6),
+        "kernel manual": (1, 6), "kernel sdpa": (3, 6), "kernel flex": (0, 6), "heads mha": (1, 6),
+        "heads gqa": (1, 6), "heads mqa": (2, 6), "mask window": (2, 13),
     },
-    "encoding lambda_init": {
+    "encoding k_eq_v+alibi+forget_gate": {
+        "cells": (4, 18), "layout wrapper": (1, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (1, 6),
+        "kernel manual": (2, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 6), "heads mha": (1, 6),
+        "heads gqa": (1, 6), "heads mqa": (2, 6), "mask window": (2, 12),
+    },
+    "encoding differential": {
         "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
         "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (2, 9), "heads gqa": (2, 3), "mask window": (2, 8),
     },
+    "encoding lambda_init": {
+        "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
+        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (4, 9), "heads gqa": (0, 3), "mask window": (3, 8),
+    },
     "encoding kv_latent": {
         "cells": (2, 6), "layout mla": (2, 6), "kernel manual": (0, 2), "kernel sdpa": (2, 2), "kernel flex": (0, 2),
-        "heads mha": (2, 6), "mask window": (1, 5),
+        "heads mha": (2, 6), "mask window": (2, 4),
     },
 }
 

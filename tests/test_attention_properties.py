@@ -313,6 +313,10 @@ COMBINATIONS = {
     "rope_fraction+gate+qk_norm": dict(position="rope", rope_fraction=0.25, gate="elementwise", qk_norm=True),
     # Llama 4's NoPE layers: the queries' temperature after QK-norm, which would undo it
     "none+query_temperature+qk_norm": dict(position="none", query_temperature=4, qk_norm=True),
+    # Gemma 4's global layers: the values are the keys before QK-norm and rotary turn them (the cache keeps both)
+    "k_eq_v+rope+qk_norm": dict(k_eq_v=True, position="rope", qk_norm=True),
+    # keys the encodings leave as projected: the cache keeps them alone, beside the forget gate's state per key
+    "k_eq_v+alibi+forget_gate": dict(k_eq_v=True, position="alibi", forget_gate=True),
 }
 ENCODINGS |= COMBINATIONS
 
