@@ -526,6 +526,10 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
             if any(config.cache_widths):  # a KV cache (a linear layer keeps a state of fixed size instead)
                 failures.check(held == {capacity}, f"the cache holds {held} positions, not {capacity}")
             bounded = cache.nbytes()
+            # what the plan and the reports count (cache_widths x capacities, the states) is what the cache holds
+            size = cache.buffers()[0].element_size() if cache.buffers() else 4
+            failures.check(bounded == B * config.decoding_bytes(size), f"the cache holds {bounded} bytes, but the plan "
+                           f"counts {B * config.decoding_bytes(size)} (cache_widths x capacities, the states)")
             step = make_step(model, cache, B)
             for t in range(prompt, total):
                 failures.compare(step(idx[:, t : t + 1], t), full[:, t], DECODE_ATOL, 0, f"position {t}")
