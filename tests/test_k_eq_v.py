@@ -12,7 +12,6 @@ import torch
 from helpers import tiny_gpt_config
 
 from model import GPT, KVCache, convert_attention_layout, same_function_layouts
-from model.checkpoints.gpt2_export import check_gpt2_holds
 from training.plan import cache_width
 
 LAYOUTS = same_function_layouts("fused_qkv")
@@ -80,8 +79,3 @@ def test_a_layer_that_cannot_hold_it_refuses_it_in_one_line(layout, says):
         tiny_gpt_config(attention=layout, k_eq_v=True, **extra)
     assert says in str(err.value) and "\n" not in str(err.value)
 
-
-def test_gpt2_export_refuses_it_in_one_line_before_anything_is_written():
-    with pytest.raises(ValueError) as err:
-        check_gpt2_holds(tiny_gpt_config(k_eq_v=True))
-    assert "model.k_eq_v=true" in str(err.value).lower() and "\n" not in str(err.value)
