@@ -52,6 +52,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         parts.append(f"latent{latent}")
     elif kv != model.get("n_head") or "n_kv_head" in show:
         parts.append(f"kv{kv}")
+    if model.get("k_eq_v") or "k_eq_v" in show:  # keys equal to values: -keqv
+        parts.append("keqv" if model.get("k_eq_v") else "nokeqv")
     if model.get("rope_head_dim") is not None:
         parts.append(f"ropedim{model['rope_head_dim']}")
     if model.get("linear_chunk") is not None:  # a linear layer's chunk of its chunked form: -linchunk32 (not -chunked)
@@ -170,7 +172,8 @@ def label_parts() -> tuple[tuple[str, str], ...]:
     """What each optional part of a label (``attention_label``) is, in its order: its pattern, its title (plot
     legends, ``python train.py --help``), each registered position encoding's and modification's from its class."""
     return (
-        (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"), (r"ropedim\d+", "-ropedim<dims>"),
+        (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"),
+        (r"(no)?keqv", "-keqv (keys equal to values)"), (r"ropedim\d+", "-ropedim<dims>"),
         (r"linchunk\d+", "-linchunk<positions of the linear form's chunk>"), (r"(no)?window\d*", "-window<positions>"),
         (r"(no)?chunked\d*", "-chunked<positions>"),
         ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in registry.POSITIONS.items()),
@@ -194,9 +197,10 @@ def label_grammar() -> str:
 
 
 # The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
-              "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length", "query_temperature",
-              "ssmax", "negative_eigenvalues", "document_masking", "document_positions", "differential", "lambda_init",
+LABEL_AXES = ("n_kv_head", "k_eq_v", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk",
+              "position", "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length",
+              "query_temperature", "ssmax", "negative_eigenvalues", "document_masking", "document_positions",
+              "differential", "lambda_init",
               "sparse_topk", "indexer_heads", "indexer_dim",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
@@ -219,6 +223,8 @@ class GPTConfig:
     kernel: str = field(default="sdpa", metadata={"reuse": "implementation"})
     # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped-query
     n_kv_head: int | None = field(default=None, metadata={"reuse": "weights"})
+    # keys equal to values (Gemma 4's attention_k_eq_v): one projection per key/value head serves as both
+    k_eq_v: bool = field(default=False, metadata={"reuse": "weights"})
     # sliding-window attention: each position sees this many (itself included); None: all
     window: int | None = field(default=None, metadata={"reuse": "function"})
     # chunked attention (Llama 4's): each position sees the earlier ones of its chunk of this many; None: no chunks

@@ -1,6 +1,8 @@
 """Causal multi-head attention written from its formula, in float64: what every cell of the grid must compute.
 
     head h reads key/value head g = h // (n_head / n_kv_head)
+    v_g        <- k_g as projected, before QK-norm and rotary (model.k_eq_v: Gemma 4's attention_k_eq_v, whose
+                  value_states are k_proj's output, then k_norm and rotary turn the keys alone)
     q_h, k_g   <- RMSNorm per head dim (model.qk_norm), then rotated by their positions (model.position=rope; the
                   first model.rope_fraction of the dims, the rest unturned)
     scores[i, j] = q_h[i] . k_g[j] / sqrt(head_dim)
@@ -103,7 +105,7 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
                         query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
                         seen: dict | None = None, selected: torch.Tensor | None = None,
-                        ssmax: float | None = None) -> torch.Tensor:  # fmt: skip
+                        ssmax: float | None = None, k_eq_v: bool = False) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
@@ -120,7 +122,8 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         y = x @ p[f"{name}.weight"].T + (p[f"{name}.bias"] if f"{name}.bias" in p else 0.0)
         return y.view(B, T, count, d).transpose(1, 2)  # (B, count, T, d)
 
-    q, k, v = heads("query", n_head), heads("key", n_kv_head), heads("value", n_kv_head)
+    q, k = heads("query", n_head), heads("key", n_kv_head)
+    v = k if k_eq_v else heads("value", n_kv_head)  # keys equal to values: the keys before their encodings
     if qk_norm:
         q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, p["k_norm.weight"])
     if position == "rope":  # the first rope_fraction of each head's dims turn (GPT-NeoX's rotary_pct), the rest pass
@@ -261,7 +264,8 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
     return reference_attention(block, layout, x, spec.n_head, spec.kv_heads, None, spec.position, spec.rope_theta,
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
-                               seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax)  # fmt: skip
+                               seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax,
+                               k_eq_v=spec.k_eq_v)  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):

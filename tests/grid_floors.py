@@ -32,56 +32,56 @@ def rewrite() -> None:
 
 FLOORS = {
     "layout wrapper": {
-        "cells": (67, 256), "kernel manual": (36, 87), "kernel sdpa": (31, 83), "kernel flex": (0, 86),
-        "heads mha": (26, 79), "heads gqa": (18, 97), "heads mqa": (23, 80), "mask window": (31, 163),
+        "cells": (70, 268), "kernel manual": (38, 91), "kernel sdpa": (32, 87), "kernel flex": (0, 90),
+        "heads mha": (29, 83), "heads gqa": (19, 101), "heads mqa": (22, 84), "mask window": (30, 172),
         "mask chunked": (12, 27),
     },
     "layout separate_qkv": {
-        "cells": (72, 267), "kernel manual": (37, 91), "kernel sdpa": (35, 86), "kernel flex": (0, 90),
-        "heads mha": (21, 88), "heads gqa": (25, 104), "heads mqa": (26, 75), "mask window": (34, 174),
+        "cells": (76, 279), "kernel manual": (38, 95), "kernel sdpa": (38, 90), "kernel flex": (0, 94),
+        "heads mha": (20, 93), "heads gqa": (26, 107), "heads mqa": (30, 79), "mask window": (37, 182),
         "mask chunked": (12, 27),
     },
     "layout fused_qkv": {
-        "cells": (73, 268), "kernel manual": (38, 90), "kernel sdpa": (33, 87), "kernel flex": (2, 91),
-        "heads mha": (26, 86), "heads gqa": (23, 103), "heads mqa": (24, 79), "mask window": (36, 175),
+        "cells": (76, 280), "kernel manual": (39, 94), "kernel sdpa": (35, 91), "kernel flex": (2, 95),
+        "heads mha": (30, 89), "heads gqa": (22, 108), "heads mqa": (24, 83), "mask window": (37, 183),
         "mask chunked": (12, 27),
     },
     "layout mla": {
         "cells": (40, 121), "kernel manual": (21, 41), "kernel sdpa": (19, 39), "kernel flex": (0, 41),
-        "heads mha": (40, 121), "mask window": (23, 79), "mask chunked": (4, 9),
+        "heads mha": (40, 121), "mask window": (24, 78), "mask chunked": (4, 9),
     },
     "layout gated_deltanet": {"cells": (7, 8), "kernel sdpa": (7, 8), "heads mha": (7, 8)},
     "layout kda": {"cells": (7, 8), "kernel sdpa": (7, 8), "heads mha": (7, 8)},
     "kernel manual": {
-        "cells": (132, 309), "layout wrapper": (36, 87), "layout separate_qkv": (37, 91), "layout fused_qkv": (38, 90),
-        "layout mla": (21, 41), "heads mha": (54, 130), "heads gqa": (35, 111), "heads mqa": (43, 68),
-        "mask window": (55, 207), "mask chunked": (20, 30),
+        "cells": (136, 321), "layout wrapper": (38, 91), "layout separate_qkv": (38, 95), "layout fused_qkv": (39, 94),
+        "layout mla": (21, 41), "heads mha": (58, 127), "heads gqa": (34, 120), "heads mqa": (44, 74),
+        "mask window": (56, 215), "mask chunked": (20, 30),
     },
     "kernel sdpa": {
-        "cells": (132, 311), "layout wrapper": (31, 83), "layout separate_qkv": (35, 86), "layout fused_qkv": (33, 87),
-        "layout mla": (19, 39), "layout gated_deltanet": (7, 8), "layout kda": (7, 8), "heads mha": (71, 125),
-        "heads gqa": (31, 101), "heads mqa": (30, 85), "mask window": (69, 190), "mask chunked": (20, 30),
+        "cells": (138, 323), "layout wrapper": (32, 87), "layout separate_qkv": (38, 90), "layout fused_qkv": (35, 91),
+        "layout mla": (19, 39), "layout gated_deltanet": (7, 8), "layout kda": (7, 8), "heads mha": (73, 131),
+        "heads gqa": (33, 101), "heads mqa": (32, 91), "mask window": (72, 200), "mask chunked": (20, 30),
     },
     "kernel flex": {
-        "cells": (2, 308), "layout wrapper": (0, 86), "layout separate_qkv": (0, 90), "layout fused_qkv": (2, 91),
-        "layout mla": (0, 41), "heads mha": (2, 135), "heads gqa": (0, 92), "heads mqa": (0, 81),
-        "mask window": (0, 194), "mask chunked": (0, 30),
+        "cells": (2, 320), "layout wrapper": (0, 90), "layout separate_qkv": (0, 94), "layout fused_qkv": (2, 95),
+        "layout mla": (0, 41), "heads mha": (2, 144), "heads gqa": (0, 95), "heads mqa": (0, 81),
+        "mask window": (0, 200), "mask chunked": (0, 30),
     },
     "position learned": {
-        "cells": (206, 696), "layout wrapper": (53, 191), "layout separate_qkv": (57, 202),
+        "cells": (208, 696), "layout wrapper": (54, 191), "layout separate_qkv": (58, 202),
         "layout fused_qkv": (60, 202), "layout mla": (28, 91), "layout gated_deltanet": (4, 5), "layout kda": (4, 5),
-        "kernel manual": (101, 232), "kernel sdpa": (103, 233), "kernel flex": (2, 231), "heads mha": (96, 308),
-        "heads gqa": (53, 200), "heads mqa": (57, 188), "mask window": (94, 451), "mask chunked": (40, 90),
+        "kernel manual": (102, 232), "kernel sdpa": (104, 233), "kernel flex": (2, 231), "heads mha": (100, 308),
+        "heads gqa": (52, 200), "heads mqa": (56, 188), "mask window": (94, 450), "mask chunked": (40, 90),
     },
     "position rope": {
-        "cells": (20, 88), "layout wrapper": (5, 28), "layout separate_qkv": (8, 28), "layout fused_qkv": (6, 30),
-        "layout mla": (1, 2), "kernel manual": (15, 31), "kernel sdpa": (5, 25), "kernel flex": (0, 32),
-        "heads mha": (6, 24), "heads gqa": (6, 42), "heads mqa": (8, 22), "mask window": (11, 54),
+        "cells": (24, 106), "layout wrapper": (6, 34), "layout separate_qkv": (9, 34), "layout fused_qkv": (8, 36),
+        "layout mla": (1, 2), "kernel manual": (16, 37), "kernel sdpa": (8, 31), "kernel flex": (0, 38),
+        "heads mha": (7, 30), "heads gqa": (7, 48), "heads mqa": (10, 28), "mask window": (13, 67),
     },
     "position alibi": {
-        "cells": (17, 69), "layout wrapper": (5, 18), "layout separate_qkv": (3, 19), "layout fused_qkv": (4, 18),
-        "layout mla": (5, 14), "kernel manual": (9, 23), "kernel sdpa": (8, 23), "kernel flex": (0, 23),
-        "heads mha": (8, 26), "heads gqa": (4, 31), "heads mqa": (5, 12), "mask window": (9, 42),
+        "cells": (21, 87), "layout wrapper": (6, 24), "layout separate_qkv": (5, 25), "layout fused_qkv": (5, 24),
+        "layout mla": (5, 14), "kernel manual": (11, 29), "kernel sdpa": (10, 29), "kernel flex": (0, 29),
+        "heads mha": (9, 32), "heads gqa": (5, 37), "heads mqa": (7, 18), "mask window": (11, 54),
     },
     "position none": {
         "cells": (23, 75), "layout wrapper": (4, 19), "layout separate_qkv": (4, 18), "layout fused_qkv": (3, 18),
@@ -90,14 +90,14 @@ FLOORS = {
         "heads mqa": (3, 12), "mask window": (10, 44),
     },
     "modification alibi": {
-        "cells": (17, 69), "layout wrapper": (5, 18), "layout separate_qkv": (3, 19), "layout fused_qkv": (4, 18),
-        "layout mla": (5, 14), "kernel manual": (9, 23), "kernel sdpa": (8, 23), "kernel flex": (0, 23),
-        "heads mha": (8, 26), "heads gqa": (4, 31), "heads mqa": (5, 12), "mask window": (9, 42),
+        "cells": (21, 87), "layout wrapper": (6, 24), "layout separate_qkv": (5, 25), "layout fused_qkv": (5, 24),
+        "layout mla": (5, 14), "kernel manual": (11, 29), "kernel sdpa": (10, 29), "kernel flex": (0, 29),
+        "heads mha": (9, 32), "heads gqa": (5, 37), "heads mqa": (7, 18), "mask window": (11, 54),
     },
     "modification qk_norm": {
-        "cells": (28, 102), "layout wrapper": (8, 28), "layout separate_qkv": (8, 28), "layout fused_qkv": (6, 28),
-        "layout mla": (6, 18), "kernel manual": (16, 36), "kernel sdpa": (12, 30), "kernel flex": (0, 36),
-        "heads mha": (18, 46), "heads gqa": (2, 28), "heads mqa": (8, 28), "mask window": (15, 68),
+        "cells": (32, 120), "layout wrapper": (9, 34), "layout separate_qkv": (9, 34), "layout fused_qkv": (8, 34),
+        "layout mla": (6, 18), "kernel manual": (17, 42), "kernel sdpa": (15, 36), "kernel flex": (0, 42),
+        "heads mha": (19, 52), "heads gqa": (3, 34), "heads mqa": (10, 34), "mask window": (17, 81),
     },
     "modification softcap": {
         "cells": (12, 41), "layout wrapper": (3, 12), "layout separate_qkv": (4, 12), "layout fused_qkv": (3, 13),
@@ -115,20 +115,20 @@ FLOORS = {
         "heads mha": (8, 24), "heads gqa": (2, 18), "heads mqa": (6, 18), "mask window": (8, 39),
     },
     "modification forget_gate": {
-        "cells": (6, 24), "layout wrapper": (1, 6), "layout separate_qkv": (1, 6), "layout fused_qkv": (2, 6),
-        "layout mla": (2, 6), "kernel manual": (3, 8), "kernel sdpa": (3, 8), "kernel flex": (0, 8),
-        "heads mha": (2, 12), "heads gqa": (1, 6), "heads mqa": (3, 6), "mask window": (5, 16),
+        "cells": (12, 42), "layout wrapper": (3, 12), "layout separate_qkv": (4, 12), "layout fused_qkv": (3, 12),
+        "layout mla": (2, 6), "kernel manual": (6, 14), "kernel sdpa": (6, 14), "kernel flex": (0, 14),
+        "heads mha": (3, 18), "heads gqa": (3, 12), "heads mqa": (6, 12), "mask window": (7, 28),
     },
     "mask causal": {
-        "cells": (266, 928), "layout wrapper": (67, 256), "layout separate_qkv": (72, 267),
-        "layout fused_qkv": (73, 268), "layout mla": (40, 121), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
-        "kernel manual": (132, 309), "kernel sdpa": (132, 311), "kernel flex": (2, 308), "heads mha": (127, 390),
-        "heads gqa": (66, 304), "heads mqa": (73, 234),
+        "cells": (276, 964), "layout wrapper": (70, 268), "layout separate_qkv": (76, 279),
+        "layout fused_qkv": (76, 280), "layout mla": (40, 121), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
+        "kernel manual": (136, 321), "kernel sdpa": (138, 323), "kernel flex": (2, 320), "heads mha": (133, 402),
+        "heads gqa": (67, 316), "heads mqa": (76, 246),
     },
     "mask window": {
-        "cells": (124, 591), "layout wrapper": (31, 163), "layout separate_qkv": (34, 174),
-        "layout fused_qkv": (36, 175), "layout mla": (23, 79), "kernel manual": (55, 207), "kernel sdpa": (69, 190),
-        "kernel flex": (0, 194), "heads mha": (55, 245), "heads gqa": (31, 195), "heads mqa": (38, 151),
+        "cells": (128, 615), "layout wrapper": (30, 172), "layout separate_qkv": (37, 182),
+        "layout fused_qkv": (37, 183), "layout mla": (24, 78), "kernel manual": (56, 215), "kernel sdpa": (72, 200),
+        "kernel flex": (0, 200), "heads mha": (57, 249), "heads gqa": (32, 206), "heads mqa": (39, 160),
     },
     "mask chunked": {
         "cells": (40, 90), "layout wrapper": (12, 27), "layout separate_qkv": (12, 27), "layout fused_qkv": (12, 27),
@@ -136,6 +136,11 @@ FLOORS = {
         "heads mha": (16, 36), "heads gqa": (12, 27), "heads mqa": (12, 27),
     },
     "option dropout": {"cells": (0, 0)},
+    "option k_eq_v": {
+        "cells": (8, 36), "layout wrapper": (2, 12), "layout separate_qkv": (3, 12), "layout fused_qkv": (3, 12),
+        "kernel manual": (3, 12), "kernel sdpa": (5, 12), "kernel flex": (0, 12), "heads mha": (2, 12),
+        "heads gqa": (2, 12), "heads mqa": (4, 12), "mask window": (4, 25),
+    },
     "option rope_theta": {
         "cells": (4, 12), "layout wrapper": (1, 4), "layout separate_qkv": (2, 4), "layout fused_qkv": (1, 4),
         "kernel manual": (4, 6), "kernel flex": (0, 6), "heads mha": (1, 4), "heads gqa": (1, 4), "heads mqa": (2, 4),
@@ -161,11 +166,11 @@ FLOORS = {
     },
     "option lambda_init": {
         "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
-        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (2, 9), "heads gqa": (2, 3), "mask window": (2, 8),
+        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (4, 9), "heads gqa": (0, 3), "mask window": (3, 8),
     },
     "option kv_latent": {
         "cells": (2, 6), "layout mla": (2, 6), "kernel manual": (0, 2), "kernel sdpa": (2, 2), "kernel flex": (0, 2),
-        "heads mha": (2, 6), "mask window": (1, 5),
+        "heads mha": (2, 6), "mask window": (2, 4),
     },
     "option rope_head_dim": {
         "cells": (1, 2), "layout mla": (1, 2), "kernel manual": (1, 1), "kernel flex": (0, 1), "heads mha": (1, 2),
@@ -179,7 +184,7 @@ FLOORS = {
     "option ssmax": {
         "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
-        "heads mha": (2, 12), "heads gqa": (2, 6), "heads mqa": (4, 6), "mask window": (5, 16),
+        "heads mha": (6, 12), "heads gqa": (0, 6), "heads mqa": (2, 6), "mask window": (4, 16),
     },
     "option negative_eigenvalues": {
         "cells": (4, 4), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel sdpa": (4, 4),
@@ -222,9 +227,9 @@ FLOORS = {
         "heads mha": (6, 12), "heads gqa": (0, 6), "heads mqa": (2, 6), "mask window": (4, 16),
     },
     "encoding forget_gate": {
-        "cells": (6, 24), "layout wrapper": (1, 6), "layout separate_qkv": (1, 6), "layout fused_qkv": (2, 6),
-        "layout mla": (2, 6), "kernel manual": (3, 8), "kernel sdpa": (3, 8), "kernel flex": (0, 8),
-        "heads mha": (2, 12), "heads gqa": (1, 6), "heads mqa": (3, 6), "mask window": (5, 16),
+        "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
+        "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
+        "heads mha": (2, 12), "heads gqa": (2, 6), "heads mqa": (4, 6), "mask window": (5, 16),
     },
     "encoding rope500+qk_norm+softcap+sinks": {
         "cells": (4, 12), "layout wrapper": (1, 4), "layout separate_qkv": (2, 4), "layout fused_qkv": (1, 4),
@@ -251,22 +256,32 @@ FLOORS = {
         "layout mla": (2, 6), "kernel manual": (2, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
         "heads mha": (5, 12), "heads gqa": (0, 6), "heads mqa": (1, 6), "mask window": (4, 16),
     },
-    "encoding differential": {
-        "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
-        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (4, 9), "heads gqa": (0, 3), "mask window": (3, 8),
+    "encoding k_eq_v+rope+qk_norm": {
+        "cells": (4, 18), "layout wrapper": (1, 6), "layout separate_qkv": (1, 6), "layout fused_qkv": (2, 6),
+        "kernel manual": (1, 6), "kernel sdpa": (3, 6), "kernel flex": (0, 6), "heads mha": (1, 6),
+        "heads gqa": (1, 6), "heads mqa": (2, 6), "mask window": (2, 13),
     },
-    "encoding lambda_init": {
+    "encoding k_eq_v+alibi+forget_gate": {
+        "cells": (4, 18), "layout wrapper": (1, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (1, 6),
+        "kernel manual": (2, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 6), "heads mha": (1, 6),
+        "heads gqa": (1, 6), "heads mqa": (2, 6), "mask window": (2, 12),
+    },
+    "encoding differential": {
         "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
         "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (2, 9), "heads gqa": (2, 3), "mask window": (2, 8),
     },
+    "encoding lambda_init": {
+        "cells": (4, 12), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6), "kernel manual": (2, 4),
+        "kernel sdpa": (2, 4), "kernel flex": (0, 4), "heads mha": (4, 9), "heads gqa": (0, 3), "mask window": (3, 8),
+    },
     "encoding kv_latent": {
         "cells": (2, 6), "layout mla": (2, 6), "kernel manual": (0, 2), "kernel sdpa": (2, 2), "kernel flex": (0, 2),
-        "heads mha": (2, 6), "mask window": (1, 5),
+        "heads mha": (2, 6), "mask window": (2, 4),
     },
     "encoding ssmax": {
         "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),
-        "heads mha": (2, 12), "heads gqa": (2, 6), "heads mqa": (4, 6), "mask window": (5, 16),
+        "heads mha": (6, 12), "heads gqa": (0, 6), "heads mqa": (2, 6), "mask window": (4, 16),
     },
     "encoding negative_eigenvalues": {
         "cells": (4, 4), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel sdpa": (4, 4),

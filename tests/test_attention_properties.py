@@ -313,6 +313,10 @@ COMBINATIONS = {
     "rope_fraction+gate+qk_norm": dict(position="rope", rope_fraction=0.25, gate="elementwise", qk_norm=True),
     # Llama 4's NoPE layers: the queries' temperature after QK-norm, which would undo it
     "none+query_temperature+qk_norm": dict(position="none", query_temperature=4, qk_norm=True),
+    # Gemma 4's global layers: the values are the keys before QK-norm and rotary turn them (the cache keeps both)
+    "k_eq_v+rope+qk_norm": dict(k_eq_v=True, position="rope", qk_norm=True),
+    # keys the encodings leave as projected: the cache keeps them alone, beside the forget gate's state per key
+    "k_eq_v+alibi+forget_gate": dict(k_eq_v=True, position="alibi", forget_gate=True),
 }
 ENCODINGS |= COMBINATIONS
 
@@ -522,6 +526,10 @@ def assert_decodes_like_full_recomputation(model, make_step, prompts, device, to
             if any(config.cache_widths):  # a KV cache (a linear layer keeps a state of fixed size instead)
                 failures.check(held == {capacity}, f"the cache holds {held} positions, not {capacity}")
             bounded = cache.nbytes()
+            # what the plan and the reports count (cache_widths x capacities, the states) is what the cache holds
+            size = cache.buffers()[0].element_size() if cache.buffers() else 4
+            failures.check(bounded == B * config.decoding_bytes(size), f"the cache holds {bounded} bytes, but the plan "
+                           f"counts {B * config.decoding_bytes(size)} (cache_widths x capacities, the states)")
             step = make_step(model, cache, B)
             for t in range(prompt, total):
                 failures.compare(step(idx[:, t : t + 1], t), full[:, t], DECODE_ATOL, 0, f"position {t}")

@@ -31,6 +31,7 @@ from training.loop import train
         (dict(position="rope", qk_norm=True, sinks=True, window=4),
          ["model.window=4", "model.position=rope", "model.qk_norm=true", "model.sinks=true"]),
         (dict(n_kv_head=1), []),  # grouped-query: the same function in GPT-2's multi-head form
+        (dict(k_eq_v=True), []),  # keys equal to values: the values written as the keys, the same function
         (dict(), []),
     ],
 )  # fmt: skip
@@ -74,6 +75,19 @@ def test_export_of_a_rope_model_is_one_line_and_writes_nothing(rope_run, tmp_pat
 # repeated to n_head (the same function), as a uniform n_kv_head is.
 KV_SCHEDULE = dict(n_layer=3, n_head=4, n_embd=32, layer_pattern="LLG",
                    layer_kinds={"L": {"n_kv_head": 1}, "G": {"n_kv_head": 2}})  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", GPT2_LAYOUTS)
+def test_keys_equal_to_values_export_the_same_function(layout, tmp_path):
+    """GPT-2 holds no encoding that turns keys before they serve as values (learned positions, no QK-norm): its
+    c_attn holds model.k_eq_v with the values written as the keys, grouped-query heads repeated."""
+    transformers = pytest.importorskip("transformers")
+    model = sharp_gpt(attention=layout, n_layer=2, n_head=4, n_embd=32, n_kv_head=2, k_eq_v=True)
+    export_hf_gpt2(model, tmp_path / "hf", eot_id=None)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model(idx, idx)[0], rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("layout", GPT2_LAYOUTS)

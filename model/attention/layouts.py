@@ -4,6 +4,12 @@
 - ``separate_qkv``: three Linear projections, reshaped into heads.
 - ``fused_qkv``: one Linear projection, split into q, k, v.
 
+With ``model.k_eq_v`` (keys equal to values, Gemma 4's ``attention_k_eq_v``) each layout projects no values: a key/value
+head's values are its keys as projected, before QK-norm and rotary turn the keys (Gemma 4's order). The wrapper's heads
+and separate_qkv have no ``value`` Linear, fused_qkv's ``c_attn_qk`` stacks [query; key]; in the common form the values
+are None (``QKV``: the keys serve as values), so layouts convert exactly. Where the encodings leave the keys as
+projected (no QK-norm, no rotary) the KV cache keeps the keys alone (``keys_only``), and the plan counts one tensor.
+
 Queries have ``n_head`` heads; keys and values ``n_kv_head`` (grouped-query attention: each group of
 n_head / n_kv_head query heads shares one key/value head; 1 is multi-query; n_head, the default, is
 multi-head). All three concatenate the query heads' outputs (head h in columns h*head_dim ... (h+1)*head_dim) and
@@ -22,10 +28,37 @@ import re
 import torch
 from torch import nn
 
+from model import registry
 from model.attention.differential import DifferentialHeads
 from model.attention.pipeline import PROJECTIONS, QKV, KeyGroup, MultiHeadAttention
 from model.attention.spec import AttentionSpec
 from model.registry import MIXERS, register
+
+
+def keys_only(spec: AttentionSpec) -> bool:
+    """Whether a KV cache keeps the keys alone: keys equal to values, and the encodings leave the keys as projected (no
+    QK-norm, no rotary), so the cached keys are the values. Under QK-norm or rotary the values are the keys before
+    them (Gemma 4's), which the cached keys no longer are: the cache keeps both (as Gemma 4's does)."""
+    return spec.k_eq_v and not spec.qk_norm and not registry.position(spec.position).turns_queries_keys
+
+
+def kv_tensors(spec: AttentionSpec) -> int:
+    """The tensors a KV cache keeps per key/value head: keys and values, or the keys alone (``keys_only``)."""
+    return 1 if keys_only(spec) else 2
+
+
+def key_group(slot: int, k: torch.Tensor, v: torch.Tensor | None, calls: list, keys_alone: bool,
+              qk: torch.Tensor | None = None) -> KeyGroup:  # fmt: skip
+    """A projection's key group; ``v`` None: the values are the keys as projected (model.k_eq_v), and where the cache
+    keeps the keys alone (``keys_alone``) they go to it as a zero-wide tensor (``keys_values`` reads the keys back)."""
+    if v is None:
+        v = k[..., :0] if keys_alone else k
+    return KeyGroup(slot, k, v, calls, qk)
+
+
+def values_read_from_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layout's ``keys_values``: a zero-wide value (``key_group``) says the cached keys are the values."""
+    return (k, k) if v.size(-1) == 0 else (k, v)
 
 
 class CausalAttentionHead(nn.Module):
@@ -36,20 +69,22 @@ class CausalAttentionHead(nn.Module):
     the other heads of the group own only a query and read the group's keys and values.
     """
 
-    def __init__(self, n_embd: int, head_dim: int, bias: bool, owns_kv: bool = True) -> None:
+    def __init__(self, n_embd: int, head_dim: int, bias: bool, owns_kv: bool = True, k_eq_v: bool = False) -> None:
         super().__init__()
         self.query = nn.Linear(n_embd, head_dim, bias=bias)
+        self.value = None  # keys equal to values: the keys serve
         if owns_kv:
             self.key = nn.Linear(n_embd, head_dim, bias=bias)
-            self.value = nn.Linear(n_embd, head_dim, bias=bias)
+            if not k_eq_v:
+                self.value = nn.Linear(n_embd, head_dim, bias=bias)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """This head's queries, (B, 1, T, hd): a head axis of size 1 lets every kernel serve single heads too."""
         return self.query(x).unsqueeze(1)
 
-    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This head's group's keys and values, (B, 1, T, hd) each."""
-        return self.key(x).unsqueeze(1), self.value(x).unsqueeze(1)
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This head's group's keys and values, (B, 1, T, hd) each; values None where they are the keys."""
+        return self.key(x).unsqueeze(1), None if self.value is None else self.value(x).unsqueeze(1)
 
 
 def kv_heads_of(qkv: QKV, n_head: int) -> int:
@@ -70,6 +105,7 @@ class WrapperAttention(MultiHeadAttention):
     name, colour, marker = "wrapper", "tab:blue", "o"
     QKV_KEY = re.compile(r"heads\.(?P<head>\d+)\.(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "heads.N.query"
+    projection_options = frozenset({"n_kv_head", "k_eq_v"})  # key/value heads, keys equal to values
     # Its heads attend one by one: differential attention combines a pair's two maps, which one call must hold
     cannot_hold = dict.fromkeys(("differential", "lambda_init"), "its heads attend one at a time, and differential "
                                 "attention combines a pair of heads' maps")  # fmt: skip
@@ -80,7 +116,7 @@ class WrapperAttention(MultiHeadAttention):
 
     @classmethod
     def kv_width(cls, spec: AttentionSpec) -> int:
-        return 2 * spec.kv_heads * spec.head_dim  # a key and a value per key/value group
+        return kv_tensors(spec) * spec.kv_heads * spec.head_dim  # a key and a value per key/value group (or the key)
 
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
@@ -90,16 +126,20 @@ class WrapperAttention(MultiHeadAttention):
         super().__init__(spec)
         group = spec.n_head // spec.kv_heads
         self.heads = nn.ModuleList(
-            CausalAttentionHead(spec.n_embd, spec.head_dim, spec.bias, owns_kv=h % group == 0)
+            CausalAttentionHead(spec.n_embd, spec.head_dim, spec.bias, owns_kv=h % group == 0, k_eq_v=spec.k_eq_v)
             for h in range(spec.n_head)
         )
+        self.keys_alone = keys_only(spec)
 
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """Each key/value group's notes (its first head's keys and values), read by each of its heads alone."""
         group, heads = self.n_head // self.n_kv_head, list(self.heads)  # not heads[h]: slow
-        return [KeyGroup(g, *heads[g * group].keys_values(x),
-                         [(h, heads[h].queries(x)) for h in range(g * group, (g + 1) * group)])
+        return [key_group(g, *heads[g * group].keys_values(x),
+                          [(h, heads[h].queries(x)) for h in range(g * group, (g + 1) * group)], self.keys_alone)
                 for g in range(self.n_kv_head)]  # fmt: skip
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return values_read_from_keys(k, v)
 
     @classmethod
     def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
@@ -110,16 +150,17 @@ class WrapperAttention(MultiHeadAttention):
             m = cls.QKV_KEY.match(name)
             per_head.setdefault((m["kind"], m["proj"]), {})[int(m["head"])] = tensor
         qkv = {}
+        k_eq_v = not any(proj == "value" for _, proj in per_head)  # no values anywhere: the keys serve (model.k_eq_v)
         for kind in sorted({kind for kind, _ in per_head}):
             parts = []
-            for proj in PROJECTIONS:
+            for proj in PROJECTIONS[:2] if k_eq_v else PROJECTIONS:
                 heads = per_head.get((kind, proj))
                 if heads is None:
                     raise ValueError(f"the attention has no heads.*.{proj}.{kind}; the state dict is incomplete")
                 if proj == "query" and sorted(heads) != list(range(len(heads))):
                     raise ValueError(f"heads.*.{proj}.{kind}: head indices {sorted(heads)} are not 0..{len(heads) - 1}")
                 parts.append(torch.cat([heads[h] for h in sorted(heads)], dim=0))
-            qkv[kind] = tuple(parts)
+            qkv[kind] = (*parts, None) if k_eq_v else tuple(parts)
         return qkv
 
     @classmethod
@@ -127,7 +168,7 @@ class WrapperAttention(MultiHeadAttention):
         # each head's query, and each key/value group's key and value (owned by its first head), a matrix apiece
         group, hd = spec.n_head // spec.kv_heads, spec.head_dim
         rows = {f"heads.{h}.query.weight": [("query", h, 0, hd)] for h in range(spec.n_head)}
-        for proj in ("key", "value"):
+        for proj in ("key",) if spec.k_eq_v else ("key", "value"):
             rows.update({f"heads.{g * group}.{proj}.weight": [(proj, g, 0, hd)] for g in range(spec.kv_heads)})
         return rows
 
@@ -150,6 +191,8 @@ class WrapperAttention(MultiHeadAttention):
             for h, part in enumerate(q.chunk(n_head, dim=0)):
                 out[f"heads.{h}.query.{kind}"] = part.clone()
             for proj, full in (("key", k), ("value", v)):
+                if full is None:  # keys equal to values: no value projection
+                    continue
                 for g, part in enumerate(full.chunk(n_kv, dim=0)):
                     out[f"heads.{g * group}.{proj}.{kind}"] = part.clone()
         return out
@@ -158,9 +201,12 @@ class WrapperAttention(MultiHeadAttention):
 class SplitHeadsAttention(MultiHeadAttention):
     """Layouts that project full-width q, k, v, then split them into heads for one kernel call."""
 
+    projection_options = frozenset({"n_kv_head", "k_eq_v"})  # key/value heads, keys equal to values
+
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         self.kv_width = spec.kv_heads * spec.head_dim
+        self.k_eq_v, self.keys_alone = spec.k_eq_v, keys_only(spec)
 
     @classmethod
     def score_widths(cls, spec: AttentionSpec) -> tuple[int, int]:
@@ -168,22 +214,25 @@ class SplitHeadsAttention(MultiHeadAttention):
 
     @classmethod
     def kv_width(cls, spec: AttentionSpec) -> int:
-        return 2 * spec.kv_heads * spec.head_dim  # a key and a value per key/value head
+        return kv_tensors(spec) * spec.kv_heads * spec.head_dim  # a key and a value per key/value head (or the key)
 
     @staticmethod
     def initial_tensor(name: str, template: torch.Tensor) -> torch.Tensor | None:
         """Its own initial draws (``GPT.reset_parameters``): differential attention's lambda vectors."""
         return DifferentialHeads.initial(name, template)
 
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, T, C), k and v (B, T, kv_width)."""
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q (B, T, C), k and v (B, T, kv_width); v None where the keys are the values (model.k_eq_v)."""
         raise NotImplementedError
 
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """Full-width q, k, v, split into heads: one key group, one call of every head."""
         q, k, v = self.projections(x)
-        return [KeyGroup(0, self.split_heads(k, self.n_kv_head), self.split_heads(v, self.n_kv_head),
-                         [(0, self.split_heads(q, self.n_head))])]  # fmt: skip
+        return [key_group(0, self.split_heads(k, self.n_kv_head), None if v is None else self.split_heads(
+            v, self.n_kv_head), [(0, self.split_heads(q, self.n_head))], self.keys_alone)]  # fmt: skip
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return values_read_from_keys(k, v)
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         B, T, _ = t.shape
@@ -200,11 +249,12 @@ class SeparateQKVAttention(SplitHeadsAttention):
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         for name, width in zip(self.LINEARS, (spec.n_embd, self.kv_width, self.kv_width)):
-            setattr(self, name, nn.Linear(spec.n_embd, width, bias=spec.bias))
+            setattr(self, name, None if name == "value" and spec.k_eq_v else nn.Linear(spec.n_embd, width,
+                                                                                      bias=spec.bias))  # fmt: skip
 
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         q, k, v = (getattr(self, name) for name in self.LINEARS)
-        return q(x), k(x), v(x)
+        return q(x), k(x), None if v is None else v(x)
 
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
@@ -212,28 +262,32 @@ class SeparateQKVAttention(SplitHeadsAttention):
 
     @classmethod
     def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
-        hd, heads = spec.head_dim, (spec.n_head, spec.kv_heads, spec.kv_heads)
+        hd, heads = spec.head_dim, (spec.n_head, spec.kv_heads, 0 if spec.k_eq_v else spec.kv_heads)
         return {f"{linear}.weight": [(proj, h, h * hd, (h + 1) * hd) for h in range(n)]
-                for linear, proj, n in zip(cls.LINEARS, PROJECTIONS, heads)}  # fmt: skip
+                for linear, proj, n in zip(cls.LINEARS, PROJECTIONS, heads) if n}  # fmt: skip
 
     @classmethod
     def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
         kinds = sorted({name.split(".")[1] for name in params})
+        k_eq_v = not any(name.startswith(f"{cls.LINEARS[2]}.") for name in params)  # no values: the keys serve
+        linears = cls.LINEARS[:2] if k_eq_v else cls.LINEARS
         for kind in kinds:
-            missing = [p for p in cls.LINEARS if f"{p}.{kind}" not in params]
+            missing = [p for p in linears if f"{p}.{kind}" not in params]
             if missing:
                 raise ValueError(f"the attention has no {missing} {kind}; the state dict is incomplete")
-        return {kind: tuple(params[f"{p}.{kind}"] for p in cls.LINEARS) for kind in kinds}
+        return {kind: (*(params[f"{p}.{kind}"] for p in linears), *((None,) if k_eq_v else ())) for kind in kinds}
 
     @classmethod
     def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
-        return {f"{p}.{kind}": t.clone() for kind, tensors in qkv.items() for p, t in zip(cls.LINEARS, tensors)}
+        return {f"{p}.{kind}": t.clone() for kind, tensors in qkv.items() for p, t in zip(cls.LINEARS, tensors)
+                if t is not None}  # fmt: skip
 
 
 @register(MIXERS)
 class FusedQKVAttention(SplitHeadsAttention):
     name, colour, marker = "fused_qkv", "tab:green", "^"
-    QKV_KEY = re.compile(r"c_attn\.(?P<kind>weight|bias)$")
+    # c_attn stacks [query; key; value]; with keys equal to values, c_attn_qk stacks [query; key] (the name says which)
+    QKV_KEY = re.compile(r"c_attn(?P<k_eq_v>_qk)?\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "c_attn"
     canonical = True  # GPT-2's own form
 
@@ -243,44 +297,65 @@ class FusedQKVAttention(SplitHeadsAttention):
 
     @classmethod
     def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
-        # c_attn stacks [query; key; value] by rows, each by head
+        # c_attn stacks [query; key; value] by rows, each by head (c_attn_qk [query; key])
         hd, starts = spec.head_dim, (0, spec.n_embd, spec.n_embd + spec.kv_heads * spec.head_dim)
-        heads = (spec.n_head, spec.kv_heads, spec.kv_heads)
-        return {"c_attn.weight": [(proj, h, start + h * hd, start + (h + 1) * hd)
-                                  for proj, start, n in zip(PROJECTIONS, starts, heads) for h in range(n)]}
+        heads = (spec.n_head, spec.kv_heads, 0 if spec.k_eq_v else spec.kv_heads)
+        return {fused_name(spec.k_eq_v) + ".weight": [(proj, h, start + h * hd, start + (h + 1) * hd)
+                                                          for proj, start, n in zip(PROJECTIONS, starts, heads)
+                                                          for h in range(n)]}  # fmt: skip
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        self.c_attn = nn.Linear(spec.n_embd, spec.n_embd + 2 * self.kv_width, bias=spec.bias)
+        self.fused = fused_name(spec.k_eq_v)  # the Linear's name: c_attn, or c_attn_qk without values
+        setattr(self, self.fused, nn.Linear(spec.n_embd, spec.n_embd + kv_parts(spec.k_eq_v) * self.kv_width,
+                                            bias=spec.bias))  # fmt: skip
 
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.c_attn(x).split([x.size(-1), self.kv_width, self.kv_width], dim=-1)
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        q, k, *v = getattr(self, self.fused)(x).split([x.size(-1), *[self.kv_width] * kv_parts(self.k_eq_v)], dim=-1)
+        return q, k, v[0] if v else None
 
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """As every layout that splits heads, with its queries and keys side by side in c_attn's output, as one
         tensor of heads: the encodings turn them in one call."""
         B, T, C = x.shape
-        qk, v = self.c_attn(x).split([C + self.kv_width, self.kv_width], dim=-1)
+        qk, *v = getattr(self, self.fused)(x).split([C + self.kv_width, *[self.kv_width] * (not self.k_eq_v)], dim=-1)
         qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = qk.split([self.n_head, self.n_kv_head], dim=1)
-        return [KeyGroup(0, k, self.split_heads(v, self.n_kv_head), [(0, q)], qk)]
+        v = self.split_heads(v[0], self.n_kv_head) if v else None
+        return [key_group(0, k, v, [(0, q)], self.keys_alone, qk)]
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
-        # c_attn stacks [query; key; value] by rows: n_embd rows of queries, then two equal parts.
+        # c_attn stacks [query; key; value] by rows: n_embd rows of queries, then two equal parts; c_attn_qk
+        # [query; key], the keys also the values (None in the common form)
         out = {}
         for name, t in params.items():
-            rows = t.size(0)
+            rows, module = t.size(0), name.split(".")[0]
+            parts = kv_parts(module == fused_name(True))
             width = t.size(1) if t.dim() == 2 else None
             if width is None:  # a bias: its weight says how wide the queries are
                 weight = params.get(name.replace("bias", "weight"))
-                width = weight.size(1) if weight is not None else rows // 3
-            kv = (rows - width) // 2
-            if width + 2 * kv != rows:
-                raise ValueError(f"c_attn has {rows} rows for width {width}: not queries and two equal key/value parts")
-            out[name.split(".")[1]] = tuple(t.split([width, kv, kv], dim=0))
+                width = weight.size(1) if weight is not None else rows // (parts + 1)
+            kv = (rows - width) // parts
+            if width + parts * kv != rows:
+                raise ValueError(f"{module} has {rows} rows for width {width}: not queries and {parts} equal "
+                                 f"key/value parts")  # fmt: skip
+            split = t.split([width, *[kv] * parts], dim=0)
+            out[name.split(".")[1]] = split if parts == 2 else (*split, None)
         return out
 
     @staticmethod
     def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
-        return {f"c_attn.{kind}": torch.cat(tensors, dim=0) for kind, tensors in qkv.items()}
+        return {f"{fused_name(tensors[2] is None)}.{kind}": torch.cat([t for t in tensors if t is not None], dim=0)
+                for kind, tensors in qkv.items()}  # fmt: skip
+
+
+def fused_name(k_eq_v: bool) -> str:
+    """fused_qkv's Linear: ``c_attn`` stacks [query; key; value], ``c_attn_qk`` [query; key] (keys equal to values):
+    the name says which, so a state dict converts without its config."""
+    return "c_attn_qk" if k_eq_v else "c_attn"
+
+
+def kv_parts(k_eq_v: bool) -> int:
+    """The key/value parts a projection stacks after the queries: keys and values, or the keys alone."""
+    return 1 if k_eq_v else 2

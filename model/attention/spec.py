@@ -52,6 +52,9 @@ class AttentionSpec:
     dropout: float = option(0.0, 0.25, per_layer=False, labelled=False)
     bias: bool = True
     n_kv_head: int | None = option(None, 2, values=(1,))  # None: n_head (multi-head); 1: multi-query
+    # keys equal to values (Gemma 4's attention_k_eq_v): one key/value projection, each key/value head's values the
+    # keys as projected, before QK-norm and rotary turn the keys (model.attention.layouts)
+    k_eq_v: bool = option(False, True)
     window: int | None = option(None, 3)  # None: every earlier position
     # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
     attention_chunk: int | None = option(None, 3)

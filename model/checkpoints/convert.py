@@ -66,7 +66,8 @@ def convert_attention_layout(
     ``n_head`` is needed only to split heads when converting *to* a layout of single heads (the wrapper)
     from one whose parameters do not say how many heads they have (``heads_in``: a wrapper's do).
     ``as_multi_head`` writes grouped-query keys and values as the multi-head equivalent: each
-    key/value head repeated for every query head of its group (the same function; e.g. for GPT-2).
+    key/value head repeated for every query head of its group, and keys equal to values (model.k_eq_v) with the
+    keys written as the values too (the same function; e.g. for GPT-2).
     """
     src_cls, dst_cls = registry.mixer(src), registry.mixer(dst)
     check_converts(src, dst)
@@ -144,12 +145,14 @@ def initial_form(layout: str) -> str:
 
 
 def repeated_kv(qkv: QKV, n_head: int | None) -> QKV:
-    """The common form with each key/value head repeated for the query heads of its group (multi-head)."""
+    """The common form with each key/value head repeated for the query heads of its group (multi-head); values that
+    are the keys (None: model.k_eq_v) written as a copy of them."""
     if n_head is None:
         raise ValueError("repeating key/value heads needs n_head=<number of query heads>")
     group = n_head // kv_heads_of(qkv, n_head)
     out = {}
     for kind, (q, k, v) in qkv.items():
         head_dim = q.size(0) // n_head
-        out[kind] = (q, *(t.unflatten(0, (-1, head_dim)).repeat_interleave(group, dim=0).flatten(0, 1) for t in (k, v)))
+        out[kind] = (q, *(t.unflatten(0, (-1, head_dim)).repeat_interleave(group, dim=0).flatten(0, 1)
+                          for t in (k, k if v is None else v)))  # fmt: skip
     return out

@@ -26,10 +26,11 @@ HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # what GPT2LMHeadMod
 # GPT-2's activation is the tanh approximation of GELU ("gelu_new" in transformers), as headlab's MLP.
 HF_ACTIVATION = "gelu_new"
 # The attention options (model.attention.options) GPT-2's format holds set away from their off values: grouped
-# key/value heads (written repeated per query head, the same function) and dropout (training's, no part of the
-# function). Every other option set is refused: the specific ones with why (below), any other, a new one included, as
-# having no place.
-GPT2_HOLDS = frozenset({"n_kv_head", "dropout"})
+# key/value heads (written repeated per query head, the same function), keys equal to values (the values written as
+# the keys, the same function: GPT-2 holds no encoding that turns keys before they serve as values) and dropout
+# (training's, no part of the function). Every other option set is refused: the specific ones with why (below), any
+# other, a new one included, as having no place.
+GPT2_HOLDS = frozenset({"n_kv_head", "k_eq_v", "dropout"})
 
 
 def what_gpt2_cannot_hold(config) -> list[str]:
@@ -100,7 +101,7 @@ def gpt2_form(config):
     which the conversion writes repeated per query head, so one uniform model of layer 0's fields is each
     layer's."""
     return replace(config.layer_config(0), attention="fused_qkv", kernel="sdpa", sdpa_backend="auto",
-                   n_kv_head=None)  # fmt: skip
+                   n_kv_head=None, k_eq_v=False)  # fmt: skip
 
 
 def repeated_heads(config) -> list[str]:
