@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-import bench
+from measuring import bench_command, cells, decode_speed, step_figures, step_times
 
 TINY = ["--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2", "--n-layer", "1", "--vocab-size", "64",
         "--min-run-time", "0.01", "--device", "cpu"]  # fmt: skip
@@ -21,19 +21,19 @@ def read_csv(folder) -> tuple[list[str], list[dict]]:
 
 
 def test_a_default_grid_writes_the_columns_it_always_had(tmp_path):
-    bench.main([*TINY, "--layouts", "fused_qkv", "--kernels", "sdpa", "--out", str(tmp_path)])
+    bench_command.main([*TINY, "--layouts", "fused_qkv", "--kernels", "sdpa", "--out", str(tmp_path)])
     header, _ = read_csv(tmp_path)
-    assert header == bench.FIELDS
+    assert header == step_times.FIELDS
     table = (tmp_path / "bench.md").read_text()
     assert "position" not in table and "sinks" not in table and "latent" not in table
 
 
 def test_the_new_axes_are_a_grid_with_one_labelled_row_per_cell(tmp_path):
-    rows = bench.main([*TINY, "--layouts", "fused_qkv", "mla", "--kernels", "manual", "--position", "learned", "rope",
-                       "--qk-norm", "off", "on", "--sinks", "on", "--softcap", "30", "--kv-latent", "8",
-                       "--out", str(tmp_path)])  # fmt: skip
+    rows = bench_command.main([*TINY, "--layouts", "fused_qkv", "mla", "--kernels", "manual", "--position", "learned",
+                               "rope", "--qk-norm", "off", "on", "--sinks", "on", "--softcap", "30", "--kv-latent", "8",
+                               "--out", str(tmp_path)])  # fmt: skip
     assert len(rows) == 2 * 2 * 2, "layout x position x qk-norm"
-    labels = [bench.cell_label(r, bench.varied(rows)) for r in rows]
+    labels = [cells.cell_label(r, cells.varied(rows)) for r in rows]
     assert labels == [
         "fused_qkv-manual-learned-softcap30-sinks", "fused_qkv-manual-learned-qknorm-softcap30-sinks",
         "fused_qkv-manual-rope-softcap30-sinks", "fused_qkv-manual-rope-qknorm-softcap30-sinks",
@@ -41,14 +41,14 @@ def test_the_new_axes_are_a_grid_with_one_labelled_row_per_cell(tmp_path):
         "mla-manual-latent8-ropedim4-rope-softcap30-sinks", "mla-manual-latent8-ropedim4-rope-qknorm-softcap30-sinks",
     ]  # fmt: skip
     header, csv_rows = read_csv(tmp_path)
-    assert header[: len(bench.FIELDS)] == bench.FIELDS
-    assert header[len(bench.FIELDS) :] == ["position", "qk_norm", "softcap", "sinks", "kv_latent", "rope_head_dim"]
+    assert header[: len(step_times.FIELDS)] == step_times.FIELDS
+    assert header[len(step_times.FIELDS) :] == ["position", "qk_norm", "softcap", "sinks", "kv_latent", "rope_head_dim"]
     assert [r["kv_latent"] for r in csv_rows] == [""] * 4 + ["8"] * 4
     assert all(float(r["step_ms"]) > 0 for r in csv_rows)
     table = (tmp_path / "bench.md").read_text().splitlines()
     assert table[2].startswith("| layout | kernel | position | qk norm | softcap | sinks | kv latent | rope head dim |")
     # One sequence length: a bar per cell, its label on its tick; the axis says what a label's parts are.
-    ax = bench.figure(rows, "tiny", "forward+backward").axes[0]
+    ax = step_figures.figure(rows, "tiny", "forward+backward").axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"{label}, eager" for label in labels]
     assert ax.get_ylabel().startswith("layout-kernel-latent<dims>-ropedim<dims>-<position>-qknorm")
 
@@ -68,23 +68,23 @@ def test_the_new_axes_are_a_grid_with_one_labelled_row_per_cell(tmp_path):
 )  # fmt: skip
 def test_a_cell_the_model_refuses_is_one_line_before_any_work(args, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
-        bench.main([*TINY, *args, "--out", str(tmp_path / "out")])
+        bench_command.main([*TINY, *args, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 
 def test_decode_mode_reports_tokens_per_second_at_each_context_multiple(tmp_path):
-    rows = bench.main([*TINY, "--mode", "decode", "--layouts", "fused_qkv", "--kernels", "sdpa", "--position",
-                       "learned", "rope", "--window", "4", "--context-multiples", "1", "2", "4", "--repeats", "2",
-                       "--out", str(tmp_path)])  # fmt: skip
+    rows = bench_command.main([*TINY, "--mode", "decode", "--layouts", "fused_qkv", "--kernels", "sdpa", "--position",
+                               "learned", "rope", "--window", "4", "--context-multiples", "1", "2", "4", "--repeats",
+                               "2", "--out", str(tmp_path)])  # fmt: skip
     assert [(r["position"], r["context_multiple"], r["position_at"]) for r in rows] == [
         (p, m, 8 * m) for p in ("learned", "rope") for m in (1, 2, 4)]
     for r in rows:
         assert r["tokens_per_sec_min"] <= r["tokens_per_sec"] <= r["tokens_per_sec_max"] and r["passes"] == 2
         assert r["ms_per_token"] == pytest.approx(1e3 / r["tokens_per_sec"]) and r["median_step_ms"] > 0
     header, csv_rows = read_csv(tmp_path)
-    assert header == bench.DECODE_FIELDS and len(csv_rows) == 6
+    assert header == decode_speed.DECODE_FIELDS and len(csv_rows) == 6
     text = (tmp_path / "bench.md").read_text()
     assert text.startswith("decode on ") and "threads" in text.splitlines()[0], "the machine is named"
     assert "- fused_qkv-sdpa-window4-rope, block_size 8: tokens/s at 4x block_size is " in text

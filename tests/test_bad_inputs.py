@@ -13,7 +13,6 @@ import pytest
 import torch
 from helpers import DEAD_PID, TINY, compose_train, read_metrics, tiny_gpt_config
 
-import bench
 import compare
 import evaluate
 import export
@@ -22,6 +21,7 @@ import sample
 from data.config import DataConfig
 from data.loader import PreparedData
 from data.prepare import prepare
+from measuring import bench_command
 from model import GPT, Checkpoint
 from model.checkpoints.checkpoint import load_checkpoint
 from training.loop import train
@@ -279,7 +279,7 @@ def test_a_bad_evaluate_option_is_one_line_naming_it(trained_run, data_cache, op
 @pytest.mark.parametrize("option,value", BENCH)
 def test_a_bad_bench_option_is_one_line_naming_it(option, value, capsys):
     with pytest.raises(SystemExit):
-        bench.parse_args([option, value])
+        bench_command.parse_args([option, value])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     one_line_naming(last, option)
 

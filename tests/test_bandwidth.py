@@ -95,7 +95,7 @@ def test_the_context_lengths_are_those_generation_reads(position, prompt, monkey
 def test_the_benchmarks_decode_rate_leaves_out_the_first_decode_step():
     """Its set-up (a graph captured, a step compiled) is said apart, as sample.py says it: a compilation at every
     generation once made compiled decoding's rate look ten times slower than its steps."""
-    from bench_reference import split_times
+    from measuring.generation_reference import split_times
 
     first, setup, rate = split_times(0.0, [1.0, 3.0, 3.1, 3.2, 3.3], tokens=2)  # moments the steps' tokens came out
     assert (first, setup) == (1.0, 2.0) and rate == pytest.approx(3 * 2 / 0.3)

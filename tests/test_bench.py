@@ -7,15 +7,15 @@ import itertools
 
 import pytest
 
-import bench
-from bench_reference import PLAIN_KERNELS, PLAIN_LAYOUTS
+from measuring import bench_command, noise, step_figures
+from measuring.plain_attention import PLAIN_KERNELS, PLAIN_LAYOUTS
 from model.registry import MIXERS
 
 
 @pytest.mark.parametrize("mode", ["block", "gpt"])
 @pytest.mark.slow
 def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
-    bench.main([
+    bench_command.main([
         "--mode", mode, "--seq-len", "8", "16", "--batch", "2", "--n-embd", "16", "--n-head", "2",
         "--n-layer", "1", "--vocab-size", "64", "--min-run-time", "0.01", "--device", "cpu",
         "--out", str(tmp_path),
@@ -23,7 +23,7 @@ def test_tiny_grid_writes_one_row_per_cell(mode, tmp_path, capfd):
     with open(tmp_path / "bench.csv") as f:
         rows = list(csv.DictReader(f))
     cells = {(r["layout"], r["kernel"], r["compile"], r["seq_len"]) for r in rows}
-    defaults = bench.parse_args([])  # the default grid: GPT-2's layouts x the default kernels
+    defaults = bench_command.parse_args([])  # the default grid: GPT-2's layouts x the default kernels
     expected = {(lay, ker, "eager", t) for lay in defaults.layouts for ker in defaults.kernels for t in ("8", "16")}
     assert len(rows) == len(expected) and cells == expected
     for r in rows:
@@ -46,7 +46,7 @@ def test_each_plain_reference_computes_its_blocks_function_with_its_weights(layo
     # the same weights (the reference holds the block's own projections), at lengths 1 to past a few heads' widths.
     import torch
 
-    from bench_reference import plain_twin
+    from measuring.plain_attention import plain_twin
     from model import GPTConfig
     from model.attention import attention_of
 
@@ -62,9 +62,9 @@ def test_each_plain_reference_computes_its_blocks_function_with_its_weights(layo
 
 
 def test_plain_mode_prints_each_cells_ratios_with_their_range(tmp_path, capsys):
-    rows = bench.main(["--mode", "plain", "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
-                       "--min-run-time", "0.01", "--repeats", "2", "--device", "cpu",
-                       "--out", str(tmp_path)])  # fmt: skip
+    rows = bench_command.main(["--mode", "plain", "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+                               "--min-run-time", "0.01", "--repeats", "2", "--device", "cpu",
+                               "--out", str(tmp_path)])  # fmt: skip
     cells = set(itertools.product(PLAIN_LAYOUTS, PLAIN_KERNELS))
     assert {(r["layout"], r["kernel"]) for r in rows} == cells
     for r in rows:
@@ -78,9 +78,9 @@ def test_plain_mode_prints_each_cells_ratios_with_their_range(tmp_path, capsys):
 
 @pytest.mark.slow  # 6 s of compiling; test_compile.py compiles a GPT in the default tier
 def test_compiled_cells_run(tmp_path):
-    rows = bench.main(["--layouts", "fused_qkv", "--kernels", "sdpa", "--compile", "eager", "compiled",
-                       "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
-                       "--min-run-time", "0.01", "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    rows = bench_command.main(["--layouts", "fused_qkv", "--kernels", "sdpa", "--compile", "eager", "compiled",
+                               "--seq-len", "8", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+                               "--min-run-time", "0.01", "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
     assert [r["compile"] for r in rows] == ["eager", "compiled"]
     assert rows[0]["compile_s"] is None and rows[1]["compile_s"] > 0, "compilation timed apart, per cell"
     assert "range over passes" not in (tmp_path / "bench.md").read_text(), "one pass: no range column"
@@ -106,16 +106,16 @@ def test_compiled_cells_run(tmp_path):
 )
 def test_unknown_grid_values_are_refused(args, message, capsys):
     with pytest.raises(SystemExit):
-        bench.main(args)
+        bench_command.main(args)
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, "one line, not the usage block first"
 
 
 def test_noisy_passes_are_named_per_measurement_with_their_figures():
     quiet = {"forward_spread": 0.05, "step_spread": 0.02}
-    assert bench.noise_warnings([quiet, quiet], "train step") == ""
+    assert noise.noise_warnings([quiet, quiet], "train step") == ""
     noisy = [quiet, {"forward_spread": 0.3, "step_spread": 0.12}, {"forward_spread": 0.01, "step_spread": 0.26}]
-    assert bench.noise_warnings(noisy, "train step") == (
+    assert noise.noise_warnings(noisy, "train step") == (
         "forward: interquartile range 30% of the median in 1 of 3 pass(es), a noisy measurement; "
         "train step: interquartile range 12%, 26% of the median in 2 of 3 pass(es), a noisy measurement"
     )
@@ -124,10 +124,10 @@ def test_noisy_passes_are_named_per_measurement_with_their_figures():
 @pytest.fixture(scope="module")
 def kernel_rows(tmp_path_factory):
     """A tiny real grid: the manual kernel and SDPA held to flash, with 1 and 2 key/value heads."""
-    return bench.main(["--layouts", "fused_qkv", "--kernels", "manual", "sdpa_flash", "--kv-heads", "1", "2",
-                       "--seq-len", "8", "16", "--batch", "1", "--n-embd", "16", "--n-head", "2",
-                       "--min-run-time", "0.01", "--device", "cpu",
-                       "--out", str(tmp_path_factory.mktemp("bench"))])  # fmt: skip
+    return bench_command.main(["--layouts", "fused_qkv", "--kernels", "manual", "sdpa_flash", "--kv-heads", "1", "2",
+                               "--seq-len", "8", "16", "--batch", "1", "--n-embd", "16", "--n-head", "2",
+                               "--min-run-time", "0.01", "--device", "cpu",
+                               "--out", str(tmp_path_factory.mktemp("bench"))])  # fmt: skip
 
 
 def y_tick_labels(fig) -> list[str]:
@@ -139,7 +139,7 @@ def y_tick_labels(fig) -> list[str]:
 
 
 def test_the_plot_legend_names_cells_as_training_names_runs_with_handles_long_enough_to_show_dashes(kernel_rows):
-    fig = bench.figure(kernel_rows, "tiny", "forward+backward")
+    fig = step_figures.figure(kernel_rows, "tiny", "forward+backward")
     legend = fig.axes[0].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == [
         "fused_qkv-manual-kv1, eager", "fused_qkv-manual-kv2, eager",
@@ -156,7 +156,7 @@ def test_the_log_time_axis_labels_at_least_four_values_whatever_the_range(kernel
     rows = [dict(r) for r in kernel_rows]
     for i, r in enumerate(rows):  # measured times spread over [low, high], to hold the axis to that range
         r["step_ms"] = low * (high / low) ** (i / (len(rows) - 1))
-    labels = y_tick_labels(bench.figure(rows, "tiny", "forward+backward"))
+    labels = y_tick_labels(step_figures.figure(rows, "tiny", "forward+backward"))
     values = [float(t) for t in labels]
     assert len(labels) >= 4 and values == sorted(values), labels
     assert values[0] <= low * 1.6 and values[-1] >= high / 1.6, f"labels {labels} span the data {low}-{high}"

@@ -268,17 +268,18 @@ def test_compare_shows_a_column_for_each_new_option_only_where_some_run_sets_it(
 
 
 def test_bench_takes_each_new_option_as_an_axis_and_refuses_a_bad_value_in_one_line(capsys):
-    import bench
+    from measuring.bench_command import parse_args
+    from measuring.cells import attention_cells, config_of
 
-    args = bench.parse_args(["--differential", "off", "on", "--attention-chunk", "none", "8", "--query-temperature",
-                             "16", "--layouts", "fused_qkv", "--kernels", "sdpa", "--seq-len", "32"])  # fmt: skip
-    cells = bench.attention_cells(args)
+    args = parse_args(["--differential", "off", "on", "--attention-chunk", "none", "8", "--query-temperature",
+                       "16", "--layouts", "fused_qkv", "--kernels", "sdpa", "--seq-len", "32"])  # fmt: skip
+    cells = attention_cells(args)
     assert [(c["differential"], c["attention_chunk"], c["query_temperature"]) for c in cells] == [
         (False, None, 16), (True, None, 16), (False, 8, 16), (True, 8, 16)]  # fmt: skip
-    assert bench.config_of(args, cells[3], 32).differential and bench.config_of(args, cells[3], 32).attention_chunk == 8
+    assert config_of(args, cells[3], 32).differential and config_of(args, cells[3], 32).attention_chunk == 8
     for bad in (["--differential", "maybe"], ["--attention-chunk", "0"], ["--query-temperature", "x"]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad)
+            parse_args(bad)
         assert f"{bad[0]} {bad[1]}: give" in capsys.readouterr().err
 
 

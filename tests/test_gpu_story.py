@@ -60,11 +60,11 @@ def test_a_story_that_measured_nothing_says_why_and_what_to_change_and_fails(tmp
 def test_a_stage_killed_at_its_share_of_the_budget_keeps_its_output_as_text(tmp_path):
     """subprocess gives a killed process's output as bytes even with text=True: its log is that text, not a
     Python bytes literal."""
-    import gpu_story
+    from measuring import story, story_stages
 
     printing = [sys.executable, "-S", "-c", "import time; print('halfway there', flush=True); time.sleep(60)"]
-    stage = gpu_story.Stage("stalled", 1.0, lambda args, out: printing, lambda args, out: [])
-    (check,) = gpu_story.run_stage(stage, gpu_story.parse_args([]), tmp_path, seconds=2)
+    stage = story_stages.Stage("stalled", 1.0, lambda args, out: printing, lambda args, out: [])
+    (check,) = story.run_stage(stage, story.parse_args([]), tmp_path, seconds=2)
     assert check.verdict == "NOT RUN" and check.measured == "still running after 2 s: killed"
     assert (tmp_path / "stalled" / "output.log").read_text() == "halfway there\n"
 
@@ -72,15 +72,15 @@ def test_a_stage_killed_at_its_share_of_the_budget_keeps_its_output_as_text(tmp_
 def test_a_stage_error_is_said_in_this_scripts_options():
     """The data's offline error (GPT-2's ranks cannot be fetched; the suite's tiktoken cache is empty) offers its
     offline tokenizer as gpu_story.py spells it: --tokenizer bytes, not data.tokenizer=bytes, which it refuses."""
-    import gpu_story
     from data.tokenizers import get_tokenizer
+    from measuring import story, story_stages
 
     with pytest.raises(RuntimeError) as err:
         get_tokenizer("gpt2")
-    said = gpu_story.last_line(f"some progress\nerror: {err.value}")
+    said = story_stages.last_line(f"some progress\nerror: {err.value}")
     assert said.startswith("tokenizer 'gpt2' needs its rank file") and "data.tokenizer" not in said, said
     assert said.endswith("offline, --tokenizer bytes needs no download"), said
-    assert gpu_story.parse_args(["--tokenizer", "bytes"]).tokenizer == "bytes", "the option it names is this script's"
+    assert story.parse_args(["--tokenizer", "bytes"]).tokenizer == "bytes", "the option it names is this script's"
 
 
 @pytest.mark.slow

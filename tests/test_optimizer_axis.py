@@ -228,12 +228,12 @@ def test_the_report_has_optimizer_columns_and_compares_layouts_only_under_one_op
 
 
 def test_bench_reference_times_a_muon_step_against_an_adamw_step_interleaved(tmp_path, capsys):
-    import bench_reference
+    from measuring import reference_command
 
     out = tmp_path / "optim.json"
-    bench_reference.main(["optimizer", "--split", "qkv", "--batch", "2", "--seq", "16", "--n-layer", "1", "--n-head",
-                          "2", "--n-embd", "32", "--vocab", "64", "--steps", "1", "--rounds", "2", "--device", "cpu",
-                          "--json", str(out)])  # fmt: skip
+    reference_command.main(["optimizer", "--split", "qkv", "--batch", "2", "--seq", "16", "--n-layer", "1", "--n-head",
+                            "2", "--n-embd", "32", "--vocab", "64", "--steps", "1", "--rounds", "2", "--device", "cpu",
+                            "--json", str(out)])  # fmt: skip
     results = json.loads(out.read_text())["results"]
     assert [(r["comparison"], r["part"], r["split"], r["rounds"]) for r in results] == [
         ("optimizer", "step", "qkv", 2), ("optimizer", "optimizer", "qkv", 2)]

@@ -15,11 +15,11 @@ from helpers import GPT2_LAYOUTS, ROOT, TINY, compose_train, read_metrics, tiny_
 from omegaconf import OmegaConf
 from test_gpu_readiness import saved_tensor_bytes
 
-import bench
 from analysis.plots import throughput_figure, val_loss_figure
 from analysis.report import build_rows
 from analysis.runs import find_runs
 from cli import check_attention_and_kernel
+from measuring import bench_command, step_figures
 from model import GPT, GPTConfig, build_attention, convert_attention_layout, detect_attention_layout
 from model.attention.kernels import ManualKernel
 from model.attention.layouts import SeparateQKVAttention
@@ -138,7 +138,8 @@ def test_a_fourth_kernel_attends_as_the_one_it_renames_and_is_a_valid_option_eve
     textbook = build_attention("fused_qkv", 16, 4, "textbook", n_kv_head=2, window=3)
     textbook.load_state_dict(manual.state_dict())
     torch.testing.assert_close(textbook(x), manual(x), rtol=0, atol=1e-6)
-    assert "textbook" in kernel_options() and bench.parse_args(["--kernels", "textbook"]).kernels == ["textbook"]
+    assert "textbook" in kernel_options()
+    assert bench_command.parse_args(["--kernels", "textbook"]).kernels == ["textbook"]
     check_attention_and_kernel("renamed_qkv", "textbook")  # sample/evaluate/heads take them: no error
     with pytest.raises(ValueError, match=r"model.sdpa_backend=flash chooses kernel=sdpa's implementation, but "
                                          r"kernel=textbook"):  # fmt: skip
@@ -173,7 +174,7 @@ def test_bench_draws_and_names_a_fourth_kernels_line_style(fourth):
     rows = [dict(mode="block", layout="renamed_qkv", kernel=kernel, kv_heads=4, window=None, compile="eager",
                  seq_len=n, n_head=4, forward_ms=1.0, step_ms=2.0 * n) for kernel in ("sdpa", "textbook")
             for n in (8, 16)]  # fmt: skip
-    ax = bench.figure(rows, "tiny", "forward+backward").axes[0]
+    ax = step_figures.figure(rows, "tiny", "forward+backward").axes[0]
     assert {line.get_linestyle() for line in ax.get_lines()} == {"-", "-."}
     assert {line.get_color() for line in ax.get_lines()} == {"tab:red"}
     assert "dash-dot: textbook kernel" in ax.get_legend().get_title().get_text()
@@ -181,7 +182,7 @@ def test_bench_draws_and_names_a_fourth_kernels_line_style(fourth):
 
 # Layout and kernel names as string literals: only their own modules, the registry and the configs say them.
 NAMES = (*MIXERS, *KERNELS)  # as registered at import: the fixtures' fourth ones come later
-SCANNED = ["model", "training", "analysis", "cli", "bench.py", "sample.py", "heads.py", "evaluate.py", "export.py",
+SCANNED = ["model", "training", "analysis", "cli", "measuring", "sample.py", "heads.py", "evaluate.py", "export.py",
            "compare.py"]  # fmt: skip
 OWN_MODULES = {Path(inspect.getfile(cls)).relative_to(ROOT).as_posix()  # layouts.py, latent.py, kernels.py
                for cls in (*MIXERS.values(), *KERNELS.values())} | {"model/registry.py"}
@@ -197,8 +198,14 @@ ALLOWED = {
     ("model/checkpoints/gpt2_export.py", "fused_qkv"): "the export writes GPT-2's format, whose attention is "
                                                         "c_attn: fused",
     ("model/checkpoints/gpt2_export.py", "sdpa"): "the kernel of the model the export builds (any would do)",
-    ("bench.py", "manual"): "bench's default --kernels",
-    ("bench.py", "sdpa"): "bench's default --kernels",
+    ("measuring/bench_command.py", "manual"): "bench.py's default --kernels",
+    ("measuring/bench_command.py", "sdpa"): "bench.py's default --kernels",
+    ("measuring/reference_command.py", "fused_qkv"): "bench_reference.py's default --attention",
+    ("measuring/reference_command.py", "sdpa"): "bench_reference.py's default --kernel",
+    ("measuring/story_stages.py", "fused_qkv"): "the MFU goal is the GPU preset's fused_qkv/sdpa step's (issue 53)",
+    ("measuring/story_stages.py", "sdpa"): "the MFU goal is the GPU preset's fused_qkv/sdpa step's (issue 53)",
+    **{("measuring/plain_attention.py", name): "the plainest code of each GPT-2 layout and kernel it writes out"
+       for name in ("wrapper", "separate_qkv", "fused_qkv", "manual", "sdpa")},
 }
 
 

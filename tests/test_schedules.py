@@ -13,10 +13,10 @@ from helpers import GPT2_LAYOUTS, TINY, compose_train, read_metrics, run_script,
 from helpers import tiny_gpt_config as config
 from omegaconf import OmegaConf
 
-import bench
 import sample
 from analysis.report import build_rows, markdown_table
 from analysis.runs import find_runs
+from measuring import bench_command, cells
 from model import GPT, KVCache, convert_attention_layout
 from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import LAYER_FIELDS, attention_label, context_notes
@@ -189,18 +189,18 @@ def test_a_schedule_spelled_in_hydra_trains_samples_converted_and_reports(tmp_pa
 
 def test_bench_times_a_schedule_as_a_whole_model_and_names_it(tmp_path, capsys):
     kinds = '{"L": {"window": 4}, "G": {}}'
-    rows = bench.main(["--mode", "gpt", "--layouts", "fused_qkv", "--kernels", "manual", "--seq-len", "8",
-                       "--batch", "1", "--n-embd", "16", "--n-head", "2", "--n-layer", "4", "--vocab-size", "64",
-                       "--layer-pattern", "LLLG", "--layer-kinds", kinds, "--min-run-time", "0.01",
-                       "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    rows = bench_command.main(["--mode", "gpt", "--layouts", "fused_qkv", "--kernels", "manual", "--seq-len", "8",
+                               "--batch", "1", "--n-embd", "16", "--n-head", "2", "--n-layer", "4", "--vocab-size",
+                               "64", "--layer-pattern", "LLLG", "--layer-kinds", kinds, "--min-run-time", "0.01",
+                               "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
     assert [(r["layer_pattern"], r["layer_kinds"]) for r in rows] == [("LLLG", kinds)]
     assert "| LLLG | " + kinds + " |" in capsys.readouterr().out
-    assert bench.cell_label(rows[0], []) == "fused_qkv-manual-LLLG_L.window4_G"
+    assert cells.cell_label(rows[0], []) == "fused_qkv-manual-LLLG_L.window4_G"
     for argv, expected in ((["--layer-pattern", "LLLG"], "--mode block times one attention block"),
                            (["--mode", "gpt", "--layer-kinds", "{}"], "--layer-kinds needs --layer-pattern"),
                            (["--mode", "gpt", "--layer-pattern", "LG", "--layer-kinds", "[1]"], "a JSON object")):
         with pytest.raises(SystemExit):
-            bench.parse_args(argv)
+            bench_command.parse_args(argv)
         assert expected in capsys.readouterr().err
 
 

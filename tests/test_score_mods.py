@@ -17,9 +17,9 @@ from attention_reference import REFERENCED_MODS
 from helpers import GPT2_LAYOUTS, random_block, run_script
 from helpers import tiny_gpt_config as config
 
-import bench
 from analysis.plots import legend_title
 from analysis.report import COLUMNS, shown_columns
+from measuring import bench_command, cells
 from model.attention.modifications import Activations, with_fields
 from model.checkpoints.gpt2_export import what_gpt2_cannot_hold
 from model.config import LABEL_AXES, attention_label
@@ -92,11 +92,11 @@ def test_each_modification_is_checked_named_shown_benched_and_refused_for_gpt2_a
     row = {mod.field: mod.row_value(mod.example)}
     assert (mod.field, mod.column) in COLUMNS and (mod.field, mod.column) in shown_columns([row])
     assert (mod.field, mod.column) not in shown_columns([{mod.field: mod.row_value(mod.off)}])
-    args = bench.parse_args(["--kernels", kernel, f"--{mod.flag()}", mod.bench_off, str(mod.example).lower()])
+    args = bench_command.parse_args(["--kernels", kernel, f"--{mod.flag()}", mod.bench_off, str(mod.example).lower()])
     assert getattr(args, mod.field) == [mod.off, mod.example]
-    assert [cell[mod.field] for cell in bench.attention_cells(args)][-2:] == [mod.off, mod.example]
+    assert [cell[mod.field] for cell in cells.attention_cells(args)][-2:] == [mod.off, mod.example]
     with pytest.raises(SystemExit):
-        bench.parse_args([f"--{mod.flag()}", "sideways"])
+        bench_command.parse_args([f"--{mod.flag()}", "sideways"])
     with pytest.raises(ValueError, match=rf"model\.{mod.field}='sideways'"):
         config(**{mod.field: "sideways"}, kernel=kernel)
 
