@@ -9,8 +9,10 @@ import textwrap
 from pathlib import Path
 
 from analysis.tables import pyplot, save_figure
+from common.machine_load import is_busy
 from measuring.cells import cell_label, split_kernel, varied
-from measuring.noise import ms_text
+from measuring.noise import BUSY_MARK, ms_text
+from measuring.step_table import impossible
 from model import registry
 
 
@@ -32,7 +34,10 @@ def timed_rows(rows: list[dict]) -> tuple[str, list[dict], list[str]]:
     axes = varied(rows)
     timed = "forward_ms" if all(r["step_ms"] != r["step_ms"] for r in rows) else "step_ms"
     untimed = sorted({cell_label(r, axes) for r in rows if r[timed] != r[timed]})
-    return timed, [r for r in rows if r[timed] == r[timed]], untimed
+    invalid = sorted({cell_label(r, axes) for r in rows if timed == "step_ms" and impossible(r)})
+    kept = [r for r in rows if r[timed] == r[timed] and not (timed == "step_ms" and impossible(r))]
+    return timed, kept, untimed + [f"{label} (invalid: its forward measured slower than its step)"
+                                   for label in invalid]  # fmt: skip
 
 
 def series_colours(rows: list[dict], labels: list[str], axes: list[str]):
@@ -48,7 +53,8 @@ def series_colours(rows: list[dict], labels: list[str], axes: list[str]):
 def untimed_note(fig, untimed: list[str]) -> None:
     """A point the device could not time is said under the figure, not drawn at a made-up place."""
     if untimed:
-        note = textwrap.fill(f"not shown, forward only on this device (see bench.md): {'; '.join(untimed)}", 110)
+        note = textwrap.fill(f"not shown, forward only on this device or not a timing (see bench.md): "
+                             f"{'; '.join(untimed)}", 110)  # fmt: skip
         fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
         fig.set_layout_engine("tight", rect=(0, 0.035 * (note.count("\n") + 2), 1, 1))  # room for the note
 
@@ -73,13 +79,16 @@ def bar_figure(rows: list[dict], title: str, step_name: str):
     bars = ax.barh(range(len(rows)), times, color=[tint(r) for r in rows], xerr=errors if spread else None,
                    capsize=3, edgecolor="white")  # fmt: skip
     kernels = [split_kernel(r["kernel"])[0] for r in rows]
-    for bar, kernel in zip(bars, kernels):
+    busy = [is_busy(r.get("others_cores")) for r in rows]
+    for bar, kernel, pale in zip(bars, kernels, busy):
         bar.set_hatch(hatch(kernel))
+        bar.set_alpha(0.35 if pale else 1.0)  # timed on a busy machine: not the cell's own speed, as bench.md marks
     noisy = [timed.removesuffix("_ms") in r.get("noisy", ()) for r in rows]  # the measurement drawn
     room = 0.015 * max(ends)
     for y, (t, end, n) in enumerate(zip(times, ends, noisy)):  # written past the whisker, not over it
         ax.text(end + room, y, f"{ms_text(t)} ms" + (", noisy" if n else ""), fontsize=7, va="center")
-    ax.set_yticks(range(len(rows)), [f"{cell_label(r, axes)}, {r['compile']}" for r in rows], fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"{cell_label(r, axes)}, {r['compile']}" + (f" {BUSY_MARK}" if pale else "")
+                                     for r, pale in zip(rows, busy)], fontsize=8)  # fmt: skip
     ax.invert_yaxis()  # the first cell on top, as in bench.md
     ax.set_xlim(0, max(ends) * 1.3)
     ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
@@ -89,6 +98,7 @@ def bar_figure(rows: list[dict], title: str, step_name: str):
     ax.set_ylabel(f"{variant_parts(labels)}, compile", fontsize=8)
     hatched = sorted({k for k in kernels if hatch(k)})
     note = f"\nhatched: {' and '.join(hatched)} kernel" if hatched else ""
+    note += f"\npale, {BUSY_MARK}: timed on a busy machine, not the cell's own speed" if any(busy) else ""
     ax.set_title(textwrap.fill(title, 80) + note, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     untimed_note(fig, untimed)

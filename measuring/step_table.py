@@ -28,6 +28,12 @@ def option_text(value) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def impossible(r: dict) -> bool:
+    """A block measured faster with its backward than without: not a timing (too small a shape, or noise), shown
+    as such in the table and left out of the figure, never ranked."""
+    return r["mode"] == "block" and r["forward_ms"] > r["step_ms"]
+
+
 def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
     axes, options = [a for a in varied(rows) if a != "position"], option_columns(rows)
     header = ["layout", "kernel", *(("kv heads" if a == "kv_heads" else "window") for a in axes),
@@ -38,12 +44,14 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
     table = []
     for r in rows:
         step = "-" if r["step_ms"] != r["step_ms"] else f"{r['step_ms']:.3f}"  # NaN: not on this device
+        step = f"{step} (invalid)" if impossible(r) else step
         cells = [r["layout"], r["kernel"], *(axis_text(r, a) for a in axes),
                  *(option_text(r.get(o, OPTION_DEFAULTS[o])) for o in options), r["compile"], str(r["seq_len"]),
                  f"{r['forward_ms']:.3f}", step]  # fmt: skip
         cells += ([step if step == "-" else f"{r['step_ms_min']:.1f}-{r['step_ms_max']:.1f}"]
                   if repeats > 1 else [])  # fmt: skip
         speed = "-" if r["tokens_per_sec"] != r["tokens_per_sec"] else f"{r['tokens_per_sec']:,.0f}"
+        speed = "invalid" if impossible(r) else speed
         speed += f" {BUSY_MARK}" if is_busy(r.get("others_cores")) and speed != "-" else ""
         cells += [speed, "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:,.0f}",
                   r["sdpa_backend"], "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}"]  # fmt: skip
@@ -60,9 +68,10 @@ def markdown(rows: list[dict], title: str, step_name: str, repeats: int) -> str:
             notes.append(f"- {cell}: forward only (FlexAttention has no backward on a CPU)")
         if r["warnings"]:
             notes.append(f"- {cell}: {r['warnings']}")
-        if r["mode"] == "block" and r["forward_ms"] > r["step_ms"]:
+        if impossible(r):
             notes.append(f"- {cell}: forward ({r['forward_ms']:.3f} ms) measured slower than forward+backward "
-                         f"({r['step_ms']:.3f} ms): too small or too noisy to time; use a larger shape")  # fmt: skip
+                         f"({r['step_ms']:.3f} ms): too small or too noisy to time, so its step time and tokens/s are "
+                         f"invalid and bench.png leaves it out; use a larger shape")  # fmt: skip
     if notes:
         lines += ["", "Benchmark warnings:", *notes]
     return "\n".join(lines)

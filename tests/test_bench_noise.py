@@ -137,3 +137,25 @@ def test_a_cell_slowed_as_a_whole_on_a_busy_machine_is_said_with_what_the_others
     table = step_table.markdown([row, quiet_row], "t", "step", 2)
     assert f"| 57 {noise.BUSY_MARK} |" in table and "| 57 |" in table
     assert f"{noise.BUSY_MARK} timed on a busy machine" in table and "not this cell's own speed" in table
+
+
+def test_a_cell_whose_forward_outlasts_its_step_is_invalid_in_the_table_and_absent_from_the_figure():
+    """The newcomer's pass: wrapper+sdpa at a tiny shape measured forward 2.9 ms and forward+backward 1.0 ms, and
+    bench.png drew it as the fastest cell by 10x, with the only warning far below the table."""
+    from common.machine_load import busy_cores
+
+    rows = [{**r, "tokens_per_sec": 1000.0 / r["step_ms"], "peak_mem_mb": None, "sdpa_backend": "math",
+             "compile_s": None, "warnings": ""} for r in grid_rows([32])]  # fmt: skip
+    rows[1].update(forward_ms=2.9, step_ms=1.0, step_ms_min=0.9, step_ms_max=1.1)
+    rows[2]["others_cores"] = busy_cores() + 0.3
+    table = step_table.markdown(rows, "t", "forward+backward", 2)
+    invalid = next(line for line in table.splitlines() if "1.000 (invalid)" in line)
+    assert "| invalid |" in invalid and "1,000" not in invalid
+    fig = step_figures.figure(rows, "grid", "forward+backward")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert len(ax.patches) == len(rows) - 1 and 1.0 not in [p.get_width() for p in ax.patches], "no bar for it"
+    assert any("(invalid: its forward measured slower than its step)" in t.get_text().replace("\n", " ")
+               for t in fig.texts)  # fmt: skip
+    pale = [p.get_alpha() for p in ax.patches]
+    assert pale.count(0.35) == 1 and f"{noise.BUSY_MARK}" in ax.get_yticklabels()[1].get_text()
