@@ -258,11 +258,11 @@ class FusedQKVAttention(SplitHeadsAttention):
 
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """As every layout that splits heads, with its queries and keys side by side in c_attn's output, as one
-        tensor of heads: the encodings turn them in one call."""
+        tensor of heads, time-major (B, T, H + kv, d): the encodings turn them in one call."""
         B, T, C = x.shape
         qk, v = self.c_attn(x).split([C + self.kv_width, self.kv_width], dim=-1)
-        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = qk.split([self.n_head, self.n_kv_head], dim=1)
+        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim)
+        q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
         return [KeyGroup(0, k, self.split_heads(v, self.n_kv_head), [(0, q)], qk)]
 
     @staticmethod
