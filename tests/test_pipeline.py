@@ -150,3 +150,25 @@ def test_every_modification_states_its_stage_and_a_modification_of_the_scores_is
         assert mod.stage in STAGE_OPTIONS, f"{name} states no stage of the pipeline: {mod.stage!r}"
         assert (mod.stage == "kernel") == mod.on_scores, f"{name}: on the scores exactly when the kernel applies it"
     assert {MODIFICATIONS["qk_norm"].stage, MODIFICATIONS["gate"].stage} == {"encodings", "gate"}
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("time_major", [False, True])
+def test_the_encodings_fast_path_over_whole_heads_equals_the_general_one(qk_norm, time_major):
+    # A layout's parts are WHOLE, which the encodings apply by calling QK-norm and rotary directly (a decode step's
+    # cost was the general path's closures); the same parts as another object take the general path (on_dims):
+    # the same numbers, bit for bit, heads-major (B, H, T, d) and time-major (B, T, H, d) alike.
+    from model.attention.pipeline import WHOLE, Parts
+
+    block = model("separate_qkv", dict(position="rope", qk_norm=qk_norm)).transformer.h[0].attn
+    if qk_norm:
+        with torch.no_grad():
+            block.q_norm.weight.add_(torch.randn(block.q_norm.weight.shape, generator=torch.Generator().manual_seed(2)))
+    t = torch.randn(2, 5, 4, 8, generator=torch.Generator().manual_seed(3))  # (B, T, H, d)
+    t = t if time_major else t.transpose(1, 2)
+    positions = torch.arange(3, 8)
+    time_dim = -3 if time_major else -2
+    fast = block.encoded(t, positions, block.q_norm, WHOLE, time_dim)
+    general = block.encoded(t, positions, block.q_norm, Parts(slice(None), slice(None)), time_dim)
+    assert torch.equal(fast, general)
+    assert not torch.equal(fast, t), "the encodings act"

@@ -287,7 +287,7 @@ def test_queries_and_keys_side_by_side_turn_in_one_call_with_the_numbers_of_one_
         weights = [torch.randn_like(t, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(encoded)]
         grads.append(torch.autograd.grad(sum((t * w).sum() for t, w in zip(encoded, weights)), x)[0])
         outs.append(encoded)
-    assert group.qk is not None and group.qk.shape[1] == heads + kv_heads
+    assert group.qk is not None and group.qk.shape[2] == heads + kv_heads  # time-major: (B, T, H + kv, d)
     for a, b in zip(*outs):
         assert a.shape == b.shape and torch.equal(a, b)
     assert torch.equal(*grads)

@@ -316,11 +316,11 @@ class FusedQKVAttention(SplitHeadsAttention):
 
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """As every layout that splits heads, with its queries and keys side by side in c_attn's output, as one
-        tensor of heads: the encodings turn them in one call."""
+        tensor of heads, time-major (B, T, H + kv, d): the encodings turn them in one call."""
         B, T, C = x.shape
         qk, *v = getattr(self, self.fused)(x).split([C + self.kv_width, *[self.kv_width] * (not self.k_eq_v)], dim=-1)
-        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = qk.split([self.n_head, self.n_kv_head], dim=1)
+        qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim)
+        q, k = qk.transpose(1, 2).split([self.n_head, self.n_kv_head], dim=1)
         v = self.split_heads(v[0], self.n_kv_head) if v else None
         return [key_group(0, k, v, [(0, q)], self.keys_alone, qk)]
 

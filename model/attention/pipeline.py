@@ -99,7 +99,8 @@ class KeyGroup(NamedTuple):
     the keys ``k`` the encodings turn before the cache keeps them, ``v`` (the values, or what they are made from
     after the cache: MLA's latent), and the kernel ``calls`` that read them, each (its first query head, its
     queries (B, heads, T, dq)): one call of every head (a layout that splits heads), or one per head (the wrapper);
-    and ``qk``, where the queries and keys lie side by side in one tensor (a fused projection's): (B, H + kv, T, d).
+    and ``qk``, where the queries and keys lie side by side in one tensor (a fused projection's), time-major as the
+    projection made them: (B, T, H + kv, d).
     """
 
     slot: int
@@ -372,18 +373,24 @@ class MultiHeadAttention(nn.Module):
         """Both encodings at once: queries and keys that the projection made side by side in one tensor ``qk`` (a
         fused projection's) turn in one rotary call where nothing normalises them first (in a decode step of the
         nano model, rotary's extra cost was its calls), the same numbers as one call each."""
-        if qk is None or self.rotary is None or self.qk_norm or not self.query_parts == self.key_parts == WHOLE:
+        whole = self.query_parts is WHOLE and self.key_parts is WHOLE  # identity: no tuples of slices compared per step
+        if qk is None or self.rotary is None or self.qk_norm or not whole:
             return self.encode_queries(q, positions), self.encode_keys(k, positions)
-        q, k = self.encoded(qk, positions, None, WHOLE).split([q.size(1), k.size(1)], dim=1)  # nothing to normalise
+        # nothing to normalise; turned time-major (as projected: no copy into heads-major first), then heads-major views
+        q, k = self.encoded(qk, positions, None, WHOLE, time_dim=-3).transpose(1, 2).split([q.size(1), k.size(1)], 1)
         return q, k
 
-    def encoded(self, t: torch.Tensor, positions: torch.Tensor, norm: nn.RMSNorm | None, parts: Parts) -> torch.Tensor:
+    def encoded(self, t: torch.Tensor, positions: torch.Tensor, norm: nn.RMSNorm | None, parts: Parts,
+                time_dim: int = -2) -> torch.Tensor:  # fmt: skip
         """QK-norm over ``parts.normed``, then rotary over ``parts.turned``: the heads' encodings, the one code that
-        applies them."""
+        applies them, to (..., T, d) or, ``time_dim=-3``, (..., T, heads, d)."""
+        if parts is WHOLE:  # a layout's: every dim, called directly (no closure per call: a decode step's cost)
+            t = rms_normed(norm, t) if self.qk_norm else t
+            return t if self.rotary is None else self.rotary(t, positions, time_dim)
         if self.qk_norm and parts.normed is not None:
             t = on_dims(t, parts.normed, lambda u: rms_normed(norm, u))
         if self.rotary is not None and parts.turned is not None:
-            t = on_dims(t, parts.turned, lambda u: self.rotary(u, positions))
+            t = on_dims(t, parts.turned, lambda u: self.rotary(u, positions, time_dim))
         return t
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor | None, head: int = 0,
