@@ -47,7 +47,10 @@ def free_memory_bytes() -> int:
 
 
 ONE_ROW_VENDORS = ("AuthenticAMD",)  # the CPUs whose MKL multiplies one row faster through a packed weight (measured)
-ONE_ROW_TOKENS = 96  # twice the new tokens that repay packing GPT-2 small for one row on the AMD EPYC above
+# A third more than the new tokens that repay packing GPT-2 small for one row on the AMD EPYC above (about 48; at 64
+# the whole generation took 0.935x the plain path's time); at 96 (twice), greedy decoding at 64 new tokens ran 0.93x
+# transformers' generate (issue 60, item 17)
+ONE_ROW_TOKENS = 64
 
 
 def cpu_vendor() -> str | None:
