@@ -6,6 +6,7 @@
     q_h, k_g   <- RMSNorm per head dim (model.qk_norm), then rotated by their positions (model.position=rope; the
                   first model.rope_fraction of the dims, the rest unturned)
     scores[i, j] = q_h[i] . k_g[j] / sqrt(head_dim)
+                   (model.position=path: q_h[i] . H_i H_{i-1} ... H_{j+1} k_g[j], H_s = I - beta_s w_s w_s^T)
                    -> times 1 + 0.1 ln(1 + floor((i + 1) / N)) (model.query_temperature, Llama 4's)
                    -> times s_h ln n_i, n_i the keys query i sees (model.ssmax: Scalable-Softmax, Nakanishi 2025,
                       arXiv 2501.19399: softmax_j(n^(s z_j)); s_h = the option's value + the block's ssmax_offset)
@@ -22,7 +23,8 @@ Each piece is written from its paper, not from headlab's code: rotary positions 
 complex multiplication of the pairs (i, i + d/2) (GPT-NeoX/Llama's "rotate half" pairing), ALiBi's slopes and
 bias (Press et al. 2022), RMSNorm (Zhang & Sennrich 2019; eps 1e-6, as Qwen3/OLMo 2), Gemma 2's logit softcap,
 gpt-oss's sinks, the output gate (Qiu et al. 2025, arXiv 2505.06708), the forget gate (Lin et al. 2025, the
-Forgetting Transformer, arXiv 2503.02130: D_ij = c_i - c_j, c the cumulative sum of log f). NoPE is the formula with
+Forgetting Transformer, arXiv 2503.02130: D_ij = c_i - c_j, c the cumulative sum of log f), PaTH (Yang et al. 2025,
+arXiv 2505.16381: the d x d matrices H_s of the tokens after a key, multiplied in turn). NoPE is the formula with
 no position term.
 
 It takes a block's live parameters (any layout, read through the layout's conversion to separate q/k/v,
@@ -96,7 +98,7 @@ def paper_alibi_slopes(n_head: int) -> list[float]:
 
 # The modifications of the attention (model.registry.MODIFICATIONS) this formula writes out: a registered one it
 # lacks fails tests/test_score_mods.py (each modification's float64 reference lives here, apart from the model).
-REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate", "forget_gate")
+REFERENCED_MODS = ("alibi", "qk_norm", "softcap", "sinks", "gate", "forget_gate", "path")
 
 
 def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_head: int, n_kv_head: int,
@@ -130,12 +132,16 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         r = round(rope_fraction * d)
         q = torch.cat((rotate(q[..., :r], positions, rope_theta), q[..., r:]), dim=-1)
         k = torch.cat((rotate(k[..., :r], positions, rope_theta), k[..., r:]), dim=-1)
+    turned = householder_keys(x, p, k) if position == "path" else None  # (B, kv, T, T, d): key j as query i sees it
     group = torch.arange(n_head, device=x.device) // (n_head // n_kv_head)  # each query head's key/value head
     if differential:  # the paper's grouped form: map c of differential head h reads key/value head 2 g + c of its group
         h = torch.arange(n_head, device=x.device)
         group = 2 * ((h // 2) // (n_head // n_kv_head)) + h % 2
     k, v = k[:, group], v[:, group]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if turned is None:
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    else:
+        scores = torch.einsum("bhid,bhijd->bhij", q, turned[:, group]) / math.sqrt(d)
     if query_temperature is not None:
         scores = scores * temperature(T, query_temperature, x.device)[:, None]
     if ssmax is not None:
@@ -166,6 +172,30 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         g = torch.sigmoid(x @ p["gate.weight"].T)
         out = (out.view(B, T, n_head, d) * g[..., None]).view(B, T, C) if gate == "headwise" else out * g
     return out @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
+
+
+PATH_EPS = 1e-6  # PaTH's L2 norm of w (fla's l2_norm): w / sqrt(|w|^2 + eps)
+
+
+def householder_keys(x: torch.Tensor, p: dict, k: torch.Tensor) -> torch.Tensor:
+    """PaTH (Yang et al. 2025, eq. 2-3): the logit of query i and key j is q_i^T H_i H_{i-1} ... H_{j+1} k_j, each
+    token's H_t = I - beta_t w_t w_t^T a d x d matrix, w_t = x_t W_w of the key/value head, L2-normalised, beta_t =
+    2 sigmoid(x_t w_b + b_b) (fla's PaTHAttention: in (0, 2), a reflection at 2). Written as the matrices multiplied
+    in turn into each key: -> (B, kv, T, T, d), key j as query i sees it (itself for j >= i: the empty product)."""
+    B, T, _ = x.shape
+    kv, d = k.size(1), k.size(-1)
+    w = (x @ p["path_w.weight"].T).view(B, T, kv, d).transpose(1, 2)
+    w = w / torch.sqrt(w.pow(2).sum(dim=-1, keepdim=True) + PATH_EPS)
+    beta = 2 * torch.sigmoid(x @ p["path_beta.weight"].T + p["path_beta.bias"]).transpose(1, 2)  # (B, kv, T)
+    eye = torch.eye(d, dtype=x.dtype, device=x.device)
+    H = eye - beta[..., None, None] * (w[..., :, None] @ w[..., None, :])  # (B, kv, T, d, d)
+    before = torch.arange(T, device=x.device)[:, None]  # key j, compared with the token i that turns it
+    carried, seen = k, []  # carried: key j times H_i ... H_{j+1}, through token i
+    for i in range(T):
+        turned = (H[:, :, i, None] @ carried[..., None]).squeeze(-1)  # H_i k for every key
+        carried = torch.where(before < i, turned, carried)  # only the keys before token i
+        seen.append(carried)
+    return torch.stack(seen, dim=2)
 
 
 def differential_heads(weights: torch.Tensor, v: torch.Tensor, p: dict, lambda_init: float) -> torch.Tensor:

@@ -53,10 +53,11 @@ def test_layouts_start_from_the_same_weights_and_convert_exactly(src, dst):
 
 
 @pytest.mark.parametrize("options,tensors", [({}, 1), ({"position": "alibi"}, 1), ({"position": "rope"}, 2),
-                                             ({"qk_norm": True}, 2)])  # fmt: skip
+                                             ({"qk_norm": True}, 2), ({"position": "path"}, 2)])  # fmt: skip
 def test_the_cache_keeps_the_keys_alone_where_they_are_the_values_and_the_plan_counts_it(options, tensors):
     """Under QK-norm or rotary the values are the keys before their encodings, which the cached keys are not: both
-    are kept (as Gemma 4's cache does). The cache's bytes are what the plan and the report count."""
+    are kept (as Gemma 4's cache does); so under PaTH, whose tokens turn the held keys. The cache's bytes are what
+    the plan and the report count."""
     model = keqv_gpt("fused_qkv", **options)
     cache = KVCache(model.config.n_layer)
     with torch.inference_mode():
@@ -79,3 +80,21 @@ def test_a_layer_that_cannot_hold_it_refuses_it_in_one_line(layout, says):
         tiny_gpt_config(attention=layout, k_eq_v=True, **extra)
     assert says in str(err.value) and "\n" not in str(err.value)
 
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_under_path_the_values_are_the_keys_before_the_tokens_turn_them_in_cached_decoding_too(layout):
+    """PaTH turns the keys a KV cache holds by each new token: a cache that kept the keys alone would read turned
+    keys back as values. Decoding token by token gives the full forward's logits."""
+    model = keqv_gpt(layout, position="path")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    idx = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(2))
+    cache = KVCache(model.config.n_layer)
+    with torch.no_grad():
+        full = model(idx, idx)[0]
+        steps = [model(idx[:, :4], cache=cache)[0]]
+        steps += [model(idx[:, t : t + 1], cache=cache)[0] for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat([s[:, -1] for s in steps], dim=0),
+                               torch.cat([full[:, t] for t in range(3, 9)], dim=0), atol=1e-4, rtol=0)  # fmt: skip

@@ -47,9 +47,10 @@ LLLG = dict(n_layer=4, layer_pattern="LLLG", layer_kinds={"L": {"window": 5, "n_
      "model.layer_kinds.L (layers 0, 2): model.n_kv_head=3 does not divide model.n_head=4"),
     (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {"position": "rope"}, "G": {}}),
      "model.layer_kinds.L (layers 0, 2): position=rope with model.position=learned: layers' encodings may differ "
-     "only among those without a table (rope, alibi, none)"),
+     "only among those without a table (rope, alibi, none, path)"),
     (dict(n_layer=4, position="rope", layer_pattern="LG", layer_kinds={"L": {"position": "spiral"}, "G": {}}),
-     "model.layer_kinds.L (layers 0, 2): unknown model.position 'spiral'; choose one of: alibi, learned, none, rope"),
+     "model.layer_kinds.L (layers 0, 2): unknown model.position 'spiral'; choose one of: alibi, learned, none, path, "
+     "rope"),
     (dict(n_layer=4, kernel="manual", layer_pattern="LG", layer_kinds={"L": {"softcap": "abc"}, "G": {}}),
      "model.layer_kinds.L (layers 0, 2): model.softcap='abc' must be a finite positive number"),
     (dict(n_layer=4, layer_pattern="LG", layer_kinds={"L": {"window": [1, 2]}, "G": {}}),

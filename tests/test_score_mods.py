@@ -30,7 +30,7 @@ LAYOUTS = GPT2_LAYOUTS
 
 
 @pytest.mark.parametrize(("options", "expected"), [
-    (dict(position="rotary"), "unknown model.position 'rotary'; choose one of: alibi, learned, none, rope"),
+    (dict(position="rotary"), "unknown model.position 'rotary'; choose one of: alibi, learned, none, path, rope"),
     (dict(softcap=0), "model.softcap=0 must be a finite positive number"),
     (dict(softcap=-2.5), "model.softcap=-2.5 must be a finite positive number"),
     (dict(softcap=True), "model.softcap=True must be a finite positive number"),
@@ -119,7 +119,8 @@ def train_plan(*overrides: str, cwd) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
-    (["model.position=rotary"], "error: unknown model.position 'rotary'; choose one of: alibi, learned, none, rope"),
+    (["model.position=rotary"], "error: unknown model.position 'rotary'; choose one of: alibi, learned, none, path, "
+                                "rope"),
     (["kernel=sdpa", "model.softcap=30"], "error: model.softcap=30.0 changes the scores before the softmax, which "
                                           "kernel=sdpa cannot do; use kernel=manual or flex"),
     (["model.position=rope", "model.n_embd=60", "model.n_head=4"], "the head dim n_embd/n_head = 60/4 = 15 is odd"),

@@ -42,6 +42,7 @@ class LatentAttention(ConvertsToNoOther, MultiHeadAttention):
     name, colour, marker = "mla", "tab:purple", "D"
     function = "mla"
     computes = "keys and values through a kv_latent-wide latent"
+    caches_keys = False  # the latent: the keys are up-projected from it after the cache
     projection_options = frozenset({"kv_latent", "rope_head_dim"})  # a latent and a decoupled rotary key, no kv heads
     cannot_hold = dict.fromkeys(("differential", "lambda_init"), "its heads' keys and values come from one latent, "
                                 "and differential attention pairs key/value heads")  # fmt: skip

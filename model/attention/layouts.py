@@ -36,10 +36,12 @@ from model.registry import MIXERS, register
 
 
 def keys_only(spec: AttentionSpec) -> bool:
-    """Whether a KV cache keeps the keys alone: keys equal to values, and the encodings leave the keys as projected (no
-    QK-norm, no rotary), so the cached keys are the values. Under QK-norm or rotary the values are the keys before
-    them (Gemma 4's), which the cached keys no longer are: the cache keeps both (as Gemma 4's does)."""
-    return spec.k_eq_v and not spec.qk_norm and not registry.position(spec.position).turns_queries_keys
+    """Whether a KV cache keeps the keys alone: keys equal to values, and the encodings leave the keys as projected
+    (no QK-norm, no rotary, no PaTH turning the held keys), so the cached keys are the values. Under QK-norm or
+    rotary the values are the keys before them (Gemma 4's), which the cached keys no longer are: the cache keeps both
+    (as Gemma 4's does)."""
+    position = registry.position(spec.position)  # rotary turns the keys before the cache, PaTH the held ones
+    return spec.k_eq_v and not spec.qk_norm and not (position.turns_queries_keys or position.transforms_keys)
 
 
 def kv_tensors(spec: AttentionSpec) -> int:

@@ -18,6 +18,10 @@ parameters and their initial values, its plan memory term; the config checks, ru
 - ``forget_gate`` (``model.forget_gate=true``, the Forgetting Transformer, arXiv 2503.02130): each token t forgets by
   f_t = sigmoid(x_t w_f + b_f) per head; a query at i weighs the key at j by the forgets after it, adding
   sum_{j < l <= i} log f_l to its score (a bias from the tokens: each key's log f is kept in the KV cache).
+- ``path`` (``model.position=path``, PaTH, arXiv 2505.16381): the position encoding's projections, each token's
+  direction w_t (L2-normalised, per key/value head) and strength beta_t = 2 sigmoid(.) of its transform
+  I - beta_t w_t w_t^T of the keys before it (``model.attention.positions.turned_through``); with
+  ``model.forget_gate=true`` it is PaTH-FoX (fla's ``use_forget_gate``: the same log-sigmoid gate per query head).
 
 In that order: softcap(scores) + ALiBi bias + the forget gate's, then the causal (and window) mask, then the
 softmax over the keys and the sink. ``ScoreMods`` carries a block's values to its kernel; the kernels apply them
@@ -395,6 +399,53 @@ class ForgetGate(Modification):
     @classmethod
     def plan_bytes(cls, forward: Activations) -> float:
         return 4 * forward.scores  # the float32 bias of every score, kept for backward (by sdpa as its float mask)
+
+
+@register(MODIFICATIONS)
+class PaTH(Modification):
+    """PaTH's data-dependent transforms of the keys (Yang et al. 2025): a position encoding, set, named and refused for
+    GPT-2 as ``model.position`` (the encoding's facts); here its projections of the block's input and what a forward
+    keeps of them. At the encodings' stage: each query's keys are turned before the kernel (``form`` None)."""
+
+    name, field, off, example, stage = "path", "position", "learned", "path", "encodings"
+
+    @classmethod
+    def used(cls, value) -> bool:
+        return registry.position(value).transforms_keys
+
+    @classmethod
+    def check(cls, value) -> None:
+        registry.position(value)
+
+    @classmethod
+    def option(cls, value) -> str:
+        return f"model.position={value}"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return None  # the position's part of the label says it
+
+    @classmethod
+    def projections(cls, spec) -> dict[str, tuple[int, bool]]:
+        # w_t of every key/value head at full rank (fla's under grouped heads; its MHA layer goes through rank 32)
+        return {"path_w": (spec.kv_heads * spec.head_dim, False), "path_beta": (spec.kv_heads, True)}
+
+    @classmethod
+    def directions(cls, block, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's unit direction w_t, (B, kv, T, d), and strength beta_t in (0, 2), (B, kv, T), float32."""
+        B, T, _ = x.shape
+        w = block.path_w(x).float().view(B, T, block.n_kv_head, -1).transpose(1, 2)
+        w = w * torch.rsqrt(w.pow(2).sum(-1, keepdim=True) + L2_EPS)
+        return w, 2 * torch.sigmoid(block.path_beta(x).float()).transpose(1, 2)
+
+    @classmethod
+    def plan_bytes(cls, forward: Activations) -> float:
+        # the widened queries and keys (T more dims each, float32) and the solve's (T, T) terms per head, kept for
+        # backward: about six score matrices' worth
+        return 4 * 6 * forward.scores
+
+
+L2_EPS = 1e-6  # PaTH's L2 norm of w_t: w / sqrt(|w|^2 + eps), fla's
 
 
 def sums_between(states: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -92,10 +92,14 @@ def refusal(layout, spec, name: str, value, offs: tuple) -> str:
 
 
 def check_applied(layout, spec) -> None:
-    """Refuse the first option ``spec`` sets that a layer of ``layout`` does not apply (``refusal``); then, for a
-    layer that runs a kernel, what its options ask of the kernel and the kernel does not apply."""
+    """Refuse the first option ``spec`` sets that a layer of ``layout`` does not apply (``refusal``), then what its
+    position encoding says the layer cannot hold (``PositionEncoding.refusal``); then, for a layer that runs a kernel,
+    what its options ask of the kernel and the kernel does not apply."""
     for name, value, offs in unapplied(layout, spec):
         raise ValueError(refusal(layout, spec, name, value, offs))
+    encoding = registry.POSITIONS.get(spec.position)
+    if encoding is not None and "position" in layout.applies and (problem := encoding.refusal(layout, spec)):
+        raise ValueError(problem)  # what the layer's projection cannot hold of its position encoding (PaTH: MLA's)
     if layout.takes_kernel:
         spec.check_kernel_applies()
 

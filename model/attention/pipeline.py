@@ -22,7 +22,7 @@ from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import ScoreMods, on_the_scores
 from model.attention.options import applied, check_applied, option_fields, takers
-from model.attention.positions import alibi_slopes
+from model.attention.positions import alibi_slopes, householder_augmented, turned_through
 from model.attention.sparse import LightningIndexer, index_flops
 from model.attention.spec import AttentionSpec, check_one_pair
 from model.registry import MIXERS, MODIFICATIONS, lookup, weight_name_start
@@ -169,6 +169,9 @@ class MultiHeadAttention(nn.Module):
     # function is
     function: ClassVar[str] = "mha"
     computes: ClassVar[str] = "keys and values projected from the input per key/value head"
+    # Whether the KV cache holds the keys themselves (a position that turns held keys, PaTH, needs them), not what
+    # they are made from (MLA's latent, up-projected after the cache by its keys_values)
+    caches_keys: ClassVar[bool] = True
     # The options (model.attention.options: AttentionSpec's fields but its shape and the kernel's choice) a layer
     # applies; its position encoding's own come with "position". Any other set away from its off value is refused. A
     # pipeline layer's are its stages' (STAGE_OPTIONS) and its projection's, less what its projection cannot hold,
@@ -353,6 +356,8 @@ class MultiHeadAttention(nn.Module):
         slopes = alibi_slopes(spec.n_head) if registry.position(spec.position).biases_scores else None
         self.register_buffer("alibi_slopes", slopes, persistent=False)  # a function of n_head: not saved
         self.modifications = on_the_scores(spec)  # the registered modifications of the scores it uses, in order
+        # PaTH's transforms of the keys (model.position=path): its modification's projections, built above
+        self.turns_keys = registry.position(spec.position).transforms_keys
 
     # Which dims the encodings act on, per head: a layout's are all (rotary's first rotary_dim); MLA's its own
     query_parts: ClassVar[Parts] = WHOLE
@@ -419,7 +424,7 @@ class MultiHeadAttention(nn.Module):
         """(B, T, C) -> (B, T, C). ``document_starts`` (B, T): the absolute position where each token's document
         starts (model.document_masking; None: one document): a query sees no key before it."""
         if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature
-                                  or self.ssmax):  # fmt: skip
+                                  or self.ssmax or self.turns_keys):  # fmt: skip
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
         documents = document_starts if self.spec.document_masking else None
         selected = None
@@ -467,6 +472,7 @@ class MultiHeadAttention(nn.Module):
         ``selected`` (B, 1, T, keys): the keys sparse attention chose for each query (``model.attention.sparse``), else
         None."""
         outputs, mods, first_group = [], None, True
+        householders = MODIFICATIONS["path"].directions(self, x) if self.turns_keys else None
         for group in self.project(x):
             whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
             if whole:
@@ -477,15 +483,51 @@ class MultiHeadAttention(nn.Module):
             if first_group:  # a token bias's states, kept beside the first group's keys
                 mods, first_group = self.score_mods(x, cache, k), False
             k, v = self.keys_values(k, v, positions)
+            widened = None
+            if householders is not None:  # PaTH: the keys turned by the new tokens (a decode step's: in the cache)
+                k, widened = self.turned_keys(group, k, v, keys, positions, householders, cache)
             seen = self.keys_seen(x.size(1), k.size(-2), keys, positions, document_starts, selected)  # SSMax's n_i
             for head, queries in group.calls:
                 q = self.scale_queries(q if whole else self.encode_queries(queries, positions), positions, head, seen)
                 heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
-                outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
+                if widened is None:
+                    outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
+                else:
+                    q_wide, k_wide = widened(q)
+                    outputs.append(self.attend_heads(q_wide, k_wide, v, keys, heads_mods, positions, document_starts,
+                                                     selected))  # fmt: skip
         if len(outputs) == 1:
             y = outputs[0]
             return y.transpose(1, 2).contiguous().view(*y.shape[:1], y.size(2), -1)  # (B, T, H * dv)
         return torch.cat([y.transpose(1, 2).flatten(2) for y in outputs], dim=-1)  # one head each: views
+
+    def turned_keys(self, group: KeyGroup, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None,
+                    positions: torch.Tensor, householders: tuple[torch.Tensor, torch.Tensor],
+                    cache: LayerCache | None):  # fmt: skip
+        """PaTH (model.position=path) on the group's keys ``k`` (those a cache holds, turned through the last token
+        before these, and the new ones): the cache is left holding every key turned through the last new token,
+        written in place (a captured decode step reads its buffers). Returns the keys a decode step's one query
+        attends (those, turned), and None; or, for several new queries, the keys as they are and the widening of a
+        call's queries and the keys (``householder_augmented``) that gives each query its own product."""
+        w, beta = (t[:, group.slot * k.size(1) : (group.slot + 1) * k.size(1)] for t in householders)  # its heads
+        held = keys.positions if keys is not None else torch.arange(k.size(2), device=k.device)
+        if cache is not None or positions.size(0) == 1:
+            turned = turned_through(k, held, positions, w, beta)
+            if cache is not None and k.size(2) == positions.size(0) > cache.capacity:  # a first fill past the cache
+                remember(cache, group.slot, turned, v)  # (it kept the last keys, of the tensors given)
+            elif cache is not None:
+                held_keys = k  # the cache's own buffers (views of them, in position order)
+                k = k.clone() if positions.size(0) > 1 else k  # the widening below reads the keys as they were
+                held_keys.copy_(turned)
+            if positions.size(0) == 1:
+                return turned, None
+
+        def widened(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            heads = q.size(1)  # the call's query heads read the key/value heads keys_per_query gives them
+            return householder_augmented(q, k, held, positions, w, beta, self.keys_per_query(w, heads),
+                                         self.keys_per_query(beta[..., None], heads)[..., 0])  # fmt: skip
+
+        return k, widened
 
     def attend_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: HeldKeys | None,
                      mods: ScoreMods | None, positions: torch.Tensor | None, documents: torch.Tensor | None,
@@ -544,9 +586,28 @@ class MultiHeadAttention(nn.Module):
         model run with any kernel.
         """
         positions = torch.arange(x.size(1), device=x.device)
+        if self.turns_keys:
+            return self.turned_attention_weights(x, positions)
         selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
         return attention_probs(*self.queries_keys(x, None, selected), self.masks, mods=self.score_mods(x),
                                selected=selected)  # fmt: skip
+
+    def turned_attention_weights(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``attention_weights`` under PaTH: each query's product of transforms through the widened queries and keys
+        (``turned_keys``)."""
+        householders, mods, maps = MODIFICATIONS["path"].directions(self, x), self.score_mods(x), []
+        seen = self.keys_seen(x.size(1), x.size(1), None, positions, None, None)  # SSMax's n_i
+        for group in self.project(x):
+            k, v = self.keys_values(self.encode_keys(group.k, positions), group.v, positions)
+            k, widened = self.turned_keys(group, k, v, None, positions, householders, None)
+            for head, q in group.calls:
+                q = self.scale_queries(self.encode_queries(q, positions), positions, head, seen)
+                heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
+                if widened is not None:
+                    q, k_wide = widened(q)
+                maps.append(attention_probs(q, self.keys_per_query(k if widened is None else k_wide, q.size(1)),
+                                            self.masks, mods=heads_mods))  # fmt: skip
+        return torch.cat(maps, dim=1)
 
     @staticmethod
     def to_qkv(params: dict[str, torch.Tensor], n_head: int | None) -> QKV:

@@ -19,6 +19,14 @@ value it is chosen by (``model.position``) and its tests.
 - ``alibi``: attention with linear biases (Press et al. 2022): head h adds -slope_h x distance to its
   scores, slopes a geometric sequence (``alibi_slopes``).
 - ``none``: no position signal (NoPE, Kazemnejad et al. 2023): the causal mask alone orders the tokens.
+- ``path``: PaTH (Yang et al. 2025, arXiv 2505.16381; flash-linear-attention's PaTHAttention): a data-dependent
+  transform between each query and key, q_i^T H_i H_{i-1} ... H_{j+1} k_j, each token's H_t = I - beta_t w_t w_t^T
+  (w_t = L2-normalised x_t W_w per key/value head, beta_t = 2 sigmoid(x_t w_b + b_b) in (0, 2): a reflection at 2).
+  The keys carry the product: each new token's H_t turns every key held before it (``turned_through``), so a KV
+  cache holds each key turned through the last token (in place) and a decode step attends q_t . k_j' with any kernel;
+  a forward of T tokens widens its queries and keys by T dims so that one kernel call computes every query's own
+  product (``householder_augmented``: the products' compact form, a triangular solve). Eviction from a ring drops
+  a key with its product: the keys still held carry theirs, so it reads past ``block_size`` exactly.
 """
 
 from __future__ import annotations
@@ -243,6 +251,16 @@ class PositionEncoding:
     absolute: ClassVar[bool] = False
     # The attention options it consumes (model.attention.options): a layer that applies positions applies them with it
     fields: ClassVar[tuple[str, ...]] = ()
+    # turns the keys by transforms from the tokens between a key and its query (PaTH): each query sees keys of its own,
+    # so the pipeline runs its kernel once per query, and a KV cache's keys are turned in place by each new token
+    transforms_keys: ClassVar[bool] = False
+
+    @classmethod
+    def refusal(cls, layer, spec) -> str | None:
+        """Why a layer of class ``layer`` (that applies positions) cannot hold this encoding with ``spec``: one line
+        naming the fix, or None (asked by ``model.attention.options.check_applied``, which every layer's check
+        calls)."""
+        return None
 
     @classmethod
     def embedding(cls, block_size: int, n_embd: int) -> nn.Module:
@@ -288,6 +306,81 @@ class ALiBi(PositionEncoding):
 @register(POSITIONS)
 class NoPositions(PositionEncoding):
     name, label = "none", "nopos"  # "-none" would read as no option at all
+
+
+@register(POSITIONS)
+class PaTHPositions(PositionEncoding):
+    """PaTH's accumulated Householder transforms (see the module's docstring); its projections (w, beta) are the
+    ``path`` modification's (``model.attention.modifications``), the turned keys ``turned_through``'s and
+    ``householder_augmented``'s."""
+
+    name = "path"
+    transforms_keys = True
+
+    @classmethod
+    def refusal(cls, layer, spec) -> str | None:
+        """A layer whose KV cache holds what its keys are made from (MLA's latent, up-projected after the cache: the
+        keys a new token turns are not held), and sparse attention (its indexer learns from the layer's attention
+        weights, which PaTH forms per query from keys turned for it), are refused."""
+        if not layer.takes_kernel:
+            return None
+        if not layer.caches_keys:
+            return (f"model.position={spec.position} turns the keys a KV cache holds by each new token, but "
+                    f"attention={layer.name} caches what its keys are made from ({layer.computes}); use a layout "
+                    f"that caches its keys (attention=separate_qkv), or another model.position")  # fmt: skip
+        if spec.sparse_topk is not None:
+            return (f"model.position={spec.position} and model.sparse_topk={spec.sparse_topk} cannot both be set: "
+                    f"the indexer learns from the layer's attention weights, which PaTH forms per query from keys "
+                    f"turned for it; set model.sparse_topk=null, or another model.position")  # fmt: skip
+        return None
+
+
+def turned_through(k: torch.Tensor, held: torch.Tensor, queries: torch.Tensor, w: torch.Tensor,
+                   beta: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """PaTH's keys as a KV cache holds them after new tokens: ``k`` (B, kv, S, d) the keys at positions ``held`` (S,)
+    (one before the new tokens already turned through the last token before them; a new one as projected), each
+    turned by every new token after it, in order: token t (at ``queries[t]``, direction ``w`` (B, kv, T, d), strength
+    ``beta`` (B, kv, T)) applies H_t = I - beta_t w_t w_t^T to the keys before it. In float32 (a bf16 product would
+    round at every token), cast back to ``k``'s dtype."""
+    keys = k.float()
+    for t in range(queries.size(0)):
+        before = (held < queries[t]).to(keys.dtype)[:, None]  # (S, 1): the keys at positions before token t
+        direction = w[:, :, t, None, :].float()  # (B, kv, 1, d)
+        along = (keys * direction).sum(-1, keepdim=True) * before  # each key's component along w_t
+        keys = keys - beta[:, :, t, None, None].float() * along * direction
+    return keys.to(k.dtype)
+
+
+def householder_augmented(q: torch.Tensor, k: torch.Tensor, held: torch.Tensor, queries: torch.Tensor,
+                          w: torch.Tensor, beta: torch.Tensor, w_q: torch.Tensor,
+                          beta_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """PaTH's logits of T new queries as one dot product: queries and keys widened by T dims so that any kernel's
+    q~_i . k~_j / sqrt(d + T) is q_i^T H_i ... H_{j+1} k_j / sqrt(d), with the products of the new tokens' transforms
+    in their compact (UT) form (the paper's section 3.2) instead of a key per query.
+
+    ``q`` (B, h, T, d) at positions ``queries`` (T,); ``k`` (B, kv, S, d) at ``held`` (S,), turned as a cache holds
+    them (``turned_through``); ``w``, ``beta`` (B, kv, T, d), (B, kv, T): the new tokens'; ``w_q``, ``beta_q``: the
+    same for the key/value head each query head reads. With u_is = H_{s+1} ... H_i q_i (H symmetric) and
+    a_is = w_s . u_is, u_{i,s-1} = u_is - beta_s a_is w_s, so
+        logit_ij = q_i . k_j - sum over new s, j < s <= i, of beta_s a_is (w_s . k_j),
+        a_ij = w_j . q_i - sum over j < s <= i of beta_s a_is (w_j . w_s):
+    for every query at once a unit upper-triangular solve, M a = (w . q masked to s <= i), M_js = [s > j] beta_s
+    w_j . w_s + [s = j] (its leading block is the system of a query's own tokens). Then q~_i = (q_i, -beta_s a_is)_s
+    and k~_j = (k_j, [s > j] w_s . k_j)_s, the queries scaled by sqrt((d + T) / d) for the kernel's 1 / sqrt(d + T).
+    O(T^2 (d + T)) work and O(T^2) memory per head, in float32, cast back."""
+    T, d = q.size(-2), q.size(-1)
+    ones = torch.ones(T, T, dtype=torch.bool, device=q.device)
+    qf, w_q = q.float(), w_q.float()
+    later = (w_q @ w_q.transpose(-1, -2)) * beta_q.float()[..., None, :] * ones.triu(1)  # [s > j] beta_s w_j . w_s
+    system = later + torch.eye(T, device=q.device)
+    reached = (w_q @ qf.transpose(-1, -2)) * ones.triu()  # (B, h, T_s, T_i): w_s . q_i for s <= i
+    a = torch.linalg.solve_triangular(system, reached, upper=True, unitriangular=True)  # a[s, i] = a_is
+    weights = (beta_q.float()[..., :, None] * a).transpose(-1, -2)  # (B, h, T_i, T_s): beta_s a_is
+    after = (queries[:, None] > held[None, :]).to(torch.float32)  # (T_s, S): token s comes after key j
+    along = (w.float() @ k.float().transpose(-1, -2)) * after  # (B, kv, T_s, S): [s > j] w_s . k_j
+    widened = math.sqrt((d + T) / d)
+    return (torch.cat((qf, -weights), dim=-1) * widened).to(q.dtype), \
+        torch.cat((k.float(), along.transpose(-1, -2)), dim=-1).to(k.dtype)  # fmt: skip
 
 
 @functools.cache

@@ -191,7 +191,8 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
             value = getattr(spec, name)
             if value not in offs and not (name == "n_kv_head" and value == spec.n_head):
                 found.append((name, value, offs, why))
-        tableless = tuple(n for n, p in registry.POSITIONS.items() if not (p.turns_queries_keys or p.biases_scores))
+        tableless = tuple(n for n, p in registry.POSITIONS.items()
+                          if not (p.turns_queries_keys or p.biases_scores or p.transforms_keys))  # act on no scores
         for mod in MODIFICATIONS.values():  # softcap, sinks, ALiBi: modifications of scores it does not have
             value = getattr(spec, mod.field)
             if mod.field not in OWN_FIELDS and mod.used(value):
