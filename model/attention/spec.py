@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from model import registry
+from model.attention.blocks import MOBA_TOPK, check_blocks
 from model.attention.differential import LAMBDA_INIT
 from model.attention.kernels import SDPA_BACKENDS, get_kernel
 from model.attention.masks import Masks
@@ -94,6 +95,12 @@ class AttentionSpec:
     sparse_topk: int | None = option(None, 2)
     indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
     indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
+    # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
+    # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
+    moba_block: int | None = option(None, 2, conflicts={
+        "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
+                       "by its own scores); choose one selection"})  # fmt: skip
+    moba_topk: int = option(MOBA_TOPK, 2, moba_block=2)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -146,6 +153,7 @@ class AttentionSpec:
         self.check_rope_scaling()
         self.check_rope_fraction()
         check_sparse(self)
+        check_blocks(self)
         for mod in MODIFICATIONS.values():
             mod.check(getattr(self, mod.field))
         check_conflicts(self)
@@ -252,6 +260,8 @@ class AttentionSpec:
             effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
         if self.sparse_topk is not None:
             effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
+        if self.moba_block is not None:
+            effects.append(("sparse", f"model.moba_block={self.moba_block}", "selects the blocks each query attends"))
         return effects + [(name, MODIFICATIONS[name].option(getattr(self, MODIFICATIONS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
