@@ -21,6 +21,7 @@ from model.attention.differential import LAMBDA_INIT
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import finite_number, score_mod_fields, spelled, with_fields
+from model.attention.options import check_conflicts, declared_conflicts
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
 from model.attention.spec import AttentionSpec
 
@@ -280,6 +281,7 @@ class GPTConfig:
         # Before the kernel's checks, which do not concern a layer that runs none: the kernel is not their fix.
         check_document_end(self)
         check_document_positions(self)
+        check_conflicts(self, declared_conflicts())  # two options that cannot coexist, whichever layer takes them
         check_linear_layers(self)
         self.check_kernel_is_used()
         layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared

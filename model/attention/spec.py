@@ -100,7 +100,8 @@ class AttentionSpec:
     moba_block: int | None = option(None, 2, conflicts={
         "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
                        "by its own scores); choose one selection"})  # fmt: skip
-    moba_topk: int = option(MOBA_TOPK, 2, moba_block=2)
+    # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
+    moba_topk: int = option(MOBA_TOPK, 2, moba_block=1)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
