@@ -46,12 +46,12 @@ FLOORS = {
         "heads mha": (26, 84), "heads gqa": (23, 101), "heads mqa": (22, 77), "mask window": (35, 172),
         "mask chunked": (12, 27),
     },
-    "layout gated_deltanet": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
-    "layout kda": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
     "layout mla": {
         "cells": (38, 115), "kernel manual": (21, 39), "kernel sdpa": (17, 37), "kernel flex": (0, 39),
         "heads mha": (38, 115), "mask window": (21, 74), "mask chunked": (4, 9),
     },
+    "layout gated_deltanet": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
+    "layout kda": {"cells": (5, 6), "kernel sdpa": (5, 6), "heads mha": (5, 6)},
     "kernel manual": {
         "cells": (128, 301), "layout wrapper": (36, 85), "layout separate_qkv": (35, 89), "layout fused_qkv": (36, 88),
         "layout mla": (21, 39), "heads mha": (54, 122), "heads gqa": (33, 111), "heads mqa": (41, 68),
@@ -59,7 +59,7 @@ FLOORS = {
     },
     "kernel sdpa": {
         "cells": (124, 299), "layout wrapper": (29, 81), "layout separate_qkv": (35, 84), "layout fused_qkv": (33, 85),
-        "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "layout mla": (17, 37), "heads mha": (65, 119),
+        "layout mla": (17, 37), "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "heads mha": (65, 119),
         "heads gqa": (31, 95), "heads mqa": (28, 85), "mask window": (65, 186), "mask chunked": (20, 30),
     },
     "kernel flex": {
@@ -69,7 +69,7 @@ FLOORS = {
     },
     "position learned": {
         "cells": (194, 668), "layout wrapper": (51, 185), "layout separate_qkv": (55, 196),
-        "layout fused_qkv": (58, 196), "layout gated_deltanet": (2, 3), "layout kda": (2, 3), "layout mla": (26, 85),
+        "layout fused_qkv": (58, 196), "layout mla": (26, 85), "layout gated_deltanet": (2, 3), "layout kda": (2, 3),
         "kernel manual": (97, 224), "kernel sdpa": (95, 221), "kernel flex": (2, 223), "heads mha": (90, 292),
         "heads gqa": (51, 194), "heads mqa": (53, 182), "mask window": (89, 435), "mask chunked": (40, 90),
     },
@@ -85,7 +85,7 @@ FLOORS = {
     },
     "position none": {
         "cells": (23, 75), "layout wrapper": (4, 19), "layout separate_qkv": (4, 18), "layout fused_qkv": (3, 18),
-        "layout gated_deltanet": (3, 3), "layout kda": (3, 3), "layout mla": (6, 14), "kernel manual": (7, 23),
+        "layout mla": (6, 14), "layout gated_deltanet": (3, 3), "layout kda": (3, 3), "kernel manual": (7, 23),
         "kernel sdpa": (16, 30), "kernel flex": (0, 22), "heads mha": (17, 32), "heads gqa": (3, 31),
         "heads mqa": (3, 12), "mask window": (10, 44),
     },
@@ -121,7 +121,7 @@ FLOORS = {
     },
     "mask causal": {
         "cells": (254, 900), "layout wrapper": (65, 250), "layout separate_qkv": (70, 261),
-        "layout fused_qkv": (71, 262), "layout gated_deltanet": (5, 6), "layout kda": (5, 6), "layout mla": (38, 115),
+        "layout fused_qkv": (71, 262), "layout mla": (38, 115), "layout gated_deltanet": (5, 6), "layout kda": (5, 6),
         "kernel manual": (128, 301), "kernel sdpa": (124, 299), "kernel flex": (2, 300), "heads mha": (121, 374),
         "heads gqa": (64, 298), "heads mqa": (69, 228),
     },
@@ -176,6 +176,8 @@ FLOORS = {
     "option sparse_topk": {"cells": (0, 0)},
     "option indexer_heads": {"cells": (0, 0)},
     "option indexer_dim": {"cells": (0, 0)},
+    "option moba_block": {"cells": (0, 0)},
+    "option moba_topk": {"cells": (0, 0)},
     "encoding rope": {
         "cells": (6, 18), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "kernel manual": (4, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 6), "heads mha": (2, 6),
@@ -188,7 +190,7 @@ FLOORS = {
     },
     "encoding none": {
         "cells": (12, 28), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
-        "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "layout mla": (2, 6), "kernel manual": (4, 8),
+        "layout mla": (2, 6), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel manual": (4, 8),
         "kernel sdpa": (8, 12), "kernel flex": (0, 8), "heads mha": (8, 16), "heads gqa": (2, 6), "heads mqa": (2, 6),
         "mask window": (5, 17),
     },
