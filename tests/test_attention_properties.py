@@ -188,7 +188,8 @@ def test_the_default_grids_reach_every_registered_layout_kernel_position_and_mod
         # documents computed alone (tests/test_document_masking.py); a cell here would hold one document. Sparse
         # attention's top-k is held to its formula in float64 (tests/test_sparse_attention.py): a float32 cell's top-k
         # could trade two keys whose index scores differ by round-off
-        assert held or name in OWN_GRID or name in ("n_kv_head", "dropout", "linear_chunk", "kv_latent", "rope_head_dim", "rope_scaling",
+        assert held or name in OWN_GRID or name in (
+                                "n_kv_head", "dropout", "linear_chunk", "kv_latent", "rope_head_dim", "rope_scaling",
                                 "rope_factor", "rope_original_length", "document_masking", "sparse_topk",
                                 "indexer_heads", "indexer_dim"), \
             f"model.{name} has no cell"  # fmt: skip
