@@ -16,10 +16,12 @@ from typing import Any
 
 from model import registry
 from model.attention import positions as _positions  # noqa: F401  (registers the position encodings)
+from model.attention.blocks import MOBA_TOPK
 from model.attention.differential import LAMBDA_INIT
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import finite_number, score_mod_fields, spelled, with_fields
+from model.attention.options import check_conflicts, declared_conflicts
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
 from model.attention.spec import AttentionSpec
 
@@ -101,6 +103,9 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         shape = (model.get("indexer_heads", INDEXER_HEADS), model.get("indexer_dim", INDEXER_DIM))
         indexer = "" if shape == (INDEXER_HEADS, INDEXER_DIM) else f"idx{shape[0]}x{shape[1]}"
         parts.append(f"top{model['sparse_topk']}{indexer}" if model.get("sparse_topk") else "dense")
+    if model.get("moba_block") or "moba_block" in show:  # MoBA: -moba64k3 (block, blocks each query attends)
+        moba = f"moba{model['moba_block']}k{model.get('moba_topk', MOBA_TOPK)}" if model.get("moba_block") else "nomoba"
+        parts.append(moba)
     for mod in registry.MODIFICATIONS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -186,6 +191,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"(no)?docs", "-docs (document masking)"), (r"(no)?docpos", "-docpos (positions from each document's start)"),
         (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
         (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
+        (r"moba\d+k\d+|nomoba", "-moba<positions per block>k<blocks per query> (MoBA)"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
     )  # fmt: skip
@@ -201,7 +207,7 @@ LABEL_AXES = ("n_kv_head", "k_eq_v", "kv_latent", "rope_head_dim", "linear_chunk
               "position", "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length",
               "query_temperature", "ssmax", "negative_eigenvalues", "document_masking", "document_positions",
               "differential", "lambda_init",
-              "sparse_topk", "indexer_heads", "indexer_dim",
+              "sparse_topk", "indexer_heads", "indexer_dim", "moba_block", "moba_topk",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -271,6 +277,10 @@ class GPTConfig:
     sparse_topk: int | None = field(default=None, metadata={"reuse": "weights"})
     indexer_heads: int = field(default=INDEXER_HEADS, metadata={"reuse": "weights"})
     indexer_dim: int = field(default=INDEXER_DIM, metadata={"reuse": "weights"})
+    # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of moba_block
+    # positions and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
+    moba_block: int | None = field(default=None, metadata={"reuse": "function"})
+    moba_topk: int = field(default=MOBA_TOPK, metadata={"reuse": "function"})
     # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
     # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
@@ -296,6 +306,7 @@ class GPTConfig:
         # Before the kernel's checks, which do not concern a layer that runs none: the kernel is not their fix.
         check_document_end(self)
         check_document_positions(self)
+        check_conflicts(self, declared_conflicts())  # two options that cannot coexist, whichever layer takes them
         check_linear_layers(self)
         self.check_kernel_is_used()
         layout.check_spec(self.attention_spec)  # every attention option, checked where attention is declared
@@ -339,6 +350,8 @@ class GPTConfig:
             names.add("lambda_init")
         if fields_of_kind.get("sparse_topk", self.sparse_topk) is None:
             names |= set(INDEXER_SHAPE)
+        if fields_of_kind.get("moba_block", self.moba_block) is None:
+            names.add("moba_topk")
         return names - set(fields_of_kind)
 
     @property

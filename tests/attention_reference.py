@@ -107,12 +107,14 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         gate: str = "none", rope_fraction: float = 1.0, forget_gate: bool = False,
                         query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
                         seen: dict | None = None, selected: torch.Tensor | None = None,
-                        ssmax: float | None = None, k_eq_v: bool = False) -> torch.Tensor:  # fmt: skip
+                        ssmax: float | None = None, k_eq_v: bool = False,
+                        moba: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
     ``position``: learned (added before attention: nothing here), none, rope or alibi. ``selected`` (B, T, T): the
-    keys sparse attention lets each query see (``sparse_selection``), where given."""
+    keys sparse attention lets each query see (``sparse_selection``), where given; ``moba`` (block, top-k): MoBA's
+    blocks (``moba_selection``), each head's from its queries and keys."""
     params = {name: p.double() for name, p in block.named_parameters()}
     p = convert_attention_layout(params, layout, "separate_qkv", n_head=n_head)
     x = x.double()
@@ -138,6 +140,9 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         h = torch.arange(n_head, device=x.device)
         group = 2 * ((h // 2) // (n_head // n_kv_head)) + h % 2
     k, v = k[:, group], v[:, group]
+    if moba is not None:  # the gates read the queries and keys as the scores do, before any modification of those
+        blocks = moba_selection(q, k, allowed(T, T, window, x.device, seen), *moba)
+        selected = blocks if selected is None else blocks & selected[:, None]
     if turned is None:
         scores = q @ k.transpose(-1, -2) / math.sqrt(d)
     else:
@@ -158,7 +163,7 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         scores = scores + (c[..., :, None] - c[..., None, :])
     scores = scores.masked_fill(~allowed(T, T, window, x.device, seen), float("-inf"))
     if selected is not None:
-        scores = scores.masked_fill(~selected[:, None], float("-inf"))
+        scores = scores.masked_fill(~(selected if selected.dim() == 4 else selected[:, None]), float("-inf"))
     if sinks:  # one more logit per head in the denominator; the weight it takes goes nowhere
         sink = p["sinks"].view(1, n_head, 1, 1).expand(B, n_head, T, 1)
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
@@ -261,6 +266,34 @@ def index_scores(block, x: torch.Tensor) -> torch.Tensor:
     return scores
 
 
+def moba_selection(q: torch.Tensor, k: torch.Tensor, shown: torch.Tensor, size: int, topk: int) -> torch.Tensor:
+    """(B, H, T, T): True where query t of head h attends key s under MoBA (Lu et al. 2025, arXiv 2502.13189, sec.
+    2.2): the keys cut into blocks of ``size`` positions, the query attends its own block (causal) and the topk - 1
+    earlier blocks b of highest gate q_t . mean_{j in b} k_j (its head's queries ``q`` and keys ``k``, (B, H, T, d)),
+    equal gates to the later block; a block is a candidate only where the query sees every key of it (``shown``,
+    (T, T)), and of the blocks chosen it attends the keys it sees."""
+    B, H, T, _ = q.shape
+    blocks = -(-T // size)
+    means = torch.stack([k[:, :, b * size : (b + 1) * size].mean(dim=2) for b in range(blocks)], dim=2)
+    gates = (q @ means.transpose(-1, -2)).tolist()  # (B, H, T, blocks)
+    selected = torch.zeros(B, H, T, T, dtype=torch.bool, device=q.device)
+    for t in range(T):
+        own = t // size
+        candidates = [b for b in range(own) if bool(shown[t, b * size : (b + 1) * size].all())]
+        for i in range(B):
+            for h in range(H):
+                row = gates[i][h][t]
+                for b in [own, *sorted(candidates, key=lambda b: (-row[b], -b))[: topk - 1]]:
+                    selected[i, h, t, b * size : (b + 1) * size] = True
+    return selected & shown
+
+
+def moba_of(spec) -> tuple[int, int] | None:
+    """MoBA's (block, top-k) of a block's spec, or None where it has none."""
+    size = getattr(spec, "moba_block", None)
+    return None if size is None else (size, spec.moba_topk)
+
+
 def sparse_selection(block, x: torch.Tensor, seen: dict) -> torch.Tensor | None:
     """(B, T, T): True where query t attends key s under DeepSeek's sparse attention: among the keys its masks show
     (``seen``), the ``sparse_topk`` of highest index score, equal scores to the later key; None for a dense block, or
@@ -295,7 +328,7 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
                                seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax,
-                               k_eq_v=spec.k_eq_v)  # fmt: skip
+                               k_eq_v=spec.k_eq_v, moba=moba_of(spec))  # fmt: skip
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):
@@ -337,9 +370,15 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
         if spec.qk_norm:
             q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, p["k_norm.weight"])
         scores = q @ k.transpose(-1, -2)
+        head_seen = seen_mask
         if R:
             q_rope = rotation(linear(x, "wq", slice(h * (d + R) + d, (h + 1) * (d + R))), positions)
             scores = scores + q_rope @ k_rope.transpose(-1, -2)
+        if moba_of(spec) is not None:  # this head's gates: its whole queries and keys, the rotary part's too
+            whole_q = torch.cat((q, q_rope), dim=-1) if R else q
+            whole_k = torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k
+            shown = allowed(T, T, None, x.device, seen)
+            head_seen = seen_mask & moba_selection(whole_q[:, None], whole_k[:, None], shown, *moba_of(spec))[:, 0]
         scores = scores / math.sqrt(d + R)
         if spec.query_temperature is not None:
             scores = scores * temperature(T, spec.query_temperature, x.device)[:, None]
@@ -351,7 +390,7 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             scores = scores - slopes[h] * (i - j)
         if forgotten is not None:
             scores = scores + forgotten[..., h]
-        scores = scores.masked_fill(~seen_mask, float("-inf"))
+        scores = scores.masked_fill(~head_seen, float("-inf"))
         if spec.sinks:
             weights = torch.softmax(torch.cat((scores, p["sinks"][h].expand(B, T, 1)), dim=-1), dim=-1)[..., :-1]
         else:

@@ -32,18 +32,18 @@ def rewrite() -> None:
 
 FLOORS = {
     "layout wrapper": {
-        "cells": (71, 274), "kernel manual": (37, 93), "kernel sdpa": (34, 89), "kernel flex": (0, 92),
-        "heads mha": (20, 79), "heads gqa": (19, 111), "heads mqa": (32, 84), "mask window": (38, 175),
+        "cells": (73, 280), "kernel manual": (37, 95), "kernel sdpa": (36, 91), "kernel flex": (0, 94),
+        "heads mha": (20, 81), "heads gqa": (19, 113), "heads mqa": (34, 86), "mask window": (40, 180),
         "mask chunked": (12, 27),
     },
     "layout separate_qkv": {
-        "cells": (75, 285), "kernel manual": (39, 97), "kernel sdpa": (36, 92), "kernel flex": (0, 96),
-        "heads mha": (22, 92), "heads gqa": (31, 110), "heads mqa": (22, 83), "mask window": (35, 185),
+        "cells": (77, 291), "kernel manual": (41, 99), "kernel sdpa": (36, 94), "kernel flex": (0, 98),
+        "heads mha": (22, 94), "heads gqa": (33, 112), "heads mqa": (22, 85), "mask window": (36, 188),
         "mask chunked": (12, 27),
     },
     "layout fused_qkv": {
-        "cells": (77, 286), "kernel manual": (41, 96), "kernel sdpa": (34, 93), "kernel flex": (2, 97),
-        "heads mha": (26, 90), "heads gqa": (25, 115), "heads mqa": (26, 81), "mask window": (40, 184),
+        "cells": (79, 292), "kernel manual": (41, 98), "kernel sdpa": (36, 95), "kernel flex": (2, 99),
+        "heads mha": (28, 92), "heads gqa": (25, 117), "heads mqa": (26, 83), "mask window": (41, 189),
         "mask chunked": (12, 27),
     },
     "layout mla": {
@@ -53,19 +53,19 @@ FLOORS = {
     "layout gated_deltanet": {"cells": (7, 8), "kernel sdpa": (7, 8), "heads mha": (7, 8)},
     "layout kda": {"cells": (7, 8), "kernel sdpa": (7, 8), "heads mha": (7, 8)},
     "kernel manual": {
-        "cells": (138, 327), "layout wrapper": (37, 93), "layout separate_qkv": (39, 97), "layout fused_qkv": (41, 96),
-        "layout mla": (21, 41), "heads mha": (57, 140), "heads gqa": (37, 109), "heads mqa": (44, 78),
-        "mask window": (61, 209), "mask chunked": (20, 30),
+        "cells": (140, 333), "layout wrapper": (37, 95), "layout separate_qkv": (41, 99), "layout fused_qkv": (41, 98),
+        "layout mla": (21, 41), "heads mha": (57, 140), "heads gqa": (39, 115), "heads mqa": (44, 78),
+        "mask window": (62, 213), "mask chunked": (20, 30),
     },
     "kernel sdpa": {
-        "cells": (137, 329), "layout wrapper": (34, 89), "layout separate_qkv": (36, 92), "layout fused_qkv": (34, 93),
-        "layout mla": (19, 39), "layout gated_deltanet": (7, 8), "layout kda": (7, 8), "heads mha": (63, 131),
-        "heads gqa": (38, 119), "heads mqa": (36, 79), "mask window": (73, 197), "mask chunked": (20, 30),
+        "cells": (141, 335), "layout wrapper": (36, 91), "layout separate_qkv": (36, 94), "layout fused_qkv": (36, 95),
+        "layout mla": (19, 39), "layout gated_deltanet": (7, 8), "layout kda": (7, 8), "heads mha": (65, 131),
+        "heads gqa": (38, 119), "heads mqa": (38, 85), "mask window": (76, 202), "mask chunked": (20, 30),
     },
     "kernel flex": {
-        "cells": (2, 326), "layout wrapper": (0, 92), "layout separate_qkv": (0, 96), "layout fused_qkv": (2, 97),
-        "layout mla": (0, 41), "heads mha": (2, 127), "heads gqa": (0, 108), "heads mqa": (0, 91),
-        "mask window": (0, 216), "mask chunked": (0, 30),
+        "cells": (2, 332), "layout wrapper": (0, 94), "layout separate_qkv": (0, 98), "layout fused_qkv": (2, 99),
+        "layout mla": (0, 41), "heads mha": (2, 133), "heads gqa": (0, 108), "heads mqa": (0, 91),
+        "mask window": (0, 220), "mask chunked": (0, 30),
     },
     "position learned": {
         "cells": (208, 696), "layout wrapper": (54, 191), "layout separate_qkv": (58, 202),
@@ -90,9 +90,9 @@ FLOORS = {
         "heads mqa": (5, 12), "mask window": (11, 44),
     },
     "position path": {
-        "cells": (1, 18), "layout wrapper": (0, 6), "layout separate_qkv": (0, 6), "layout fused_qkv": (1, 6),
-        "kernel manual": (0, 6), "kernel sdpa": (1, 6), "kernel flex": (0, 6), "heads gqa": (1, 18),
-        "mask window": (0, 9),
+        "cells": (7, 36), "layout wrapper": (2, 12), "layout separate_qkv": (2, 12), "layout fused_qkv": (3, 12),
+        "kernel manual": (2, 12), "kernel sdpa": (5, 12), "kernel flex": (0, 12), "heads mha": (2, 6),
+        "heads gqa": (3, 24), "heads mqa": (2, 6), "mask window": (4, 22),
     },
     "modification alibi": {
         "cells": (21, 87), "layout wrapper": (6, 24), "layout separate_qkv": (4, 25), "layout fused_qkv": (6, 24),
@@ -125,20 +125,20 @@ FLOORS = {
         "heads mha": (5, 18), "heads gqa": (5, 12), "heads mqa": (2, 12), "mask window": (9, 29),
     },
     "modification path": {
-        "cells": (1, 18), "layout wrapper": (0, 6), "layout separate_qkv": (0, 6), "layout fused_qkv": (1, 6),
-        "kernel manual": (0, 6), "kernel sdpa": (1, 6), "kernel flex": (0, 6), "heads gqa": (1, 18),
-        "mask window": (0, 9),
+        "cells": (7, 36), "layout wrapper": (2, 12), "layout separate_qkv": (2, 12), "layout fused_qkv": (3, 12),
+        "kernel manual": (2, 12), "kernel sdpa": (5, 12), "kernel flex": (0, 12), "heads mha": (2, 6),
+        "heads gqa": (3, 24), "heads mqa": (2, 6), "mask window": (4, 22),
     },
     "mask causal": {
-        "cells": (277, 982), "layout wrapper": (71, 274), "layout separate_qkv": (75, 285),
-        "layout fused_qkv": (77, 286), "layout mla": (40, 121), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
-        "kernel manual": (138, 327), "kernel sdpa": (137, 329), "kernel flex": (2, 326), "heads mha": (122, 398),
-        "heads gqa": (75, 336), "heads mqa": (80, 248),
+        "cells": (283, 1000), "layout wrapper": (73, 280), "layout separate_qkv": (77, 291),
+        "layout fused_qkv": (79, 292), "layout mla": (40, 121), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
+        "kernel manual": (140, 333), "kernel sdpa": (141, 335), "kernel flex": (2, 332), "heads mha": (124, 404),
+        "heads gqa": (77, 342), "heads mqa": (82, 254),
     },
     "mask window": {
-        "cells": (134, 622), "layout wrapper": (38, 175), "layout separate_qkv": (35, 185),
-        "layout fused_qkv": (40, 184), "layout mla": (21, 78), "kernel manual": (61, 209), "kernel sdpa": (73, 197),
-        "kernel flex": (0, 216), "heads mha": (52, 246), "heads gqa": (39, 213), "heads mqa": (43, 163),
+        "cells": (138, 635), "layout wrapper": (40, 180), "layout separate_qkv": (36, 188),
+        "layout fused_qkv": (41, 189), "layout mla": (21, 78), "kernel manual": (62, 213), "kernel sdpa": (76, 202),
+        "kernel flex": (0, 220), "heads mha": (53, 250), "heads gqa": (40, 217), "heads mqa": (45, 168),
     },
     "mask chunked": {
         "cells": (40, 90), "layout wrapper": (12, 27), "layout separate_qkv": (12, 27), "layout fused_qkv": (12, 27),
@@ -200,6 +200,8 @@ FLOORS = {
         "cells": (4, 4), "layout gated_deltanet": (2, 2), "layout kda": (2, 2), "kernel sdpa": (4, 4),
         "heads mha": (4, 4),
     },
+    "option moba_block": {"cells": (0, 0)},
+    "option moba_topk": {"cells": (0, 0)},
     "encoding rope": {
         "cells": (6, 18), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "kernel manual": (4, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 6), "heads mha": (2, 6),
@@ -216,7 +218,11 @@ FLOORS = {
         "kernel sdpa": (8, 12), "kernel flex": (0, 8), "heads mha": (8, 16), "heads gqa": (2, 6), "heads mqa": (2, 6),
         "mask window": (5, 17),
     },
-    "encoding path": {"cells": (0, 0)},
+    "encoding path": {
+        "cells": (6, 18), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
+        "kernel manual": (2, 6), "kernel sdpa": (4, 6), "kernel flex": (0, 6), "heads mha": (2, 6),
+        "heads gqa": (2, 6), "heads mqa": (2, 6), "mask window": (4, 13),
+    },
     "encoding qk_norm": {
         "cells": (8, 24), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "layout mla": (2, 6), "kernel manual": (4, 8), "kernel sdpa": (4, 8), "kernel flex": (0, 8),

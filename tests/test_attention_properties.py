@@ -188,7 +188,8 @@ def test_the_default_grids_reach_every_registered_layout_kernel_position_and_mod
         # documents computed alone (tests/test_document_masking.py); a cell here would hold one document. Sparse
         # attention's top-k is held to its formula in float64 (tests/test_sparse_attention.py): a float32 cell's top-k
         # could trade two keys whose index scores differ by round-off
-        assert held or name in ("n_kv_head", "dropout", "linear_chunk", "kv_latent", "rope_head_dim", "rope_scaling",
+        assert held or name in OWN_GRID or name in (
+                                "n_kv_head", "dropout", "linear_chunk", "kv_latent", "rope_head_dim", "rope_scaling",
                                 "rope_factor", "rope_original_length", "document_masking", "sparse_topk",
                                 "indexer_heads", "indexer_dim"), \
             f"model.{name} has no cell"  # fmt: skip
@@ -323,8 +324,9 @@ ENCODINGS |= COMBINATIONS
 
 # Options whose cells live in a grid of their own: sparse attention's top-k picks keys by score, so its inputs are
 # drawn where float32's round-off cannot change the pick, and its indexer has no gradient from the output
-# (tests/test_sparse_attention.py: every layout and kernel at every length and top-k boundary, the deep sweep too).
-OWN_GRID = {"sparse_topk"}
+# (tests/test_sparse_attention.py: every layout and kernel at every length and top-k boundary, the deep sweep too);
+# MoBA's blocks are chosen by a top-k of gates, as near ties go (tests/test_moba.py: every length and block boundary).
+OWN_GRID = {"sparse_topk", "moba_block", "moba_topk"}
 
 
 def options_of_their_own() -> dict[str, dict]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
+from model.attention.blocks import BlockSelection, block_flops
 from model.attention.differential import DifferentialHeads
 from model.attention.kernels import attention_probs, repeat_kv, seen_keys
 from model.attention.masks import HeldKeys
@@ -127,7 +128,7 @@ STAGE_OPTIONS = {
     # with the position encoding's own fields
     "encodings": frozenset({"position", "qk_norm", "query_temperature", "ssmax"}),
     "key selection": frozenset({"window", "attention_chunk", "document_masking", "sparse_topk", "indexer_heads",
-                                "indexer_dim"}),
+                                "indexer_dim", "moba_block", "moba_topk"}),
     "kernel": frozenset({"softcap", "sinks", "forget_gate", "dropout"}),
     "combination": frozenset({"differential", "lambda_init"}),
     "gate": frozenset({"gate"}),
@@ -250,8 +251,13 @@ class MultiHeadAttention(nn.Module):
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
         """Training FLOPs per token of the score and value matmuls: 6 x their widths (``score_widths``) x the keys
         each query sees at most (``seq_len``, or fewer under a mask the model sets that caps them: a window, a
-        chunk); with sparse attention, the keys it selects at most, and its indexer's scores over every key."""
+        chunk); with sparse attention, the keys it selects at most, and its indexer's scores over every key; with
+        MoBA, the keys of the blocks it attends at most, and its gates over every block (a kernel that masks instead
+        of skipping computes them all: the plan counts the algorithm's)."""
         keys = mask_capacity(masks_set(spec), seq_len)
+        if spec.moba_block is not None:
+            attended = min(spec.moba_topk * spec.moba_block, keys)
+            return 6 * sum(cls.score_widths(spec)) * attended + block_flops(spec, keys)
         if spec.sparse_topk is None:
             return 6 * sum(cls.score_widths(spec)) * keys
         return 6 * sum(cls.score_widths(spec)) * min(spec.sparse_topk, keys) + index_flops(spec, keys)
@@ -325,6 +331,7 @@ class MultiHeadAttention(nn.Module):
         if spec.sparse_topk is not None:
             with own_draws():
                 self.indexer = LightningIndexer(spec, None if self.rotary is None else self.rotary.dim)
+        self.blocks = None if spec.moba_block is None else BlockSelection(spec)  # MoBA's: no parameters
 
     @classmethod
     def rotary_width(cls, spec: AttentionSpec) -> int:
@@ -533,7 +540,10 @@ class MultiHeadAttention(nn.Module):
                      mods: ScoreMods | None, positions: torch.Tensor | None, documents: torch.Tensor | None,
                      selected: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """The kernel with the score modifications, over (B, h, T, dq) queries and their key group's keys and values,
-        then the heads' combination (differential attention) -> (B, h, T, dv)."""
+        then the heads' combination (differential attention) -> (B, h, T, dv). MoBA's blocks (key selection) are chosen
+        here, from the queries and keys the kernel gets."""
+        if self.blocks is not None:
+            selected = self.blocks.select(q, self.keys_per_query(k, q.size(1)), keys, positions, documents)
         if self.diff is not None:  # every map reads both halves of its pair's values; the pairs' differences are heads
             k, halves = self.keys_per_query(k, q.size(1)), self.diff.value_halves(v, q.size(1))
             # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
@@ -589,8 +599,10 @@ class MultiHeadAttention(nn.Module):
         if self.turns_keys:
             return self.turned_attention_weights(x, positions)
         selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
-        return attention_probs(*self.queries_keys(x, None, selected), self.masks, mods=self.score_mods(x),
-                               selected=selected)  # fmt: skip
+        q, k = self.queries_keys(x, None, selected)
+        if self.blocks is not None:
+            selected = self.blocks.select(q, k, None, positions, None)
+        return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)
 
     def turned_attention_weights(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``attention_weights`` under PaTH: each query's product of transforms through the widened queries and keys

@@ -332,6 +332,10 @@ class PaTHPositions(PositionEncoding):
             return (f"model.position={spec.position} and model.sparse_topk={spec.sparse_topk} cannot both be set: "
                     f"the indexer learns from the layer's attention weights, which PaTH forms per query from keys "
                     f"turned for it; set model.sparse_topk=null, or another model.position")  # fmt: skip
+        if getattr(spec, "moba_block", None) is not None:
+            return (f"model.position={spec.position} and model.moba_block={spec.moba_block} cannot both be set: "
+                    f"MoBA chooses blocks by q . mean(K), and PaTH turns every key for each query apart; set "
+                    f"model.moba_block=null, or another model.position")  # fmt: skip
         return None
 
 

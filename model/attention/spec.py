@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from model import registry
+from model.attention.blocks import MOBA_TOPK, check_blocks
 from model.attention.differential import LAMBDA_INIT
 from model.attention.kernels import SDPA_BACKENDS, get_kernel
 from model.attention.masks import Masks
@@ -109,6 +110,15 @@ class AttentionSpec:
     # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
     # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
     negative_eigenvalues: bool = option(False, True)
+    # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
+    # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
+    moba_block: int | None = option(None, 2, conflicts={
+        "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
+                       "by its own scores); choose one selection",
+        "ssmax": "SSMax scales each query by the log of the keys it sees, which MoBA chooses from the queries "
+                 "afterwards; the two are not built together"})  # fmt: skip
+    # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
+    moba_topk: int = option(MOBA_TOPK, 2, moba_block=1)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -165,6 +175,7 @@ class AttentionSpec:
         self.check_rope_scaling()
         self.check_rope_fraction()
         check_sparse(self)
+        check_blocks(self)
         for mod in MODIFICATIONS.values():
             mod.check(getattr(self, mod.field))
         check_conflicts(self)
@@ -280,6 +291,8 @@ class AttentionSpec:
             effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
         if self.sparse_topk is not None:
             effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
+        if self.moba_block is not None:
+            effects.append(("sparse", f"model.moba_block={self.moba_block}", "selects the blocks each query attends"))
         return effects + [(name, MODIFICATIONS[name].option(getattr(self, MODIFICATIONS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
