@@ -49,7 +49,8 @@ def test_the_new_axes_are_a_grid_with_one_labelled_row_per_cell(tmp_path):
     assert table[2].startswith("| layout | kernel | position | qk norm | softcap | sinks | kv latent | rope head dim |")
     # One sequence length: a bar per cell, its label on its tick; the axis says what a label's parts are.
     ax = step_figures.figure(rows, "tiny", "forward+backward").axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{label}, eager" for label in labels]
+    # a cell timed on a busy machine is marked † (bench.md and bench.png alike): the label is what precedes it
+    assert [t.get_text().removesuffix(" †") for t in ax.get_yticklabels()] == [f"{label}, eager" for label in labels]
     assert ax.get_ylabel().startswith("layout-kernel-latent<dims>-ropedim<dims>-<position>-qknorm")
 
 

@@ -173,7 +173,7 @@ def test_a_hybrids_softmax_layers_take_the_models_kernel_and_its_linear_layers_n
 
 
 def test_a_hybrid_is_named_by_its_kinds_and_a_kind_of_the_models_own_function_is_refused():
-    assert attention_label(vars(hybrid_config())) == "fused_qkv-sdpa-rope-DG_D.gated_deltanet.nopos_G"
+    assert attention_label(vars(hybrid_config())) == "fused_qkv-sdpa-rope-DG_D.gated_deltanet.nopos_G.fused_qkv"
     with pytest.raises(ValueError) as err:
         GPTConfig(**{**vars(hybrid_config()), "layer_kinds": {"D": {"attention": "wrapper"}, "G": {}}})
     assert str(err.value) == ("model.layer_kinds.D (layers 0, 2): attention=wrapper with model.attention=fused_qkv: "
@@ -315,7 +315,8 @@ def test_a_short_run_lowers_the_loss_and_loads_as_itself(tmp_path, data_cache):
 def test_a_hybrids_label_reads_in_the_reports_legend_and_bars():
     label = attention_label(vars(hybrid_config(gate="none")))
     assert legend_title([label]).endswith("-<layer pattern>_<kind>.<what it sets>")
-    assert tick_label(label).splitlines() == ["fused_qkv", "sdpa", "rope", "DG", "D.gated_deltanet.nopos", "G"]
+    assert tick_label(label).splitlines() == ["fused_qkv", "sdpa", "rope", "DG", "D.gated_deltanet.nopos",
+                                              "G.fused_qkv"]  # fmt: skip
 
 
 # Every field a Gated DeltaNet layer cannot apply, at a value that uses it: those it has a mechanism of its own

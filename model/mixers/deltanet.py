@@ -312,7 +312,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         o = F.rms_norm(o.transpose(1, 2), (self.head_dim,), self.o_norm.weight.to(o.dtype), self.o_norm.eps)
         return (o * self.gate_activation(gate)).reshape(B, T, C)
 
-    def queries_keys(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def queries_keys(self, x: torch.Tensor, documents=None, selected=None) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"attention={self.name} has no attention weights: its heads read a state, not a "
                          f"softmax over keys")  # fmt: skip
 
