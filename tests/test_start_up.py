@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT, TINY, user_env
-from warm_python import start_python
 
 NOTHING_STARTED = "while starting, before any work: nothing was started; run the command again"
 
@@ -131,15 +130,24 @@ def test_a_stop_signal_while_train_py_starts_leaves_no_run_directory(tmp_path, d
     marker = tmp_path / "marker"
     code = AT_A_MOMENT.format(module=module, owner=owner, name=name, marker=str(marker), script=str(ROOT / "train.py"))
     run = tmp_path / "runs" / "run"
-    proc = start_python(["-c", code, *TINY, logger, f"data.cache_dir={data_cache}", f"hydra.run.dir={run}"],
-                        cwd=tmp_path, env=user_env())  # fmt: skip
-    deadline = time.time() + 120
-    while not marker.exists() and proc.running() and time.time() < deadline:
-        time.sleep(0.01)
-    assert marker.exists(), proc.wait(timeout=60).stderr[-3000:]
-    os.kill(proc.pid, sig)
-    # once past 60 s in a suite run beside another job (load about 4), cause not found: a real hang still fails
-    result = proc.wait(timeout=180)
+    # A fresh interpreter, as a terminal starts a command (Ctrl-C not ignored, whatever pytest's workers inherited),
+    # not a fork of the warm one: in a whole suite run, a forked child once went on past its Ctrl-C
+    env = {**user_env(), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, *TINY, logger, f"data.cache_dir={data_cache}",
+                             f"hydra.run.dir={run}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not marker.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        assert marker.exists(), proc.communicate(timeout=60)[1][-3000:]
+        os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     said = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else sig.name
     # its last line (data preparation's progress may come before it), no traceback
     assert result.stderr.splitlines()[-1] == f"train.py: stopped by {said} {NOTHING_STARTED}", result.stderr[-3000:]
