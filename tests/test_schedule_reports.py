@@ -124,8 +124,6 @@ def test_a_preset_chosen_on_the_command_line_is_in_run_json_the_wandb_run_and_it
     hybrid = "hybrid: DDDG, D=gated_deltanet, G=fused_qkv/sdpa"
     assert info["logger"]["preset"] == "hybrid" and info["schedule"] == hybrid
     assert info["name"].startswith("hybrid-fused_qkv-sdpa-") and "_D.gated_deltanet" in info["name"], info["name"]
-    assert any(line.startswith("plan: tiny (DDDG: D=gated_deltanet, G=fused_qkv/sdpa;")
-               for line in (result.stdout + result.stderr).splitlines()), "the plan names each kind's layout"
     (trained,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
     (record,) = [r.run for r in read_complete(trained) if r.WhichOneof("record_type") == "run"]
     tags = list(record.tags)
