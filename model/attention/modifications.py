@@ -193,8 +193,25 @@ class Modification:
         return cls.field.replace("_", "-")
 
 
+class SetByPosition(Modification):
+    """A modification that a position encoding brings (ALiBi, PaTH): checked, spelled and labelled as its
+    ``model.position`` (the encoding's part of the label says it)."""
+
+    @classmethod
+    def check(cls, value) -> None:
+        registry.position(value)
+
+    @classmethod
+    def option(cls, value) -> str:
+        return f"model.position={value}"
+
+    @classmethod
+    def label(cls, value) -> str | None:
+        return None  # the position's part of the label says it
+
+
 @register(MODIFICATIONS)
-class Alibi(Modification):
+class Alibi(SetByPosition):
     """ALiBi (Press et al. 2022): a position encoding that biases the scores, so it is set, named, shown, benched
     and refused for GPT-2 as ``model.position`` (the position encoding's own facts)."""
 
@@ -211,18 +228,6 @@ class Alibi(Modification):
     @classmethod
     def used(cls, value) -> bool:
         return registry.position(value).biases_scores
-
-    @classmethod
-    def check(cls, value) -> None:
-        registry.position(value)
-
-    @classmethod
-    def option(cls, value) -> str:
-        return f"model.position={value}"
-
-    @classmethod
-    def label(cls, value) -> str | None:
-        return None  # the position's part of the label says it
 
 
 @register(MODIFICATIONS)
@@ -402,7 +407,7 @@ class ForgetGate(Modification):
 
 
 @register(MODIFICATIONS)
-class PaTH(Modification):
+class PaTH(SetByPosition):
     """PaTH's data-dependent transforms of the keys (Yang et al. 2025): a position encoding, set, named and refused for
     GPT-2 as ``model.position`` (the encoding's facts); here its projections of the block's input and what a forward
     keeps of them. At the encodings' stage: each query's keys are turned before the kernel (``form`` None)."""
@@ -412,18 +417,6 @@ class PaTH(Modification):
     @classmethod
     def used(cls, value) -> bool:
         return registry.position(value).transforms_keys
-
-    @classmethod
-    def check(cls, value) -> None:
-        registry.position(value)
-
-    @classmethod
-    def option(cls, value) -> str:
-        return f"model.position={value}"
-
-    @classmethod
-    def label(cls, value) -> str | None:
-        return None  # the position's part of the label says it
 
     @classmethod
     def projections(cls, spec) -> dict[str, tuple[int, bool]]:
