@@ -181,14 +181,14 @@ def assert_chunked_form_is_the_recurrence(chunked, recurrent, inputs: list, chun
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: {where}")
 
 
-def random_linear_layer(layout: str, n_embd: int, n_head: int, seed: int):
-    """A linear-attention layer (gated_deltanet, kda) in float64 and eval mode, every parameter drawn anew for
-    ``seed`` (matrices N(0, 0.3^2), vectors N(0, 0.5^2)): far from the init, so a wrong formula shows."""
+def random_linear_layer(layout: str, n_embd: int, n_head: int, seed: int, **options):
+    """A linear-attention layer (gated_deltanet, kda) with ``options`` in float64 and eval mode, every parameter drawn
+    anew for ``seed`` (matrices N(0, 0.3^2), vectors N(0, 0.5^2)): far from the init, so a wrong formula shows."""
     import torch
 
     from model import build_attention
 
-    block = build_attention(layout, n_embd, n_head, "sdpa", position="none").double().eval()
+    block = build_attention(layout, n_embd, n_head, "sdpa", position="none", **options).double().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in block.parameters():

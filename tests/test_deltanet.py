@@ -21,7 +21,7 @@ from model.config import attention_label
 from model.decoding.steps import StaticStep
 from model.mixers.deltanet import CONV_SIZE, GatedDeltaNet, chunked_delta_rule
 from model.registry import KERNELS, MODIFICATIONS
-from tests.attention_reference import deltanet_reference, recurrent_delta_rule
+from tests.attention_reference import REFERENCES, deltanet_reference, recurrent_delta_rule
 from tests.helpers import (
     assert_chunked_form_is_the_recurrence,
     assert_layer_is_its_formula,
@@ -80,6 +80,18 @@ def reference_layer(block: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
 def test_the_layer_is_the_papers_formula_at_every_length_with_gradients(n_embd, n_head):
     block = random_linear_layer("gated_deltanet", n_embd, n_head, seed=n_head)
     assert_layer_is_its_formula(block, reference_layer, (1, 2, 3, 4, 5, 17, 64, 65, 130))
+
+
+@pytest.mark.parametrize("layout", ["gated_deltanet", "kda"])
+def test_with_negative_eigenvalues_the_layer_in_float64_is_its_formula_across_chunk_edges(layout):
+    """beta in (0, 2): the state's transition reflects. The float32 grid holds Gated DeltaNet's gradients to 6e-5
+    (1 + scale) (tests/attention_reference.py), as reflections gather round-off; here, in float64, the code is the
+    formula to 1e-9, so that margin is float32's round-off and not a wrong step. Lengths around the chunk of 64."""
+    block = random_linear_layer(layout, 32, 4, seed=3, negative_eigenvalues=True)
+    beta_rows = {"gated_deltanet": ("in_proj", slice(128, 132)), "kda": ("qkvb_proj", slice(96, 100))}[layout]
+    with torch.no_grad():  # beta's rows (one a head) larger: betas near 0 and near 2
+        getattr(block, beta_rows[0]).weight[beta_rows[1]].mul_(8.0)
+    assert_layer_is_its_formula(block, lambda b, x: REFERENCES[layout](b, layout, x, {}), (1, 2, 17, 29, 63, 64, 65))
 
 
 def deltanet_gpt(position: str = "none", n_layer: int = 2, seed: int = 0, **fields) -> GPT:
