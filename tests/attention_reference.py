@@ -186,18 +186,18 @@ def householder_keys(x: torch.Tensor, p: dict, k: torch.Tensor) -> torch.Tensor:
     """PaTH (Yang et al. 2025, eq. 2-3): the logit of query i and key j is q_i^T H_i H_{i-1} ... H_{j+1} k_j, each
     token's H_t = I - beta_t w_t w_t^T a d x d matrix, w_t = x_t W_w of the key/value head, L2-normalised, beta_t =
     2 sigmoid(x_t w_b + b_b) (fla's PaTHAttention: in (0, 2), a reflection at 2). Written as the matrices multiplied
-    in turn into each key: -> (B, kv, T, T, d), key j as query i sees it (itself for j >= i: the empty product)."""
+    in turn into each key: -> (B, kv, T, T, d), key j as query i sees it (itself for j >= i: the empty product).
+    H_i k is taken as k - beta_i w_i (w_i . k), the same matrix's product without forming it (d x d products of
+    every key at every token cost the deep sweep minutes a cell)."""
     B, T, _ = x.shape
-    kv, d = k.size(1), k.size(-1)
-    w = (x @ p["path_w.weight"].T).view(B, T, kv, d).transpose(1, 2)
+    w = (x @ p["path_w.weight"].T).view(B, T, k.size(1), k.size(-1)).transpose(1, 2)
     w = w / torch.sqrt(w.pow(2).sum(dim=-1, keepdim=True) + PATH_EPS)
     beta = 2 * torch.sigmoid(x @ p["path_beta.weight"].T + p["path_beta.bias"]).transpose(1, 2)  # (B, kv, T)
-    eye = torch.eye(d, dtype=x.dtype, device=x.device)
-    H = eye - beta[..., None, None] * (w[..., :, None] @ w[..., None, :])  # (B, kv, T, d, d)
     before = torch.arange(T, device=x.device)[:, None]  # key j, compared with the token i that turns it
     carried, seen = k, []  # carried: key j times H_i ... H_{j+1}, through token i
     for i in range(T):
-        turned = (H[:, :, i, None] @ carried[..., None]).squeeze(-1)  # H_i k for every key
+        w_i = w[:, :, i, None]  # (B, kv, 1, d)
+        turned = carried - beta[:, :, i, None, None] * w_i * (carried * w_i).sum(dim=-1, keepdim=True)  # H_i k
         carried = torch.where(before < i, turned, carried)  # only the keys before token i
         seen.append(carried)
     return torch.stack(seen, dim=2)
