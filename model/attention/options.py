@@ -25,6 +25,13 @@ from model import registry
 
 SHAPE = ("n_embd", "n_head", "bias", "block_size")  # what a block is built at, not an option of how it attends
 KERNEL_CHOICE = ("kernel", "sdpa_backend")  # which kernel runs the softmax: a layer takes one or runs none
+# The plan's terms (training/plan.py) a layer's option may change: its parameters, its mixing FLOPs per token
+# (``mixing_flops``: the score and value matmuls, a key selection's own scores), its KV cache (numbers per token,
+# ``cache_width``, and capacity), its decoding state of fixed size (``state_bytes``), its activations kept for backward
+# (``activation_bytes``). An option declares the terms it changes (``option(plan=...)``; a position encoding, its
+# class's ``plan``): tests/test_plan_terms.py holds it to change exactly those, so a term left inherited (a selection
+# priced as dense attention) or changed undeclared fails.
+PLAN_TERMS = ("parameters", "flops", "cache", "state", "activations")
 
 
 def option_fields(spec_class=None) -> tuple[str, ...]:
