@@ -32,6 +32,17 @@ KERNEL_CHOICE = ("kernel", "sdpa_backend")  # which kernel runs the softmax: a l
 # class's ``plan``): tests/test_plan_terms.py holds it to change exactly those, so a term left inherited (a selection
 # priced as dense attention) or changed undeclared fails.
 PLAN_TERMS = ("parameters", "flops", "cache", "state", "activations")
+# The stages of the attention pipeline that apply options (``model.attention.pipeline``), in order: an option of a stage
+# (``option(stage=...)``) is applied by every layer that runs the pipeline (``STAGE_OPTIONS``); an option of no stage is
+# a projection's, a position encoding's or a mixer's of its own form, which say so themselves.
+STAGES = ("encodings", "key selection", "kernel", "combination", "gate")
+# The jobs within a stage that one option at a time does (``option(exclusive=...)``): two options of one job compute
+# the same thing twice, so they must declare their conflict (the pair walk, tests/test_option_pairs.py, fails on a
+# pair of one job that builds).
+EXCLUSIVE = {
+    "query scaling": "each scales the queries by how far they read",
+    "key selection": "each chooses, beyond the masks, the keys a query attends",
+}
 
 
 def option_fields(spec_class=None) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from model.attention.masks import HeldKeys
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import ScoreMods, on_the_scores
-from model.attention.options import applied, check_applied, option_fields, takers
+from model.attention.options import STAGES, applied, check_applied, option_fields, takers
 from model.attention.positions import alibi_slopes, householder_augmented, turned_through
 from model.attention.sparse import LightningIndexer, index_flops
 from model.attention.spec import AttentionSpec, check_one_pair
@@ -119,20 +119,13 @@ def on_dims(t: torch.Tensor, dims: slice, f) -> torch.Tensor:
     return torch.cat((t[..., :start], f(t[..., start:stop]), t[..., stop:]), dim=-1)
 
 
-# The options each stage of the pipeline applies (model.attention.options): a layer that runs the pipeline applies all
-# of them, with its projection's own (``projection_options``), but for those its projection declares it cannot hold
-# (``cannot_hold``, with why). A new option goes in the stage that applies it, and every pipeline layer applies it
-# there (tests/test_pipeline.py proves each stage reaches every layer's output); a layer that runs no kernel states
-# its own ``applies``.
-STAGE_OPTIONS = {
-    # with the position encoding's own fields
-    "encodings": frozenset({"position", "qk_norm", "query_temperature", "ssmax"}),
-    "key selection": frozenset({"window", "attention_chunk", "document_masking", "sparse_topk", "indexer_heads",
-                                "indexer_dim", "moba_block", "moba_topk"}),
-    "kernel": frozenset({"softcap", "sinks", "forget_gate", "dropout"}),
-    "combination": frozenset({"differential", "lambda_init"}),
-    "gate": frozenset({"gate"}),
-}  # fmt: skip
+# The options each stage of the pipeline applies (model.attention.options), from their declarations (``option(stage=
+# ...)`` in model.attention.spec): a layer that runs the pipeline applies all of them, with its projection's own
+# (``projection_options``), but for those its projection declares it cannot hold (``cannot_hold``, with why). A new
+# option declares the stage that applies it, and every pipeline layer applies it there (tests/test_pipeline.py proves
+# each stage reaches every layer's output); a layer that runs no kernel states its own ``applies``.
+STAGE_OPTIONS = {stage: frozenset(f.name for f in fields(AttentionSpec) if f.metadata.get("stage") == stage)
+                 for stage in STAGES}  # fmt: skip
 # The plan's terms a layer states about itself (what it keeps for backward, computes, caches, carries): a layer takes
 # none from another registered layer (KDA once priced itself as Gated DeltaNet). A pipeline layer's memory and FLOPs
 # come from the widths its projection states; a layer that runs no kernel states them all.

@@ -18,7 +18,7 @@ from model.attention.masks import Masks
 from model.attention.masks import of_spec as masks_of
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import GATES, finite_number
-from model.attention.options import PLAN_TERMS, check_conflicts, spelled
+from model.attention.options import EXCLUSIVE, PLAN_TERMS, STAGES, check_conflicts, spelled
 from model.attention.positions import ROPE_SCALINGS
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, check_sparse
 from model.registry import KERNELS, MODIFICATIONS, POSITIONS, lookup
@@ -26,7 +26,7 @@ from model.registry import KERNELS, MODIFICATIONS, POSITIONS, lookup
 
 def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
            values: tuple = (), conflicts: dict[str, str] | None = None, plan: tuple[str, ...] = (),
-           **needs):  # fmt: skip
+           stage: str | None = None, exclusive: str | None = None, **needs):  # fmt: skip
     """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
     other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
     option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
@@ -36,13 +36,19 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
     the options it cannot coexist with, each with why (``conflicts``: refused in one line naming both, whichever is
     set first; the pair walk, tests/test_option_pairs.py, holds every other pair to change the function), and the
     plan's terms it changes in a layer that applies it (``plan``, of ``PLAN_TERMS``: tests/test_plan_terms.py holds it
-    to change those and no other)."""
+    to change those and no other); the pipeline's stage that applies it (``stage``, of ``STAGES``: every pipeline layer
+    then applies it; None: a projection's, a position encoding's or a mixer's own option), and the job within it that
+    one option at a time does (``exclusive``, of ``EXCLUSIVE``: two query scalings, two selections of keys; the pair
+    walk holds every two options of one job to be refused as a pair, so each declares its conflict with the other)."""
     unknown = set(plan) - set(PLAN_TERMS)
     assert not unknown, f"plan terms {sorted(unknown)} are none of {PLAN_TERMS}"
+    assert stage is None or stage in STAGES, f"stage {stage!r} is none of the pipeline's {STAGES}"
+    assert exclusive is None or exclusive in EXCLUSIVE, f"exclusive job {exclusive!r} is none of {sorted(EXCLUSIVE)}"
     return field(default=default, metadata={"example": example, "values": values, "with": needs,
                                             "same_function": same_function, "per_layer": per_layer,
                                             "labelled": labelled, "conflicts": conflicts or {},
-                                            "plan": tuple(plan)})  # fmt: skip
+                                            "plan": tuple(plan), "stage": stage,
+                                            "exclusive": exclusive})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,18 +62,19 @@ class AttentionSpec:
     # The options (model.attention.options: every field but the shape and the kernel's choice) say a value that sets
     # them (``example``, with the options it needs, ``with``): tests/test_options.py holds every option, in every layer,
     # kernel and the export, to be applied (it changes the function) or refused.
-    dropout: float = option(0.0, 0.25, plan=("activations",), per_layer=False, labelled=False)
+    dropout: float = option(0.0, 0.25, stage="kernel", plan=("activations",), per_layer=False, labelled=False)
     bias: bool = True
     # None: n_head (multi-head); 1: multi-query
     n_kv_head: int | None = option(None, 2, values=(1,), plan=("parameters", "cache", "activations"))
     # keys equal to values (Gemma 4's attention_k_eq_v): one key/value projection, each key/value head's values the
     # keys as projected, before QK-norm and rotary turn the keys (model.attention.layouts)
     k_eq_v: bool = option(False, True, plan=("parameters", "cache"))
-    window: int | None = option(None, 3, plan=("flops", "cache"))  # None: every earlier position
+    window: int | None = option(None, 3, stage="key selection", plan=("flops", "cache"))  # None: every earlier position
     # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
-    attention_chunk: int | None = option(None, 3, plan=("flops", "cache"))
+    attention_chunk: int | None = option(None, 3, stage="key selection", plan=("flops", "cache"))
     sdpa_backend: str = "auto"
-    position: str = option("learned", "alibi", values=tuple(POSITIONS))  # model.positions: learned|rope|alibi|none
+    # model.positions: learned|rope|alibi|none|path
+    position: str = option("learned", "alibi", stage="encodings", values=tuple(POSITIONS))
     rope_theta: float = option(10000.0, 50.0, position="rope")
     # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
     rope_fraction: float = option(1.0, 0.5, position="rope")
@@ -81,19 +88,19 @@ class AttentionSpec:
                                               rope_factor=4.0)
     # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
     # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
-    query_temperature: int | None = option(None, 4)
-    qk_norm: bool = option(False, True, plan=("parameters", "activations"))
-    softcap: float | None = option(None, 3.0)
-    sinks: bool = option(False, True, plan=("parameters",))
+    query_temperature: int | None = option(None, 4, stage="encodings", exclusive="query scaling")
+    qk_norm: bool = option(False, True, stage="encodings", plan=("parameters", "activations"))
+    softcap: float | None = option(None, 3.0, stage="kernel")
+    sinks: bool = option(False, True, stage="kernel", plan=("parameters",))
     # an output gate from the block's input (GATES)
-    gate: str = option("none", "headwise", values=GATES, plan=("parameters", "activations"))
+    gate: str = option("none", "headwise", stage="gate", values=GATES, plan=("parameters", "activations"))
     # the Forgetting Transformer's forget gate on the scores
-    forget_gate: bool = option(False, True, plan=("parameters", "cache", "activations"))
+    forget_gate: bool = option(False, True, stage="kernel", plan=("parameters", "cache", "activations"))
     # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
-    differential: bool = option(False, True, plan=("parameters", "flops", "activations"))
+    differential: bool = option(False, True, stage="combination", plan=("parameters", "flops", "activations"))
     # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
-    lambda_init: float = option(LAMBDA_INIT, 0.5, differential=True)
+    lambda_init: float = option(LAMBDA_INIT, 0.5, stage="combination", differential=True)
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     # attention=mla's latent width (a schedule's kinds may set it)
     kv_latent: int | None = option(None, 8, plan=("parameters", "cache"))
@@ -101,21 +108,23 @@ class AttentionSpec:
     # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
     linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False, plan=("flops", "activations"))
     # document masking: a query sees no key before its document's start (after the last end-of-text token)
-    document_masking: bool = option(False, True, per_layer=False)
+    document_masking: bool = option(False, True, stage="key selection", per_layer=False)
     # DeepSeek Sparse Attention (model.attention.sparse): each query attends the keys a lightning indexer of this many
     # heads of this width scores highest, this many of them; None: dense. A schedule's kind may set it (a hybrid's
     # softmax layers); the indexer's shape is the model's, for every sparse layer
-    sparse_topk: int | None = option(None, 2, plan=("parameters", "flops", "cache", "activations"))
-    indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2,
+    sparse_topk: int | None = option(None, 2, stage="key selection", exclusive="key selection",
+                                     plan=("parameters", "flops", "cache", "activations"))
+    indexer_heads: int = option(INDEXER_HEADS, 2, stage="key selection", per_layer=False, sparse_topk=2,
                                 plan=("parameters", "flops", "activations"))
-    indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2,
+    indexer_dim: int = option(INDEXER_DIM, 8, stage="key selection", per_layer=False, sparse_topk=2,
                               plan=("parameters", "flops", "cache", "activations"))
     # (declared last, as each new option is: the generated grids turn layouts, kernels and windows over the entries in
     # this order, and an entry in the middle would move every later one's turns)
     # Scalable softmax (SSMax, Nakanishi 2025, arXiv 2501.19399): the query i scaled by s_h log n_i, n_i the keys it
     # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
     # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
-    ssmax: float | None = option(None, 0.43, plan=("parameters",), conflicts={
+    ssmax: float | None = option(None, 0.43, stage="encodings", exclusive="query scaling", plan=("parameters",),
+                                 conflicts={
         "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
                              "fixed form of SSMax's learned s log n)"})
     # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
@@ -124,13 +133,14 @@ class AttentionSpec:
     negative_eigenvalues: bool = option(False, True)
     # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
     # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
-    moba_block: int | None = option(None, 2, plan=("flops",), conflicts={
+    moba_block: int | None = option(None, 2, stage="key selection", exclusive="key selection", plan=("flops",),
+                                    conflicts={
         "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
                        "by its own scores); choose one selection",
         "ssmax": "SSMax scales each query by the log of the keys it sees, which MoBA chooses from the queries "
                  "afterwards; the two are not built together"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
-    moba_topk: int = option(MOBA_TOPK, 2, moba_block=1, plan=("flops",))
+    moba_topk: int = option(MOBA_TOPK, 2, stage="key selection", moba_block=1, plan=("flops",))
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
