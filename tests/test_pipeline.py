@@ -173,3 +173,36 @@ def test_the_encodings_fast_path_over_whole_heads_equals_the_general_one(qk_norm
     general = block.encoded(t, positions, block.q_norm, Parts(slice(None), slice(None)), time_dim)
     assert torch.equal(fast, general)
     assert not torch.equal(fast, t), "the encodings act"
+
+
+def test_a_key_selection_registers_its_own_plan_terms_and_the_pipeline_names_none():
+    """A key selection (MoBA, sparse attention; NSA to come) is its own module: registered with its options, its call
+    and its plan terms (``model.attention.selection``), none inherited (a selection priced as dense attention is refused
+    as it registers), and the pipeline asks the registry: pipeline.py names no selection's option or attribute."""
+    import re
+    from pathlib import Path
+
+    from model.attention.selection import KeySelection
+    from model.registry import SELECTIONS, register
+
+    assert set(SELECTIONS) >= {"sparse", "moba"}
+
+    class Priced(KeySelection):  # a selection whose FLOPs would be dense attention's
+        name, field, attribute, per_call = "priced_as_dense", "moba_block", "priced", True
+
+        @classmethod
+        def build(cls, spec, rotary_width):
+            return cls()
+
+        @classmethod
+        def attended(cls, spec, keys):
+            return keys
+
+        def select_heads(self, q, k, keys, positions, documents):
+            return None
+
+    with pytest.raises(ValueError, match="key selection priced_as_dense states no flops of its own"):
+        register(dict(SELECTIONS))(Priced)
+    source = Path("model/attention/pipeline.py").read_text()
+    named = {name for cls in SELECTIONS.values() for name in (cls.field, cls.attribute)}
+    assert not [m for m in re.findall(r"\.(\w+)\b", source) if m in named], "pipeline.py names a key selection"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from model import registry
-from model.attention.blocks import MOBA_TOPK, check_blocks
+from model.attention.blocks import MOBA_TOPK
 from model.attention.differential import LAMBDA_INIT
 from model.attention.kernels import SDPA_BACKENDS, get_kernel
 from model.attention.masks import Masks
@@ -20,8 +20,8 @@ from model.attention.masks import options_set as masks_set
 from model.attention.modifications import GATES, finite_number
 from model.attention.options import EXCLUSIVE, PLAN_TERMS, STAGES, check_conflicts, spelled
 from model.attention.positions import ROPE_SCALINGS
-from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, check_sparse
-from model.registry import KERNELS, MODIFICATIONS, POSITIONS, lookup
+from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS
+from model.registry import KERNELS, MODIFICATIONS, POSITIONS, SELECTIONS, lookup
 
 
 def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
@@ -196,8 +196,8 @@ class AttentionSpec:
                              f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
         self.check_rope_scaling()
         self.check_rope_fraction()
-        check_sparse(self)
-        check_blocks(self)
+        for selection in SELECTIONS.values():  # the key selections' own (model.attention.selection)
+            selection.check(self)
         for mod in MODIFICATIONS.values():
             mod.check(getattr(self, mod.field))
         check_conflicts(self)
@@ -311,10 +311,8 @@ class AttentionSpec:
                    for mask, value in masks_set(self)]  # fmt: skip
         if self.document_masking:
             effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
-        if self.sparse_topk is not None:
-            effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
-        if self.moba_block is not None:
-            effects.append(("sparse", f"model.moba_block={self.moba_block}", "selects the blocks each query attends"))
+        effects += [("sparse", selection.option(self), selection.does) for selection in SELECTIONS.values()
+                    if selection.used(self)]  # fmt: skip
         return effects + [(name, MODIFICATIONS[name].option(getattr(self, MODIFICATIONS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
