@@ -206,3 +206,29 @@ def test_a_key_selection_registers_its_own_plan_terms_and_the_pipeline_names_non
     source = Path("model/attention/pipeline.py").read_text()
     named = {name for cls in SELECTIONS.values() for name in (cls.field, cls.attribute)}
     assert not [m for m in re.findall(r"\.(\w+)\b", source) if m in named], "pipeline.py names a key selection"
+
+
+def test_a_mixer_of_its_own_form_holds_only_the_positions_it_declares_and_its_familys_options():
+    """A linear layer names the position encodings it holds (``positions``), never those left after excluding what
+    turns or biases (which took PaTH until it was excluded by hand): a new encoding is refused until it says so. And
+    every mixer that runs the delta rule applies the options declared of that stage (one declaration reaches both)."""
+    from model.attention.options import stage_options
+    from model.attention.positions import PositionEncoding
+    from model.registry import POSITIONS
+
+    linear = [cls for cls in MIXERS.values() if not cls.takes_kernel]
+
+    def refused(cls, position: str) -> bool:
+        return any(name == "position" for name, *_ in cls.unapplied(AttentionSpec(32, 4, position=position)))
+
+    class AnotherTable(PositionEncoding):  # neither turns, biases nor transforms: the rule by exclusion took it
+        name = "another_table"
+
+    POSITIONS[AnotherTable.name] = AnotherTable
+    try:
+        for cls in linear:
+            assert {name for name in POSITIONS if not refused(cls, name)} == set(cls.positions), cls.name
+    finally:
+        del POSITIONS[AnotherTable.name]
+    for cls in linear:
+        assert stage_options("delta rule") <= cls.applies, cls.name

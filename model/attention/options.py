@@ -36,6 +36,17 @@ PLAN_TERMS = ("parameters", "flops", "cache", "state", "activations")
 # (``option(stage=...)``) is applied by every layer that runs the pipeline (``STAGE_OPTIONS``); an option of no stage is
 # a projection's, a position encoding's or a mixer's of its own form, which say so themselves.
 STAGES = ("encodings", "key selection", "kernel", "combination", "gate")
+# The stages of a family of mixers of their own form (model.mixers): an option of one is applied by every mixer that
+# says it runs that stage (the delta rule's: Gated DeltaNet and KDA, which share its code in model.mixers.deltanet), so
+# an option of the family is declared once and implemented once, with no edit of each mixer.
+MIXER_STAGES = ("delta rule",)
+
+
+def stage_options(stage: str, spec_class=None) -> frozenset[str]:
+    """The options that declare ``stage`` (``option(stage=...)``)."""
+    if spec_class is None:
+        from model.attention.spec import AttentionSpec as spec_class
+    return frozenset(f.name for f in fields(spec_class) if f.metadata.get("stage") == stage)
 # The jobs within a stage that one option at a time does (``option(exclusive=...)``): two options of one job compute
 # the same thing twice, so they must declare their conflict (the pair walk, tests/test_option_pairs.py, fails on a
 # pair of one job that builds).

@@ -21,7 +21,7 @@ from model.attention.masks import HeldKeys
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import ScoreMods, on_the_scores
-from model.attention.options import STAGES, applied, check_applied, option_fields, takers
+from model.attention.options import STAGES, applied, check_applied, option_fields, stage_options, takers
 from model.attention.positions import alibi_slopes, householder_augmented, turned_through
 from model.attention.selection import KeySelection, selection_of
 from model.attention.spec import AttentionSpec, check_one_pair
@@ -123,8 +123,7 @@ def on_dims(t: torch.Tensor, dims: slice, f) -> torch.Tensor:
 # (``projection_options``), but for those its projection declares it cannot hold (``cannot_hold``, with why). A new
 # option declares the stage that applies it, and every pipeline layer applies it there (tests/test_pipeline.py proves
 # each stage reaches every layer's output); a layer that runs no kernel states its own ``applies``.
-STAGE_OPTIONS = {stage: frozenset(f.name for f in fields(AttentionSpec) if f.metadata.get("stage") == stage)
-                 for stage in STAGES}  # fmt: skip
+STAGE_OPTIONS = {stage: stage_options(stage, AttentionSpec) for stage in STAGES}
 # The plan's terms a layer states about itself (what it keeps for backward, computes, caches, carries): a layer takes
 # none from another registered layer (KDA once priced itself as Gated DeltaNet). A pipeline layer's memory and FLOPs
 # come from the widths its projection states; a layer that runs no kernel states them all.

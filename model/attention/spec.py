@@ -18,7 +18,7 @@ from model.attention.masks import Masks
 from model.attention.masks import of_spec as masks_of
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import GATES, finite_number
-from model.attention.options import EXCLUSIVE, PLAN_TERMS, STAGES, check_conflicts, spelled
+from model.attention.options import EXCLUSIVE, MIXER_STAGES, PLAN_TERMS, STAGES, check_conflicts, spelled
 from model.attention.positions import ROPE_SCALINGS
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS
 from model.registry import KERNELS, MODIFICATIONS, POSITIONS, SELECTIONS, lookup
@@ -36,13 +36,14 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
     the options it cannot coexist with, each with why (``conflicts``: refused in one line naming both, whichever is
     set first; the pair walk, tests/test_option_pairs.py, holds every other pair to change the function), and the
     plan's terms it changes in a layer that applies it (``plan``, of ``PLAN_TERMS``: tests/test_plan_terms.py holds it
-    to change those and no other); the pipeline's stage that applies it (``stage``, of ``STAGES``: every pipeline layer
-    then applies it; None: a projection's, a position encoding's or a mixer's own option), and the job within it that
+    to change those and no other); the stage that applies it (``stage``: of the pipeline's ``STAGES``, then every
+    pipeline layer applies it; of a family of mixers' ``MIXER_STAGES``, every mixer that runs it; None: a projection's,
+    a position encoding's or one mixer's own option), and the job within it that
     one option at a time does (``exclusive``, of ``EXCLUSIVE``: two query scalings, two selections of keys; the pair
     walk holds every two options of one job to be refused as a pair, so each declares its conflict with the other)."""
     unknown = set(plan) - set(PLAN_TERMS)
     assert not unknown, f"plan terms {sorted(unknown)} are none of {PLAN_TERMS}"
-    assert stage is None or stage in STAGES, f"stage {stage!r} is none of the pipeline's {STAGES}"
+    assert stage is None or stage in STAGES + MIXER_STAGES, f"stage {stage!r} is none of {STAGES + MIXER_STAGES}"
     assert exclusive is None or exclusive in EXCLUSIVE, f"exclusive job {exclusive!r} is none of {sorted(EXCLUSIVE)}"
     return field(default=default, metadata={"example": example, "values": values, "with": needs,
                                             "same_function": same_function, "per_layer": per_layer,
@@ -106,7 +107,8 @@ class AttentionSpec:
     kv_latent: int | None = option(None, 8, plan=("parameters", "cache"))
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
     # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
-    linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False, plan=("flops", "activations"))
+    linear_chunk: int | None = option(None, 3, stage="delta rule", same_function=True, per_layer=False,
+                                      plan=("flops", "activations"))
     # document masking: a query sees no key before its document's start (after the last end-of-text token)
     document_masking: bool = option(False, True, stage="key selection", per_layer=False)
     # DeepSeek Sparse Attention (model.attention.sparse): each query attends the keys a lightning indexer of this many
@@ -130,7 +132,7 @@ class AttentionSpec:
     # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
     # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
     # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
-    negative_eigenvalues: bool = option(False, True)
+    negative_eigenvalues: bool = option(False, True, stage="delta rule")
     # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
     # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
     moba_block: int | None = option(None, 2, stage="key selection", exclusive="key selection", plan=("flops",),
