@@ -29,6 +29,9 @@ POSITIONS: dict[str, type] = {}  # model.position: filled by model.attention.pos
 MODIFICATIONS: dict[str, type] = {}
 # Which keys a query sees (causal, a window, ...): filled by model.attention.masks, in the order a kernel ANDs them.
 MASKS: dict[str, type] = {}
+# The key selections beyond the masks (DeepSeek's sparse attention, MoBA's blocks): filled by their own modules
+# (``model.attention.selection.KeySelection``); the pipeline's key selection stage asks them.
+SELECTIONS: dict[str, type] = {}
 
 
 def register(registry: dict[str, type]):

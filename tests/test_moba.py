@@ -110,11 +110,11 @@ def test_the_choice_is_each_heads_own_with_equal_gates_to_the_later_block():
     block = block_of("fused_qkv", "manual", 3, 3)
     x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     q, k = block.queries_keys(x)
-    chosen = block.blocks.select(q, k, None, torch.arange(20), None)
+    chosen = block.blocks.select_heads(q, k, None, torch.arange(20), None)
     shown = torch.ones(20, 20).tril().bool()
     assert torch.equal(chosen, moba_selection(q, k, shown, 3, 3))
     assert not all(torch.equal(chosen[:, 0], chosen[:, h]) for h in range(1, 4)), "every head chose alike"
-    zeros = block.blocks.select(torch.zeros_like(q), k, None, torch.arange(20), None)
+    zeros = block.blocks.select_heads(torch.zeros_like(q), k, None, torch.arange(20), None)
     t, s = torch.arange(20)[:, None], torch.arange(20)[None, :]
     latest = (s <= t) & (s // 3 >= t // 3 - 2)  # the own block and the two before it
     assert torch.equal(zeros, latest.expand(2, 4, 20, 20))

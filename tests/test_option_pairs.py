@@ -5,7 +5,8 @@ The single-option walk (tests/test_options.py) holds each option alone; an optio
 Here every pair of option settings (each option at its example and at every other value it declares, ``values``),
 in every registered layer, is built as a one-layer GPT, the path a user's config takes, and is either
 
-- refused, in one line that names both options (a pair that cannot coexist), or
+- refused, in one line that names both options (a pair that cannot coexist; two options that declare one job within
+  their stage, ``option(exclusive=...)``: two query scalings, must be), or
 - built, and then turning either option off (the other kept) changes every position's output somewhere.
 
 And the layouts of GPT-2's function compute one function for every pair they build, from one set of weights.
@@ -28,7 +29,7 @@ from torch import nn
 
 from model import GPT, MIXERS, GPTConfig
 from model.attention import AttentionSpec
-from model.attention.options import applied, option_fields, spelled
+from model.attention.options import EXCLUSIVE, applied, option_fields, spelled
 
 N_EMBD, N_HEAD, T, VOCAB, END = 16, 4, 12, 32, 0  # END: the token that ends a document (document masking)
 DECLARED = {f.name: f for f in fields(AttentionSpec) if f.name in option_fields()}
@@ -156,6 +157,10 @@ def test_every_pair_of_options_is_refused_naming_both_or_each_changes_the_functi
         both = model(layout, options)
         (a, va, _), (b, vb, _) = first, second
         where = f"attention={layout} model.{a}={spelled(va)} model.{b}={spelled(vb)}"
+        if not isinstance(both, Exception) and (job := one_job(first, second)):
+            problems.append(f"{where}: built, but both do one job ({job}: {EXCLUSIVE[job]}); declare their conflict "
+                            f"(option(conflicts=...))")  # fmt: skip
+            continue
         if isinstance(both, Exception):
             message = f"{type(both).__name__}: {both}"
             if not isinstance(both, ValueError) or "\n" in message or not (named(message, first) and
@@ -173,6 +178,14 @@ def test_every_pair_of_options_is_refused_naming_both_or_each_changes_the_functi
             elif torch.allclose(on, off, atol=1e-6, rtol=1e-5):
                 problems.append(f"{where}: model.{name} changes nothing beside the other")
     assert not problems, f"{len(problems)} pairs:\n" + "\n".join(problems)
+
+
+def one_job(first: tuple, second: tuple) -> str | None:
+    """The job within a stage both settings' options declare they do, one option at a time (``option(exclusive=...)``:
+    two query scalings), or None; an option that needs the other (MoBA's top-k its blocks) does it with it."""
+    (a, _, needs_a), (b, _, needs_b) = first, second
+    jobs = [DECLARED[n].metadata["exclusive"] if n in DECLARED else None for n in (a, b)]
+    return jobs[0] if jobs[0] is not None and jobs[0] == jobs[1] and a not in needs_b and b not in needs_a else None
 
 
 def key(options: dict) -> tuple:

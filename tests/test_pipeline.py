@@ -173,3 +173,62 @@ def test_the_encodings_fast_path_over_whole_heads_equals_the_general_one(qk_norm
     general = block.encoded(t, positions, block.q_norm, Parts(slice(None), slice(None)), time_dim)
     assert torch.equal(fast, general)
     assert not torch.equal(fast, t), "the encodings act"
+
+
+def test_a_key_selection_registers_its_own_plan_terms_and_the_pipeline_names_none():
+    """A key selection (MoBA, sparse attention; NSA to come) is its own module: registered with its options, its call
+    and its plan terms (``model.attention.selection``), none inherited (a selection priced as dense attention is refused
+    as it registers), and the pipeline asks the registry: pipeline.py names no selection's option or attribute."""
+    import re
+    from pathlib import Path
+
+    from model.attention.selection import KeySelection
+    from model.registry import SELECTIONS, register
+
+    assert set(SELECTIONS) >= {"sparse", "moba"}
+
+    class Priced(KeySelection):  # a selection whose FLOPs would be dense attention's
+        name, field, attribute, per_call = "priced_as_dense", "moba_block", "priced", True
+
+        @classmethod
+        def build(cls, spec, rotary_width):
+            return cls()
+
+        @classmethod
+        def attended(cls, spec, keys):
+            return keys
+
+        def select_heads(self, q, k, keys, positions, documents):
+            return None
+
+    with pytest.raises(ValueError, match="key selection priced_as_dense states no flops of its own"):
+        register(dict(SELECTIONS))(Priced)
+    source = Path("model/attention/pipeline.py").read_text()
+    named = {name for cls in SELECTIONS.values() for name in (cls.field, cls.attribute)}
+    assert not [m for m in re.findall(r"\.(\w+)\b", source) if m in named], "pipeline.py names a key selection"
+
+
+def test_a_mixer_of_its_own_form_holds_only_the_positions_it_declares_and_its_familys_options():
+    """A linear layer names the position encodings it holds (``positions``), never those left after excluding what
+    turns or biases (which took PaTH until it was excluded by hand): a new encoding is refused until it says so. And
+    every mixer that runs the delta rule applies the options declared of that stage (one declaration reaches both)."""
+    from model.attention.options import stage_options
+    from model.attention.positions import PositionEncoding
+    from model.registry import POSITIONS
+
+    linear = [cls for cls in MIXERS.values() if not cls.takes_kernel]
+
+    def refused(cls, position: str) -> bool:
+        return any(name == "position" for name, *_ in cls.unapplied(AttentionSpec(32, 4, position=position)))
+
+    class AnotherTable(PositionEncoding):  # neither turns, biases nor transforms: the rule by exclusion took it
+        name = "another_table"
+
+    POSITIONS[AnotherTable.name] = AnotherTable
+    try:
+        for cls in linear:
+            assert {name for name in POSITIONS if not refused(cls, name)} == set(cls.positions), cls.name
+    finally:
+        del POSITIONS[AnotherTable.name]
+    for cls in linear:
+        assert stage_options("delta rule") <= cls.applies, cls.name

@@ -27,6 +27,7 @@ from data.tokenizers import EOT_IDS, VOCAB_SIZES
 from model import registry
 from model.attention.masks import options_set
 from model.attention.modifications import Activations
+from model.attention.selection import selection_of
 from model.config import GPTConfig, attention_label, mixes_layouts, schedule_text
 from model.device import available_memory, resolve_device
 from training.config import TrainConfig, micro_batch_for, validate
@@ -216,12 +217,10 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
         # keys, values and output, the outputs side by side (which the difference reads), and the difference its norm
         # reads in float32 (measured: 6 widths at the matmuls' dtype and one in float32, float32 and bfloat16 alike)
         "differential heads": (6 * N * a + 4 * N) if config.differential else 0,
-        # sparse attention's indexer: its queries and keys, its heads' ReLU'd products over every key (float32, and
-        # at the matmuls' dtype first under autocast), its KL's log-softmax, target and masks (measured within 15%)
-        "sparse indexer": (B * T * (config.indexer_heads + 2) * config.indexer_dim * a
-                           + B * config.indexer_heads * T * T * (4 + (a if a < 4 else 0)) + B * T * T * 10
-                           if config.sparse_topk is not None else 0),
     }
+    selection = selection_of(config.attention_spec)
+    if selection is not None and selection.plan_part:  # what a key selection keeps (sparse attention's indexer)
+        per_layer[selection.plan_part] = selection.plan_bytes(config.attention_spec, B, T, a)
     own = getattr(registry.mixer(config.attention), "activation_bytes", None)  # a linear layer's own parts
     if own is not None:
         del per_layer["attention projections"], per_layer["attention matrices" if matrices else "attention log-sum-exp"]

@@ -29,18 +29,41 @@ import torch.nn.functional as F
 
 from model.attention.kernels import positions_of, seen_keys
 from model.attention.masks import HeldKeys
+from model.attention.selection import KeySelection
 from model.attention.sparse import widened  # a gate's order under autocast is not bf16's
+from model.registry import SELECTIONS, register
 
 MOBA_TOPK = 3  # model.moba_topk by default: the own block and the two earlier ones of highest gate (MoBA's code)
 
 
-class BlockSelection:
-    """One layer's MoBA: the keys each query head attends (``select``), from its queries and keys."""
+@register(SELECTIONS)
+class BlockSelection(KeySelection):
+    """One layer's MoBA: the keys each query head attends (``select_heads``), from each kernel call's queries and keys
+    (the pipeline's key selection, ``model.attention.selection``). No parameters."""
+
+    name, field, attribute, per_call = "moba", "moba_block", "blocks", True
+    does = "selects the blocks each query attends"
 
     def __init__(self, spec) -> None:
         self.size, self.topk, self.masks = spec.moba_block, spec.moba_topk, spec.masks
 
-    def select(self, q: torch.Tensor, k: torch.Tensor, keys: HeldKeys | None, positions: torch.Tensor | None,
+    @classmethod
+    def build(cls, spec, rotary_width: int | None) -> BlockSelection:
+        return cls(spec)
+
+    @classmethod
+    def check(cls, spec) -> None:
+        check_blocks(spec)
+
+    @classmethod
+    def attended(cls, spec, keys: int) -> int:
+        return min(spec.moba_topk * spec.moba_block, keys)  # the keys of the blocks it attends, at most
+
+    @classmethod
+    def flops(cls, spec, keys: int) -> int:
+        return block_flops(spec, keys)  # its gates over every block
+
+    def select_heads(self, q: torch.Tensor, k: torch.Tensor, keys: HeldKeys | None, positions: torch.Tensor | None,
                document_starts: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """(B, h, T, S): True where each query head attends each key, from the queries (B, h, T, d) and each query
         head's keys (B, h, S, d), held at the positions ``keys`` gives (else in order from 0)."""

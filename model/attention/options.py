@@ -25,6 +25,35 @@ from model import registry
 
 SHAPE = ("n_embd", "n_head", "bias", "block_size")  # what a block is built at, not an option of how it attends
 KERNEL_CHOICE = ("kernel", "sdpa_backend")  # which kernel runs the softmax: a layer takes one or runs none
+# The plan's terms (training/plan.py) a layer's option may change: its parameters, its mixing FLOPs per token
+# (``mixing_flops``: the score and value matmuls, a key selection's own scores), its KV cache (numbers per token,
+# ``cache_width``, and capacity), its decoding state of fixed size (``state_bytes``), its activations kept for backward
+# (``activation_bytes``). An option declares the terms it changes (``option(plan=...)``; a position encoding, its
+# class's ``plan``): tests/test_plan_terms.py holds it to change exactly those, so a term left inherited (a selection
+# priced as dense attention) or changed undeclared fails.
+PLAN_TERMS = ("parameters", "flops", "cache", "state", "activations")
+# The stages of the attention pipeline that apply options (``model.attention.pipeline``), in order: an option of a stage
+# (``option(stage=...)``) is applied by every layer that runs the pipeline (``STAGE_OPTIONS``); an option of no stage is
+# a projection's, a position encoding's or a mixer's of its own form, which say so themselves.
+STAGES = ("encodings", "key selection", "kernel", "combination", "gate")
+# The stages of a family of mixers of their own form (model.mixers): an option of one is applied by every mixer that
+# says it runs that stage (the delta rule's: Gated DeltaNet and KDA, which share its code in model.mixers.deltanet), so
+# an option of the family is declared once and implemented once, with no edit of each mixer.
+MIXER_STAGES = ("delta rule",)
+
+
+def stage_options(stage: str, spec_class=None) -> frozenset[str]:
+    """The options that declare ``stage`` (``option(stage=...)``)."""
+    if spec_class is None:
+        from model.attention.spec import AttentionSpec as spec_class
+    return frozenset(f.name for f in fields(spec_class) if f.metadata.get("stage") == stage)
+# The jobs within a stage that one option at a time does (``option(exclusive=...)``): two options of one job compute
+# the same thing twice, so they must declare their conflict (the pair walk, tests/test_option_pairs.py, fails on a
+# pair of one job that builds).
+EXCLUSIVE = {
+    "query scaling": "each scales the queries by how far they read",
+    "key selection": "each chooses, beyond the masks, the keys a query attends",
+}
 
 
 def option_fields(spec_class=None) -> tuple[str, ...]:

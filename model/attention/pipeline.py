@@ -15,18 +15,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention.blocks import BlockSelection, block_flops
 from model.attention.differential import DifferentialHeads
 from model.attention.kernels import attention_probs, repeat_kv, seen_keys
 from model.attention.masks import HeldKeys
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import ScoreMods, on_the_scores
-from model.attention.options import applied, check_applied, option_fields, takers
+from model.attention.options import STAGES, applied, check_applied, option_fields, stage_options, takers
 from model.attention.positions import alibi_slopes, householder_augmented, turned_through
-from model.attention.sparse import LightningIndexer, index_flops
+from model.attention.selection import KeySelection, selection_of
 from model.attention.spec import AttentionSpec, check_one_pair
-from model.registry import MIXERS, MODIFICATIONS, lookup, weight_name_start
+from model.registry import MIXERS, MODIFICATIONS, SELECTIONS, lookup, weight_name_start
 
 if TYPE_CHECKING:
     from model.decoding.kv_cache import LayerCache
@@ -119,20 +118,12 @@ def on_dims(t: torch.Tensor, dims: slice, f) -> torch.Tensor:
     return torch.cat((t[..., :start], f(t[..., start:stop]), t[..., stop:]), dim=-1)
 
 
-# The options each stage of the pipeline applies (model.attention.options): a layer that runs the pipeline applies all
-# of them, with its projection's own (``projection_options``), but for those its projection declares it cannot hold
-# (``cannot_hold``, with why). A new option goes in the stage that applies it, and every pipeline layer applies it
-# there (tests/test_pipeline.py proves each stage reaches every layer's output); a layer that runs no kernel states
-# its own ``applies``.
-STAGE_OPTIONS = {
-    # with the position encoding's own fields
-    "encodings": frozenset({"position", "qk_norm", "query_temperature", "ssmax"}),
-    "key selection": frozenset({"window", "attention_chunk", "document_masking", "sparse_topk", "indexer_heads",
-                                "indexer_dim", "moba_block", "moba_topk"}),
-    "kernel": frozenset({"softcap", "sinks", "forget_gate", "dropout"}),
-    "combination": frozenset({"differential", "lambda_init"}),
-    "gate": frozenset({"gate"}),
-}  # fmt: skip
+# The options each stage of the pipeline applies (model.attention.options), from their declarations (``option(stage=
+# ...)`` in model.attention.spec): a layer that runs the pipeline applies all of them, with its projection's own
+# (``projection_options``), but for those its projection declares it cannot hold (``cannot_hold``, with why). A new
+# option declares the stage that applies it, and every pipeline layer applies it there (tests/test_pipeline.py proves
+# each stage reaches every layer's output); a layer that runs no kernel states its own ``applies``.
+STAGE_OPTIONS = {stage: stage_options(stage, AttentionSpec) for stage in STAGES}
 # The plan's terms a layer states about itself (what it keeps for backward, computes, caches, carries): a layer takes
 # none from another registered layer (KDA once priced itself as Gated DeltaNet). A pipeline layer's memory and FLOPs
 # come from the widths its projection states; a layer that runs no kernel states them all.
@@ -149,7 +140,9 @@ class MultiHeadAttention(nn.Module):
     2. the heads' encodings (``encode_queries``/``encode_keys``: QK-norm, rotary positions) on the dims the layout's
        ``query_parts``/``key_parts`` say; ``scale_queries``, the query scalings, per kernel call, once the cache
        says which keys each query sees (SSMax counts them);
-    3. the key selection (``forward``: sparse attention's indexer; the masks, which the kernel applies);
+    3. the key selection: the masks, which the kernel applies, and a registered selection
+       (``model.attention.selection``: ``forward`` asks one that reads the block's input, ``attend_heads`` one that
+       reads each call's queries and keys);
     4. the KV cache (``remember``), then ``keys_values`` (what the cache holds -> each head's keys and values: the
        identity, or MLA's up-projection, whose content keys pass the same encodings);
     5. the kernel with its score modifications, and the heads' combination (``attend_heads``: differential);
@@ -251,16 +244,14 @@ class MultiHeadAttention(nn.Module):
     def mixing_flops(cls, spec: AttentionSpec, seq_len: int) -> int:
         """Training FLOPs per token of the score and value matmuls: 6 x their widths (``score_widths``) x the keys
         each query sees at most (``seq_len``, or fewer under a mask the model sets that caps them: a window, a
-        chunk); with sparse attention, the keys it selects at most, and its indexer's scores over every key; with
-        MoBA, the keys of the blocks it attends at most, and its gates over every block (a kernel that masks instead
-        of skipping computes them all: the plan counts the algorithm's)."""
+        chunk); with a key selection (``model.attention.selection``: sparse attention, MoBA), the keys it attends at
+        most and its own scores (a kernel that masks instead of skipping computes them all: the plan counts the
+        algorithm's)."""
         keys = mask_capacity(masks_set(spec), seq_len)
-        if spec.moba_block is not None:
-            attended = min(spec.moba_topk * spec.moba_block, keys)
-            return 6 * sum(cls.score_widths(spec)) * attended + block_flops(spec, keys)
-        if spec.sparse_topk is None:
+        selection = selection_of(spec)
+        if selection is None:
             return 6 * sum(cls.score_widths(spec)) * keys
-        return 6 * sum(cls.score_widths(spec)) * min(spec.sparse_topk, keys) + index_flops(spec, keys)
+        return 6 * sum(cls.score_widths(spec)) * selection.attended(spec, keys) + selection.flops(spec, keys)
 
     @classmethod
     def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
@@ -273,8 +264,9 @@ class MultiHeadAttention(nn.Module):
         """Numbers a KV cache keeps per token per layer: its keys and values (``kv_width``) and what a modification
         keeps per key (``Modification.cache_width``); the plan's and the reports' cache bytes per token are this times
         the layers and the dtype's bytes."""
-        indexer = spec.indexer_dim if spec.sparse_topk is not None else 0  # its key per token
-        return cls.kv_width(spec) + indexer + sum(mod.cache_width(spec) for mod in MODIFICATIONS.values()
+        selection = selection_of(spec)
+        selected = 0 if selection is None else selection.cache_width(spec)  # a selection's own per token (its keys)
+        return cls.kv_width(spec) + selected + sum(mod.cache_width(spec) for mod in MODIFICATIONS.values()
                                                   if mod.used(getattr(spec, mod.field)))  # fmt: skip
 
     @classmethod
@@ -327,11 +319,16 @@ class MultiHeadAttention(nn.Module):
         scores, values = self.score_widths(spec)
         self.pad_values = self.takes_kernel and "flash" in registry.kernel(spec.kernel).backends and scores > values
         self.build_encodings(spec, spec.head_dim)
-        self.indexer = None  # DeepSeek's sparse attention: built apart, so the draws after it are the dense model's
-        if spec.sparse_topk is not None:
+        # The key selection (model.attention.selection), held as its own attribute (its parameters' names: indexer):
+        # built apart, so the draws after it are the dense model's
+        for kind in SELECTIONS.values():
+            setattr(self, kind.attribute, None)
+        self.selects = selection_of(spec)
+        if self.selects is not None:
             with own_draws():
-                self.indexer = LightningIndexer(spec, None if self.rotary is None else self.rotary.dim)
-        self.blocks = None if spec.moba_block is None else BlockSelection(spec)  # MoBA's: no parameters
+                built = self.selects.build(spec, None if self.rotary is None else self.rotary.dim)
+            setattr(self, self.selects.attribute, built)
+        self.selects_per_call = self.selects is not None and self.selects.per_call
 
     @classmethod
     def rotary_width(cls, spec: AttentionSpec) -> int:
@@ -434,25 +431,17 @@ class MultiHeadAttention(nn.Module):
                                   or self.ssmax or self.turns_keys):  # fmt: skip
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
         documents = document_starts if self.spec.document_masking else None
-        selected = None
-        if self.indexer is not None:
-            selected, index = self.indexer(x, positions, cache, self.masks, documents)
-            if self.training and torch.is_grad_enabled() and cache is None:
-                self.indexer.loss = self.indexer_loss(x, index, selected, positions, documents)
+        selected = None  # a selection from the block's input (sparse attention's indexer), for every head
+        if self.selects is not None and not self.selects_per_call:
+            selected = self.selection.select_input(self, x, positions, cache, documents)
         y = self.attend(x, positions, cache, documents, selected)
         y = self.c_proj(y if self.gate is None else self.gated(y, x))
         return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
 
-    def indexer_loss(self, x: torch.Tensor, index: torch.Tensor, selected: torch.Tensor | None,
-                     positions: torch.Tensor | None, documents: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
-        """The indexer's KL (``model.attention.sparse.indexer_kl``) to this layer's attention weights at ``x``, summed
-        over its heads: over the ``selected`` keys, or (dense: the warm-up) every key a query sees. The weights are
-        taken without gradients, from the queries and keys projected again (``queries_keys``)."""
-        with torch.no_grad():
-            q, k = self.queries_keys(x, documents, selected)
-            probs = attention_probs(q, k, self.masks, mods=self.score_mods(x), positions=positions,
-                                    document_starts=documents, selected=selected)
-        return self.indexer.kl(index, probs.to(index.dtype).sum(dim=1), selected, self.masks, positions, documents)
+    @property
+    def selection(self) -> KeySelection | None:
+        """The key selection this block holds (``model.attention.selection``), under its own attribute, or None."""
+        return None if self.selects is None else getattr(self, self.selects.attribute)
 
     def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' outputs (B, T, C) times sigmoid(x W_g): per element, or per head over its dims."""
@@ -540,10 +529,10 @@ class MultiHeadAttention(nn.Module):
                      mods: ScoreMods | None, positions: torch.Tensor | None, documents: torch.Tensor | None,
                      selected: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """The kernel with the score modifications, over (B, h, T, dq) queries and their key group's keys and values,
-        then the heads' combination (differential attention) -> (B, h, T, dv). MoBA's blocks (key selection) are chosen
-        here, from the queries and keys the kernel gets."""
-        if self.blocks is not None:
-            selected = self.blocks.select(q, self.keys_per_query(k, q.size(1)), keys, positions, documents)
+        then the heads' combination (differential attention) -> (B, h, T, dv). A key selection per call (MoBA's
+        blocks) chooses here, from the queries and keys the kernel gets."""
+        if self.selects_per_call:
+            selected = self.selection.select_heads(q, self.keys_per_query(k, q.size(1)), keys, positions, documents)
         if self.diff is not None:  # every map reads both halves of its pair's values; the pairs' differences are heads
             k, halves = self.keys_per_query(k, q.size(1)), self.diff.value_halves(v, q.size(1))
             # Attention dropout must drop the same weights for both halves: then one call over the halves side by side
@@ -598,10 +587,12 @@ class MultiHeadAttention(nn.Module):
         positions = torch.arange(x.size(1), device=x.device)
         if self.turns_keys:
             return self.turned_attention_weights(x, positions)
-        selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
+        selected = None
+        if self.selects is not None and not self.selects_per_call:
+            selected = self.selection.select_input(self, x, positions, None, None)
         q, k = self.queries_keys(x, None, selected)
-        if self.blocks is not None:
-            selected = self.blocks.select(q, k, None, positions, None)
+        if self.selects_per_call:
+            selected = self.selection.select_heads(q, k, None, positions, None)
         return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)
 
     def turned_attention_weights(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -254,6 +254,8 @@ class PositionEncoding:
     # turns the keys by transforms from the tokens between a key and its query (PaTH): each query sees keys of its own,
     # so the pipeline runs its kernel once per query, and a KV cache's keys are turned in place by each new token
     transforms_keys: ClassVar[bool] = False
+    # the plan's terms it changes beside no positions (model.attention.options.PLAN_TERMS; tests/test_plan_terms.py)
+    plan: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def refusal(cls, layer, spec) -> str | None:
@@ -277,6 +279,7 @@ class PositionEncoding:
 @register(POSITIONS)
 class Learned(PositionEncoding):
     name = "learned"
+    plan = ("parameters",)  # its table
     runs_past_context = False
     in_gpt2 = True
     absolute = True
@@ -289,6 +292,7 @@ class Learned(PositionEncoding):
 @register(POSITIONS)
 class RotaryPositions(PositionEncoding):
     name = "rope"
+    plan = ("activations",)  # what rotary keeps of the queries and keys
     turns_queries_keys = True
     fields = ("rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length")
 
@@ -315,6 +319,7 @@ class PaTHPositions(PositionEncoding):
     ``householder_augmented``'s."""
 
     name = "path"
+    plan = ("parameters", "activations")  # its projections; the widened queries and keys, the solve's terms
     transforms_keys = True
 
     @classmethod

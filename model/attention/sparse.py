@@ -37,9 +37,11 @@ import torch
 from torch import nn
 
 from model import registry
-from model.attention.kernels import seen_keys
+from model.attention.kernels import attention_probs, seen_keys
 from model.attention.masks import HeldKeys, Masks
 from model.attention.masks import capacity as mask_capacity
+from model.attention.selection import KeySelection
+from model.registry import SELECTIONS, register
 
 if TYPE_CHECKING:
     from model.decoding.kv_cache import LayerCache
@@ -50,9 +52,60 @@ KEY_NORM_EPS = 1e-6  # the indexer key's LayerNorm: DeepSeek-V3.2's
 INDEXER_SLOT = -2  # a layer cache's slot of the indexer keys (the token biases' states: -1; keys and values: 0, 1, ...)
 
 
-class LightningIndexer(nn.Module):
+@register(SELECTIONS)
+class LightningIndexer(nn.Module, KeySelection):
     """One layer's indexer: its projections, the keys it selects (``forward``), and in training its KL to the
-    layer's attention (``loss``, taken by the GPT with the language-model loss)."""
+    layer's attention (``loss``, taken by the GPT with the language-model loss). The pipeline's key selection
+    (``model.attention.selection``), from the block's input for every head."""
+
+    name, field, attribute, per_call, plan_part = "sparse", "sparse_topk", "indexer", False, "sparse indexer"
+
+    @classmethod
+    def build(cls, spec, rotary_width: int | None) -> LightningIndexer:
+        return cls(spec, rotary_width)
+
+    @classmethod
+    def check(cls, spec) -> None:
+        check_sparse(spec)
+
+    @classmethod
+    def attended(cls, spec, keys: int) -> int:
+        return min(spec.sparse_topk, keys)
+
+    @classmethod
+    def flops(cls, spec, keys: int) -> int:
+        return index_flops(spec, keys)
+
+    @classmethod
+    def cache_width(cls, spec) -> int:
+        return spec.indexer_dim  # its key per token (INDEXER_SLOT)
+
+    @classmethod
+    def plan_bytes(cls, spec, batch: int, length: int, dtype_bytes: int) -> int:
+        # its queries and keys, its heads' ReLU'd products over every key (float32, and at the matmuls' dtype first
+        # under autocast), its KL's log-softmax, target and masks (measured within 15%)
+        B, T, a, heads, dim = batch, length, dtype_bytes, spec.indexer_heads, spec.indexer_dim
+        return B * T * (heads + 2) * dim * a + B * heads * T * T * (4 + (a if a < 4 else 0)) + B * T * T * 10
+
+    def select_input(self, block, x: torch.Tensor, positions: torch.Tensor | None, cache: LayerCache | None,
+                     documents: torch.Tensor | None) -> torch.Tensor | None:  # fmt: skip
+        """The keys each query attends (``forward``); in a training forward with gradients and no cache, its KL to
+        the block's attention weights is kept in ``loss`` (``kl_to``)."""
+        selected, index = self(x, positions, cache, block.masks, documents)
+        if self.training and torch.is_grad_enabled() and cache is None:
+            self.loss = self.kl_to(block, x, index, selected, positions, documents)
+        return selected
+
+    def kl_to(self, block, x: torch.Tensor, index: torch.Tensor, selected: torch.Tensor | None,
+              positions: torch.Tensor | None, documents: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """The KL (``kl``) of scores ``index`` to ``block``'s attention weights at ``x``, summed over its heads: over
+        the ``selected`` keys, or (dense: the warm-up) every key a query sees. The weights are taken without gradients,
+        from the queries and keys projected again (``queries_keys``)."""
+        with torch.no_grad():
+            q, k = block.queries_keys(x, documents, selected)
+            probs = attention_probs(q, k, block.masks, mods=block.score_mods(x), positions=positions,
+                                    document_starts=documents, selected=selected)  # fmt: skip
+        return self.kl(index, probs.to(index.dtype).sum(dim=1), selected, block.masks, positions, documents)
 
     def __init__(self, spec, rotary_width: int | None = None) -> None:
         super().__init__()

@@ -11,21 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from model import registry
-from model.attention.blocks import MOBA_TOPK, check_blocks
+from model.attention.blocks import MOBA_TOPK
 from model.attention.differential import LAMBDA_INIT
 from model.attention.kernels import SDPA_BACKENDS, get_kernel
 from model.attention.masks import Masks
 from model.attention.masks import of_spec as masks_of
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import GATES, finite_number
-from model.attention.options import check_conflicts, spelled
+from model.attention.options import EXCLUSIVE, MIXER_STAGES, PLAN_TERMS, STAGES, check_conflicts, spelled
 from model.attention.positions import ROPE_SCALINGS
-from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, check_sparse
-from model.registry import KERNELS, MODIFICATIONS, POSITIONS, lookup
+from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS
+from model.registry import KERNELS, MODIFICATIONS, POSITIONS, SELECTIONS, lookup
 
 
 def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
-           values: tuple = (), conflicts: dict[str, str] | None = None, **needs):  # fmt: skip
+           values: tuple = (), conflicts: dict[str, str] | None = None, plan: tuple[str, ...] = (),
+           stage: str | None = None, exclusive: str | None = None, **needs):  # fmt: skip
     """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
     other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
     option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
@@ -33,10 +34,22 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
     rotary scaling a reading applies, dropout, a layout's own widths), and whether a run's label spells it
     (``attention_label``: two runs that differ in it must not share a name; not dropout, a training setting), and
     the options it cannot coexist with, each with why (``conflicts``: refused in one line naming both, whichever is
-    set first; the pair walk, tests/test_option_pairs.py, holds every other pair to change the function)."""
+    set first; the pair walk, tests/test_option_pairs.py, holds every other pair to change the function), and the
+    plan's terms it changes in a layer that applies it (``plan``, of ``PLAN_TERMS``: tests/test_plan_terms.py holds it
+    to change those and no other); the stage that applies it (``stage``: of the pipeline's ``STAGES``, then every
+    pipeline layer applies it; of a family of mixers' ``MIXER_STAGES``, every mixer that runs it; None: a projection's,
+    a position encoding's or one mixer's own option), and the job within it that
+    one option at a time does (``exclusive``, of ``EXCLUSIVE``: two query scalings, two selections of keys; the pair
+    walk holds every two options of one job to be refused as a pair, so each declares its conflict with the other)."""
+    unknown = set(plan) - set(PLAN_TERMS)
+    assert not unknown, f"plan terms {sorted(unknown)} are none of {PLAN_TERMS}"
+    assert stage is None or stage in STAGES + MIXER_STAGES, f"stage {stage!r} is none of {STAGES + MIXER_STAGES}"
+    assert exclusive is None or exclusive in EXCLUSIVE, f"exclusive job {exclusive!r} is none of {sorted(EXCLUSIVE)}"
     return field(default=default, metadata={"example": example, "values": values, "with": needs,
                                             "same_function": same_function, "per_layer": per_layer,
-                                            "labelled": labelled, "conflicts": conflicts or {}})  # fmt: skip
+                                            "labelled": labelled, "conflicts": conflicts or {},
+                                            "plan": tuple(plan), "stage": stage,
+                                            "exclusive": exclusive})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,17 +63,19 @@ class AttentionSpec:
     # The options (model.attention.options: every field but the shape and the kernel's choice) say a value that sets
     # them (``example``, with the options it needs, ``with``): tests/test_options.py holds every option, in every layer,
     # kernel and the export, to be applied (it changes the function) or refused.
-    dropout: float = option(0.0, 0.25, per_layer=False, labelled=False)
+    dropout: float = option(0.0, 0.25, stage="kernel", plan=("activations",), per_layer=False, labelled=False)
     bias: bool = True
-    n_kv_head: int | None = option(None, 2, values=(1,))  # None: n_head (multi-head); 1: multi-query
+    # None: n_head (multi-head); 1: multi-query
+    n_kv_head: int | None = option(None, 2, values=(1,), plan=("parameters", "cache", "activations"))
     # keys equal to values (Gemma 4's attention_k_eq_v): one key/value projection, each key/value head's values the
     # keys as projected, before QK-norm and rotary turn the keys (model.attention.layouts)
-    k_eq_v: bool = option(False, True)
-    window: int | None = option(None, 3)  # None: every earlier position
+    k_eq_v: bool = option(False, True, plan=("parameters", "cache"))
+    window: int | None = option(None, 3, stage="key selection", plan=("flops", "cache"))  # None: every earlier position
     # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
-    attention_chunk: int | None = option(None, 3)
+    attention_chunk: int | None = option(None, 3, stage="key selection", plan=("flops", "cache"))
     sdpa_backend: str = "auto"
-    position: str = option("learned", "alibi", values=tuple(POSITIONS))  # model.positions: learned|rope|alibi|none
+    # model.positions: learned|rope|alibi|none|path
+    position: str = option("learned", "alibi", stage="encodings", values=tuple(POSITIONS))
     rope_theta: float = option(10000.0, 50.0, position="rope")
     # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
     rope_fraction: float = option(1.0, 0.5, position="rope")
@@ -74,51 +89,60 @@ class AttentionSpec:
                                               rope_factor=4.0)
     # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
     # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
-    query_temperature: int | None = option(None, 4)
-    qk_norm: bool = option(False, True)
-    softcap: float | None = option(None, 3.0)
-    sinks: bool = option(False, True)
-    gate: str = option("none", "headwise", values=GATES)  # an output gate from the block's input (GATES)
-    forget_gate: bool = option(False, True)  # the Forgetting Transformer's forget gate on the scores
+    query_temperature: int | None = option(None, 4, stage="encodings", exclusive="query scaling")
+    qk_norm: bool = option(False, True, stage="encodings", plan=("parameters", "activations"))
+    softcap: float | None = option(None, 3.0, stage="kernel")
+    sinks: bool = option(False, True, stage="kernel", plan=("parameters",))
+    # an output gate from the block's input (GATES)
+    gate: str = option("none", "headwise", stage="gate", values=GATES, plan=("parameters", "activations"))
+    # the Forgetting Transformer's forget gate on the scores
+    forget_gate: bool = option(False, True, stage="kernel", plan=("parameters", "cache", "activations"))
     # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
-    differential: bool = option(False, True)
+    differential: bool = option(False, True, stage="combination", plan=("parameters", "flops", "activations"))
     # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
-    lambda_init: float = option(LAMBDA_INIT, 0.5, differential=True)
+    lambda_init: float = option(LAMBDA_INIT, 0.5, stage="combination", differential=True)
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
-    kv_latent: int | None = option(None, 8)  # attention=mla's latent width (a schedule's kinds may set it)
+    # attention=mla's latent width (a schedule's kinds may set it)
+    kv_latent: int | None = option(None, 8, plan=("parameters", "cache"))
     rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
     # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
-    linear_chunk: int | None = option(None, 3, same_function=True, per_layer=False)
+    linear_chunk: int | None = option(None, 3, stage="delta rule", same_function=True, per_layer=False,
+                                      plan=("flops", "activations"))
     # document masking: a query sees no key before its document's start (after the last end-of-text token)
-    document_masking: bool = option(False, True, per_layer=False)
+    document_masking: bool = option(False, True, stage="key selection", per_layer=False)
     # DeepSeek Sparse Attention (model.attention.sparse): each query attends the keys a lightning indexer of this many
     # heads of this width scores highest, this many of them; None: dense. A schedule's kind may set it (a hybrid's
     # softmax layers); the indexer's shape is the model's, for every sparse layer
-    sparse_topk: int | None = option(None, 2)
-    indexer_heads: int = option(INDEXER_HEADS, 2, per_layer=False, sparse_topk=2)
-    indexer_dim: int = option(INDEXER_DIM, 8, per_layer=False, sparse_topk=2)
+    sparse_topk: int | None = option(None, 2, stage="key selection", exclusive="key selection",
+                                     plan=("parameters", "flops", "cache", "activations"))
+    indexer_heads: int = option(INDEXER_HEADS, 2, stage="key selection", per_layer=False, sparse_topk=2,
+                                plan=("parameters", "flops", "activations"))
+    indexer_dim: int = option(INDEXER_DIM, 8, stage="key selection", per_layer=False, sparse_topk=2,
+                              plan=("parameters", "flops", "cache", "activations"))
     # (declared last, as each new option is: the generated grids turn layouts, kernels and windows over the entries in
     # this order, and an entry in the middle would move every later one's turns)
     # Scalable softmax (SSMax, Nakanishi 2025, arXiv 2501.19399): the query i scaled by s_h log n_i, n_i the keys it
     # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
     # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
-    ssmax: float | None = option(None, 0.43, conflicts={
+    ssmax: float | None = option(None, 0.43, stage="encodings", exclusive="query scaling", plan=("parameters",),
+                                 conflicts={
         "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
                              "fixed form of SSMax's learned s log n)"})
     # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
     # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
     # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
-    negative_eigenvalues: bool = option(False, True)
+    negative_eigenvalues: bool = option(False, True, stage="delta rule")
     # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
     # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
-    moba_block: int | None = option(None, 2, conflicts={
+    moba_block: int | None = option(None, 2, stage="key selection", exclusive="key selection", plan=("flops",),
+                                    conflicts={
         "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
                        "by its own scores); choose one selection",
         "ssmax": "SSMax scales each query by the log of the keys it sees, which MoBA chooses from the queries "
                  "afterwards; the two are not built together"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
-    moba_topk: int = option(MOBA_TOPK, 2, moba_block=1)
+    moba_topk: int = option(MOBA_TOPK, 2, stage="key selection", moba_block=1, plan=("flops",))
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -174,8 +198,8 @@ class AttentionSpec:
                              f"RoFormer's, Llama 2's; 500000: Llama 3's)")  # fmt: skip
         self.check_rope_scaling()
         self.check_rope_fraction()
-        check_sparse(self)
-        check_blocks(self)
+        for selection in SELECTIONS.values():  # the key selections' own (model.attention.selection)
+            selection.check(self)
         for mod in MODIFICATIONS.values():
             mod.check(getattr(self, mod.field))
         check_conflicts(self)
@@ -289,10 +313,8 @@ class AttentionSpec:
                    for mask, value in masks_set(self)]  # fmt: skip
         if self.document_masking:
             effects.append(("documents", "model.document_masking=true", "masks keys of other documents"))
-        if self.sparse_topk is not None:
-            effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
-        if self.moba_block is not None:
-            effects.append(("sparse", f"model.moba_block={self.moba_block}", "selects the blocks each query attends"))
+        effects += [("sparse", selection.option(self), selection.does) for selection in SELECTIONS.values()
+                    if selection.used(self)]  # fmt: skip
         return effects + [(name, MODIFICATIONS[name].option(getattr(self, MODIFICATIONS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ from torch import nn
 
 from model import registry
 from model.attention.modifications import spelled
-from model.attention.options import check_applied
+from model.attention.options import check_applied, stage_options
 from model.attention.pipeline import MultiHeadAttention
 from model.attention.spec import AttentionSpec
 from model.checkpoints.convert import ConvertsToNoOther
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 CONV_SIZE = 4  # the short convolution's width (the paper's, Qwen3-Next's)
 L2_EPS = 1e-6  # the queries' and keys' L2 norm: x / sqrt(|x|^2 + eps), Qwen3-Next's, Kimi Linear's and fla's
 # The attention fields a Gated DeltaNet layer has a mechanism of its own for: the values that leave each off, and why.
+# The delta rule's options (``option(stage="delta rule")``): every mixer that runs it applies them
+DELTA_RULE = stage_options("delta rule", AttentionSpec)
 OWN_FIELDS = {
     "window": ((None,), "its state keeps a decayed summary of every earlier token, not a window"),
     "attention_chunk": ((None,), "its state keeps a decayed summary of every earlier token, not a chunk's keys"),
@@ -156,8 +158,12 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
     QKV_EXAMPLE = "in_proj"
     chunk = 64  # the chunked form's positions per chunk by default (fla's); model.linear_chunk sets another
     norm_eps = 1e-6  # the output's gated RMSNorm: Qwen3-Next's rms_norm_eps
-    # Its own chunk, beta's range and positions' fields (learned or none: refused otherwise, below); output dropout
-    applies = frozenset({"linear_chunk", "negative_eigenvalues", "position", "dropout"})
+    # The delta rule's options (its chunk, beta's range: DELTA_RULE), positions (those it holds: ``positions``), output
+    # dropout
+    applies = DELTA_RULE | {"position", "dropout"}
+    # The position encodings it holds: a table added to the embeddings, or none (it orders tokens by its convolution
+    # and state); any other is refused, naming these
+    positions: ClassVar[tuple[str, ...]] = ("learned", "none")
     has_attention_maps, takes_kernel = False, False
     rule = staticmethod(chunked_delta_rule)  # its state's update: (q, k, v, log decays, betas, chunk, state)
     gate_activation = staticmethod(F.silu)  # of the output gate over its RMSNorm
@@ -191,8 +197,7 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
             value = getattr(spec, name)
             if value not in offs and not (name == "n_kv_head" and value == spec.n_head):
                 found.append((name, value, offs, why))
-        tableless = tuple(n for n, p in registry.POSITIONS.items()
-                          if not (p.turns_queries_keys or p.biases_scores or p.transforms_keys))  # act on no scores
+        tableless = tuple(n for n in registry.POSITIONS if n in cls.positions)
         for mod in MODIFICATIONS.values():  # softcap, sinks, ALiBi: modifications of scores it does not have
             value = getattr(spec, mod.field)
             if mod.field not in OWN_FIELDS and mod.used(value):
@@ -202,6 +207,9 @@ class GatedDeltaNet(ConvertsToNoOther, MultiHeadAttention):
         if registry.position(spec.position).turns_queries_keys:
             found.append(("position", spec.position, tableless, "rotary turns softmax attention's queries and keys; "
                           "it orders tokens by its convolution and state"))  # fmt: skip
+        if spec.position not in cls.positions and "position" not in {name for name, *_ in found}:
+            found.append(("position", spec.position, tableless, f"it holds the positions {' or '.join(tableless)} "
+                          f"(a table added to the embeddings, or none)"))  # fmt: skip
         named = {name for name, *_ in found}
         return found + [found for found in super().unapplied(spec) if found[0] not in named]
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.attention.spec import AttentionSpec
-from model.mixers.deltanet import CONV_SIZE, GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
+from model.mixers.deltanet import CONV_SIZE, DELTA_RULE, GatedDeltaNet, causal_conv, delta_step, l2_normed, run_rule
 from model.registry import MIXERS, register
 
 
@@ -97,8 +97,8 @@ class KimiDeltaAttention(GatedDeltaNet):
     norm_eps = 1e-5  # the output's gated RMSNorm: Kimi Linear's rms_norm_eps
     rule = staticmethod(chunked_kda)
     gate_activation = staticmethod(torch.sigmoid)
-    # its chunk, beta's range, learned or no positions, output dropout
-    applies = frozenset({"linear_chunk", "negative_eigenvalues", "position", "dropout"})
+    # it runs the delta rule (its options: DELTA_RULE), learned or no positions, output dropout
+    applies = DELTA_RULE | {"position", "dropout"}
 
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
