@@ -164,6 +164,8 @@ def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
         state = registry.mixer(one.attention).state_bytes(spec, a)
         if state:  # a linear layer: a state of fixed size, no KV cache
             memory = f"a state of {state * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} at any length"
+        elif one.kv_from is not None:  # cross-layer KV sharing: it reads the cache of a layer of another kind
+            memory = f"no KV cache of its own (reads the keys and values of the nearest earlier layer {one.kv_from})"
         else:
             memory = f"KV cache {per_position:,} B per position up to {one.cache_capacity:,} positions, " \
                      f"{full * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} when full"  # fmt: skip
