@@ -450,7 +450,8 @@ class MultiHeadAttention(nn.Module):
             selected, index = self.indexer(x, positions, cache, self.masks, documents)
             if self.training and torch.is_grad_enabled() and cache is None:
                 self.indexer.loss = self.indexer_loss(x, index, selected, positions, documents)
-        y = self.attend(x, positions, cache, documents, selected, shared)
+        # the hand-over only to a layer that shares (a linear layer's own attend takes none: check_kv_sharing)
+        y = self.attend(x, positions, cache, documents, selected, **({} if shared is None else {"shared": shared}))
         y = self.c_proj(y if self.gate is None else self.gated(y, x))
         return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
 
