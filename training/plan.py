@@ -191,7 +191,8 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     a = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     B, T, C, H, L = micro_batch, config.block_size, config.n_embd, config.n_head, config.n_layer
     N = B * T * C  # one (batch, seq, width) tensor, in elements
-    kv_share = config.kv_heads / H  # keys and values are this share of N
+    # keys and values are this share of N (none of a layer that reads another's: it projects and encodes queries alone)
+    kv_share = 0.0 if config.kv_from is not None else config.kv_heads / H
     scores = B * H * T * T  # one attention matrix per head, in elements (a window masks them, not shrinks)
     drop = config.dropout > 0
     casts = registry.mixer(config.attention).input_casts(H, config.kv_heads) if a < 4 else 1
