@@ -166,12 +166,16 @@ def schedule_kinds(model: dict) -> dict[str, str]:
 
 def schedule_text(model: dict, preset: str | None = None) -> str | None:
     """A schedule of layers as the reports and run.json say it: the preset that chose it (where one did), its
-    pattern and what each kind runs: ``kimi_linear: KKKM, K=kda, M=mla/sdpa``. None for a model whose layers are
-    alike: its label's layout and kernel say it."""
+    pattern and what each kind runs: ``kimi_linear: KKKM, K=kda, M=mla/sdpa``; a kind that reads another's keys and
+    values says whose (``cla: GS, G=fused_qkv/sdpa, S=fused_qkv/sdpa on G's keys and values``). None for a model whose
+    layers are alike: its label's layout and kernel say it."""
     kinds = schedule_kinds(model)
     if not kinds:
         return None
-    text = ", ".join([model["layer_pattern"], *(f"{kind}={ran}" for kind, ran in kinds.items())])
+    own = model.get("layer_kinds") or {}
+    reads = {kind: f" on {fields['kv_from']}'s keys and values" for kind, fields in own.items()
+             if isinstance(fields, Mapping) and fields.get("kv_from")}  # fmt: skip
+    text = ", ".join([model["layer_pattern"], *(f"{kind}={ran}{reads.get(kind, '')}" for kind, ran in kinds.items())])
     return f"{preset}: {text}" if preset else text
 
 

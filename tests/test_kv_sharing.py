@@ -17,7 +17,7 @@ from helpers import tiny_gpt_config
 from test_attention_properties import assert_decodes_like_full_recomputation, eager_or_static
 
 from model import GPT, KVCache, convert_attention_layout, same_function_layouts
-from model.config import attention_label
+from model.config import attention_label, schedule_text
 from training.plan import layer_rows
 
 LAYOUTS = same_function_layouts("fused_qkv")
@@ -150,6 +150,8 @@ def test_the_label_says_the_sharing_and_heads_reads_the_sources_keys():
     model = shared_gpt("fused_qkv", position="rope")
     label = attention_label(vars(model.config))
     assert label == "fused_qkv-sdpa-rope-GS_G_S.kvfromG", label
+    assert schedule_text(vars(model.config), "cla") == ("cla: GS, G=fused_qkv/sdpa, S=fused_qkv/sdpa on G's keys and "
+                                                        "values")
     from analysis.heads import attention_maps
 
     idx = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(3))
