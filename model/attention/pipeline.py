@@ -638,7 +638,7 @@ class MultiHeadAttention(nn.Module):
         if self.turns_keys:
             return self.turned_attention_weights(x, positions)
         selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
-        q, k = self.queries_keys(x, None, selected, source)
+        q, k = self.queries_keys(x, None, selected, *(() if source is None else (source,)))  # a linear layer: none
         if self.blocks is not None:
             selected = self.blocks.select(q, k, None, positions, None)
         return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)
