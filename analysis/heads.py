@@ -81,7 +81,9 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     finally:
         for hook in hooks:
             hook.remove()
-    return torch.stack([block.attn.attention_weights(x) for block, x in zip(model.transformer.h, inputs)])
+    blocks, sources = model.transformer.h, model.kv_sources  # a layer that reads another's keys: that layer's input
+    return torch.stack([block.attn.attention_weights(x, *(() if j is None else ((blocks[j].attn, inputs[j]),)))
+                        for block, x, j in zip(blocks, inputs, sources)])  # fmt: skip
 
 
 def head_statistics(maps: torch.Tensor, sinks: bool = False) -> dict[str, torch.Tensor]:

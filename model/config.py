@@ -110,6 +110,8 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
         part = mod.label(model.get(mod.field, mod.off))
         if part:
             parts.append(part)
+    if model.get("kv_from"):  # a layer kind that reads another kind's keys and values: S.kvfromG
+        parts.append(f"kvfrom{model['kv_from']}")
     if model.get("layer_pattern"):
         parts.append(schedule_part(model, parts, show))
     return sep.join(parts)
@@ -164,12 +166,16 @@ def schedule_kinds(model: dict) -> dict[str, str]:
 
 def schedule_text(model: dict, preset: str | None = None) -> str | None:
     """A schedule of layers as the reports and run.json say it: the preset that chose it (where one did), its
-    pattern and what each kind runs: ``kimi_linear: KKKM, K=kda, M=mla/sdpa``. None for a model whose layers are
-    alike: its label's layout and kernel say it."""
+    pattern and what each kind runs: ``kimi_linear: KKKM, K=kda, M=mla/sdpa``; a kind that reads another's keys and
+    values says whose (``cla: GS, G=fused_qkv/sdpa, S=fused_qkv/sdpa on G's keys and values``). None for a model whose
+    layers are alike: its label's layout and kernel say it."""
     kinds = schedule_kinds(model)
     if not kinds:
         return None
-    text = ", ".join([model["layer_pattern"], *(f"{kind}={ran}" for kind, ran in kinds.items())])
+    own = model.get("layer_kinds") or {}
+    reads = {kind: f" on {fields['kv_from']}'s keys and values" for kind, fields in own.items()
+             if isinstance(fields, Mapping) and fields.get("kv_from")}  # fmt: skip
+    text = ", ".join([model["layer_pattern"], *(f"{kind}={ran}{reads.get(kind, '')}" for kind, ran in kinds.items())])
     return f"{preset}: {text}" if preset else text
 
 
@@ -193,6 +199,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
         (r"moba\d+k\d+|nomoba", "-moba<positions per block>k<blocks per query> (MoBA)"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
+        (r"kvfrom[A-Z]", "-kvfrom<kind> (a kind's layers read that kind's keys and values)"),
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
     )  # fmt: skip
 
@@ -286,6 +293,11 @@ class GPTConfig:
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
     layer_pattern: str | None = field(default=None, metadata={"reuse": "weights"})
     layer_kinds: dict[str, Any] = field(default_factory=dict, metadata={"reuse": "weights"})
+    # Cross-layer KV sharing (CLA, YOCO, Gemma's shared-KV layers), a layer kind's option only
+    # (+model.layer_kinds.S.kv_from=X): a layer of kind S projects no keys or values and keeps no KV cache; it reads
+    # those of the nearest earlier layer of kind X, as that layer cached them (``kv_sources``, ``check_kv_sharing``).
+    # A layer's own model (``layer_config``) carries its kind's value.
+    kv_from: str | None = field(default=None, metadata={"reuse": "weights"})
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -360,6 +372,18 @@ class GPTConfig:
         if self.layer_pattern is None:
             return [None] * self.n_layer
         return [self.layer_pattern[i % len(self.layer_pattern)] for i in range(self.n_layer)]
+
+    @property
+    def kv_sources(self) -> list[int | None]:
+        """Each layer's source of keys and values (cross-layer KV sharing): the nearest earlier layer of the kind its
+        kind's ``kv_from`` names, -1 where there is none (refused: ``check_kv_sharing``); None for a layer that
+        projects its own."""
+        names, sources = self.layer_kind_names, []
+        for i, kind in enumerate(names):
+            source = self.layer_kinds.get(kind, {}).get("kv_from") if kind is not None else None
+            sources.append(None if source is None else
+                           next((j for j in range(i - 1, -1, -1) if names[j] == source), -1))  # fmt: skip
+        return sources
 
     def layer_config(self, layer: int) -> GPTConfig:
         """Layer ``layer``'s model as a uniform one: these fields with its kind's (what every per-layer figure,
@@ -453,7 +477,7 @@ def position_fields() -> tuple[str, ...]:
 
 # The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>); attention only to a layout of
 # another function than the model's (a hybrid's gated_deltanet layers).
-LAYER_FIELDS = ("attention", *(f.name for f in fields(AttentionSpec) if f.metadata.get("per_layer")))
+LAYER_FIELDS = ("attention", *(f.name for f in fields(AttentionSpec) if f.metadata.get("per_layer")), "kv_from")
 
 
 def context_notes(config: GPTConfig) -> list[str]:
@@ -553,6 +577,7 @@ def check_schedule(config: GPTConfig) -> None:
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
     check_position_options_reach_a_layer(config)
+    check_kv_sharing(config)
     if config.lambda_init != LAMBDA_INIT and not config.in_any_layer("differential"):
         raise ValueError(f"model.lambda_init={config.lambda_init} is differential attention's lambda, but no layer is "
                          f"differential; set model.differential=true (or +model.layer_kinds.<kind>.differential=true), "
@@ -563,6 +588,85 @@ def check_schedule(config: GPTConfig) -> None:
             raise ValueError(f"model.{name}={getattr(config, name)} shapes the lightning indexer of sparse attention, "
                              f"but no layer is sparse; {f'set {make}, or ' if make else ''}leave model.{name} at "
                              f"{default}")  # fmt: skip
+
+
+# What a layer that reads another's keys (cross-layer KV sharing) must share with its source: the keys it reads were
+# made, normed and turned by the source (its key/value heads, keys equal to values, QK-norm, its position encoding and
+# that encoding's options): the reader's queries must meet them under the same encoding.
+KEY_SIDE = ("n_kv_head", "k_eq_v", "qk_norm", "position")
+
+
+def check_kv_sharing(config: GPTConfig) -> None:
+    """Refuse a bad cross-layer KV sharing (``model.layer_kinds.S.kv_from=X``) in one line naming the kind, the value
+    and the fix: the model's own field (a relation between layers), a letter of no kind, a kind that reads itself or
+    reads from a kind that reads, a layer with no earlier layer of kind X, a source whose keys and values another
+    layout or function makes (MLA's latent, a linear layer's state), keys encoded otherwise than the reader's queries
+    (key/value heads, k_eq_v, QK-norm, position and its options), PaTH (which turns the keys each query reads), what
+    would keep a cache of its own (sparse attention's indexer keys, a forget gate's states), and more keys seen than the
+    source keeps (a window longer than the source's). A layer's own model (``layer_config``) carries its kind's value:
+    a uniform model's is refused by the GPT that would build it."""
+    if config.layer_pattern is None:
+        return
+    if config.kv_from is not None:
+        raise ValueError(f"model.kv_from={config.kv_from!r} is a layer kind's option (its layers read an earlier "
+                         f"layer's keys and values); set +model.layer_kinds.<kind>.kv_from={config.kv_from} on the "
+                         f"kinds that read them, and leave model.kv_from unset")  # fmt: skip
+    kinds, sources, names = config.layer_kinds, config.kv_sources, config.layer_kind_names
+    for kind in dict.fromkeys(config.layer_pattern):
+        source = kinds[kind].get("kv_from")
+        if source is None:
+            continue
+        where = f"model.layer_kinds.{kind}.kv_from={source!r} {kind_layers(config, kind)}"
+        if not isinstance(source, str) or source not in kinds:
+            raise ValueError(f"{where} names no layer kind of model.layer_pattern={config.layer_pattern} (its kinds: "
+                             f"{', '.join(kinds)}); name the kind whose keys and values its layers read")  # fmt: skip
+        if source == kind:
+            raise ValueError(f"{where}: a kind's layers cannot read their own kind's keys and values (they make "
+                             f"none); name another kind, whose layers project them")  # fmt: skip
+        if kinds[source].get("kv_from") is not None:
+            further = kinds[source]["kv_from"]
+            raise ValueError(f"{where}: kind {source}'s layers make no keys or values either (they read kind "
+                             f"{further}'s); name the kind that makes them: kv_from={further}")  # fmt: skip
+        first = next((i for i, k in enumerate(names) if k == kind and sources[i] == -1), None)
+        if first is not None:
+            raise ValueError(f"{where}: layer {first} has no earlier layer of kind {source} to read (the pattern "
+                             f"{config.layer_pattern} repeated over {config.n_layer} layers); put a layer of kind "
+                             f"{source} before every layer of kind {kind} (e.g. model.layer_pattern={source}{kind})")
+        layer = names.index(kind)
+        mine, theirs = config.layer_config(layer), config.layer_config(sources[layer])
+        layout = registry.mixer(theirs.attention)
+        if not layout.shares_kv or mine.attention != theirs.attention:
+            readers = ", ".join(name for name, cls in registry.MIXERS.items() if cls.shares_kv)
+            raise ValueError(f"{where}: kind {source}'s layers run attention={theirs.attention} ({layout.computes}) "
+                             f"and kind {kind}'s attention={mine.attention}; a layer reads the keys and values of "
+                             f"a layer of its own layout, one of {readers}")  # fmt: skip
+        position = registry.position(mine.position)
+        for name in (*KEY_SIDE, *position.fields):
+            ours, its = getattr(mine, name), getattr(theirs, name)
+            if name == "n_kv_head":
+                ours, its = mine.kv_heads, theirs.kv_heads
+            if ours != its:
+                raise ValueError(f"{where}: {name}={spelled(ours)} in kind {kind}'s layers but {spelled(its)} in "
+                                 f"kind {source}'s, whose keys they read as that kind made and encoded them; set "
+                                 f"+model.layer_kinds.{kind}.{name}={spelled(its)}")  # fmt: skip
+        if position.transforms_keys:
+            raise ValueError(f"{where}: model.position={mine.position} turns the held keys through each query's "
+                             f"tokens, which a cache shared between layers cannot hold for two layers; use another "
+                             f"position, or no kv_from")  # fmt: skip
+        spec = mine.attention_spec
+        own = [f"{mod.field}={spelled(getattr(mine, mod.field))}" for mod in registry.MODIFICATIONS.values()
+               if mod.used(getattr(mine, mod.field)) and mod.cache_width(spec)]  # fmt: skip
+        own += [f"sparse_topk={mine.sparse_topk}"] if mine.sparse_topk is not None else []
+        if own:
+            raise ValueError(f"{where}: {own[0]} keeps numbers per key in a layer's own KV cache, which a layer that "
+                             f"reads another's keeps none of; set +model.layer_kinds.{kind}.{own[0].split('=')[0]}="
+                             f"{spelled(type(spec).__dataclass_fields__[own[0].split('=')[0]].default)}, or no "
+                             f"kv_from")  # fmt: skip
+        if mine.cache_capacity > theirs.cache_capacity:
+            raise ValueError(f"{where}: its layers see up to {mine.cache_capacity} keys but kind {source}'s keep "
+                             f"{theirs.cache_capacity} (its window); give kind {kind} a window of at most "
+                             f"{theirs.cache_capacity} (+model.layer_kinds.{kind}.window={theirs.cache_capacity}), "
+                             f"or kind {source} a longer one")  # fmt: skip
 
 
 def making_sparse(config: GPTConfig) -> str | None:

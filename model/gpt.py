@@ -41,9 +41,12 @@ class Block(nn.Module):
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None,
-        document_starts: torch.Tensor | None = None,
+        document_starts: torch.Tensor | None = None, shared: dict | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), positions, cache, document_starts)
+        """``shared``: cross-layer KV sharing's hand-over of keys and values (``MultiHeadAttention.attend``), for a
+        layer that others read or one that reads."""
+        extra = {} if shared is None else {"shared": shared}  # only softmax layouts take it (check_kv_sharing)
+        x = x + self.attn(self.ln_1(x), positions, cache, document_starts, **extra)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -74,7 +77,14 @@ class GPT(nn.Module):
             raise ValueError("model.document_masking=true needs the token that ends a document: model.document_end="
                              "<its id> (training fills in the tokenizer's end-of-text; a GPTConfig built by hand "
                              "says it)")  # fmt: skip
+        if config.layer_pattern is None and config.kv_from is not None:
+            raise ValueError(f"model.kv_from={config.kv_from!r} makes a layer read an earlier layer's keys and values, "
+                             f"but every layer is alike: set it on a layer kind of a schedule "
+                             f"(model.layer_pattern=GS +model.layer_kinds.G={{}} +model.layer_kinds.S.kv_from=G), "
+                             f"or leave it unset")  # fmt: skip
         self.config = config
+        # Cross-layer KV sharing: each layer's source of keys and values (None: its own), asked once
+        self.kv_sources = config.kv_sources
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
@@ -163,8 +173,12 @@ class GPT(nn.Module):
         # document, (B, T)
         added = self.transformer.wpe.to_add(positions - starts if self.config.document_positions else positions)
         x = self.transformer.drop(x if added is None else x + added)
+        # cross-layer KV sharing: a read layer's keys and values, handed to the layers that read them (by key group)
+        shared = {j: {} for j in self.kv_sources if j is not None}
         for i, block in enumerate(self.transformer.h):
-            x = block(x, positions, cache.layers[i] if cache is not None else None, starts)
+            source = self.kv_sources[i]
+            x = block(x, positions, cache.layers[i] if cache is not None else None, starts,
+                      shared.get(i) if source is None else shared[source])  # fmt: skip
         if cache is not None:
             cache.advance(idx.size(1))
         return x

@@ -19,6 +19,12 @@
             times sigmoid(x W_g) (model.gate: one gate per head, or one per element of out_h)
     the heads side by side, then the output projection c_proj
 
+Cross-layer KV sharing (model.layer_kinds.S.kv_from=X: CLA, Brandon et al. 2024, arXiv 2405.12981; YOCO; Gemma's
+shared-KV layers): a layer i of kind S has no k, v of its own: k_g, v_g are those of layer j, the nearest earlier layer
+of kind X, projected from layer j's input by layer j's weights and encoded by layer j's QK-norm and rotary at their
+positions; layer i's queries, their encodings and scalings, its scores' options and output are its own
+(``gpt_reference``: the whole GPT, in float64).
+
 Each piece is written from its paper, not from headlab's code: rotary positions (Su et al. 2021, RoFormer) as a
 complex multiplication of the pairs (i, i + d/2) (GPT-NeoX/Llama's "rotate half" pairing), ALiBi's slopes and
 bias (Press et al. 2022), RMSNorm (Zhang & Sennrich 2019; eps 1e-6, as Qwen3/OLMo 2), Gemma 2's logit softcap,
@@ -108,28 +114,35 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
                         seen: dict | None = None, selected: torch.Tensor | None = None,
                         ssmax: float | None = None, k_eq_v: bool = False,
-                        moba: tuple[int, int] | None = None) -> torch.Tensor:  # fmt: skip
+                        moba: tuple[int, int] | None = None, source: tuple | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
     ``position``: learned (added before attention: nothing here), none, rope or alibi. ``selected`` (B, T, T): the
     keys sparse attention lets each query see (``sparse_selection``), where given; ``moba`` (block, top-k): MoBA's
-    blocks (``moba_selection``), each head's from its queries and keys."""
+    blocks (``moba_selection``), each head's from its queries and keys. ``source`` (cross-layer KV sharing): the
+    block whose keys and values this one reads and that block's input: k and v are projected and encoded there."""
     params = {name: p.double() for name, p in block.named_parameters()}
     p = convert_attention_layout(params, layout, "separate_qkv", n_head=n_head)
     x = x.double()
     B, T, C = x.shape
     d = C // n_head
     positions = torch.arange(T, device=x.device)
+    if source is not None:  # the keys' and values' weights (QK-norm's key scale too) and input are the source's
+        kp = convert_attention_layout({name: t.double() for name, t in source[0].named_parameters()}, layout,
+                                      "separate_qkv", n_head=n_head)  # fmt: skip
+        kx = source[1].double()
+    else:
+        kp, kx = p, x
 
-    def heads(name: str, count: int) -> torch.Tensor:
+    def heads(name: str, count: int, p=p, x=x) -> torch.Tensor:
         y = x @ p[f"{name}.weight"].T + (p[f"{name}.bias"] if f"{name}.bias" in p else 0.0)
         return y.view(B, T, count, d).transpose(1, 2)  # (B, count, T, d)
 
-    q, k = heads("query", n_head), heads("key", n_kv_head)
-    v = k if k_eq_v else heads("value", n_kv_head)  # keys equal to values: the keys before their encodings
+    q, k = heads("query", n_head), heads("key", n_kv_head, kp, kx)
+    v = k if k_eq_v else heads("value", n_kv_head, kp, kx)  # keys equal to values: the keys before their encodings
     if qk_norm:
-        q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, p["k_norm.weight"])
+        q, k = rms_norm(q, p["q_norm.weight"]), rms_norm(k, kp["k_norm.weight"])
     if position == "rope":  # the first rope_fraction of each head's dims turn (GPT-NeoX's rotary_pct), the rest pass
         r = round(rope_fraction * d)
         q = torch.cat((rotate(q[..., :r], positions, rope_theta), q[..., r:]), dim=-1)
@@ -329,6 +342,35 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
                                seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax,
                                k_eq_v=spec.k_eq_v, moba=moba_of(spec))  # fmt: skip
+
+
+def gpt_reference(model, idx: torch.Tensor) -> torch.Tensor:
+    """A GPT's logits (B, T, V) at token ids ``idx`` in float64, written from its definition: embeddings (and the
+    learned position table), each layer x + attn(LN(x)), x + MLP(LN(x)) (GPT-2's tanh GELU), the final LN, the tied
+    head; a layer that reads another's keys and values (``model.kv_sources``) attends with them as projected and
+    encoded by that layer at its input (``reference_attention``'s ``source``). Softmax attention's layouts only."""
+    cfg, T = model.config, idx.size(1)
+    x = model.transformer.wte.weight.double()[idx]
+    if cfg.position == "learned":
+        x = x + model.transformer.wpe.weight.double()[:T]
+    inputs = []
+    for i, block in enumerate(model.transformer.h):
+        ln = block.ln_1
+        a = layer_norm(x, ln.weight.double(), ln.bias.double() if ln.bias is not None else torch.zeros_like(ln.weight))
+        inputs.append(a)
+        j, spec = model.kv_sources[i], block.attn.spec
+        x = x + reference_attention(block.attn, cfg.attention, a, spec.n_head, spec.kv_heads, None, spec.position,
+                                    spec.rope_theta, spec.qk_norm, spec.softcap, spec.sinks, spec.gate,
+                                    spec.rope_fraction, seen=mask_values(spec), k_eq_v=spec.k_eq_v,
+                                    source=None if j is None else (model.transformer.h[j].attn, inputs[j]))  # fmt: skip
+        ln, mlp = block.ln_2, block.mlp
+        h = layer_norm(x, ln.weight.double(), ln.bias.double() if ln.bias is not None else torch.zeros_like(ln.weight))
+        h = h @ mlp.c_fc.weight.double().T + (mlp.c_fc.bias.double() if mlp.c_fc.bias is not None else 0.0)
+        h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))  # GPT-2's GELU
+        x = x + h @ mlp.c_proj.weight.double().T + (mlp.c_proj.bias.double() if mlp.c_proj.bias is not None else 0.0)
+    ln = model.transformer.ln_f
+    x = layer_norm(x, ln.weight.double(), ln.bias.double() if ln.bias is not None else torch.zeros_like(ln.weight))
+    return (x @ model.lm_head.weight.double().T)[..., : cfg.vocab_size]
 
 
 def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=None, weights_too: bool = False):

@@ -29,7 +29,7 @@ PROJECTION_AND_FACTS = {
     "score_widths", "kv_width", "rotary_width", "query_parts", "key_parts", "initial_tensor", "check_spec",
     "projection_options", "cannot_hold", "matrix_rows",
     "name", "colour", "marker", "QKV_KEY", "QKV_EXAMPLE", "LINEARS", "canonical", "function", "computes", "applies",
-    "caches_keys",
+    "caches_keys", "shares_kv",
     "__init__", "__module__", "__qualname__", "__doc__", "__annotations__", "__firstlineno__",
     "__static_attributes__", "__dict__", "__weakref__", "__parameters__", "_abc_impl",
 }  # fmt: skip

@@ -165,6 +165,8 @@ def layer_rows(config: GPTConfig, dtype: torch.dtype) -> list[str]:
         state = registry.mixer(one.attention).state_bytes(spec, a)
         if state:  # a linear layer: a state of fixed size, no KV cache
             memory = f"a state of {state * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} at any length"
+        elif one.kv_from is not None:  # cross-layer KV sharing: it reads the cache of a layer of another kind
+            memory = f"no KV cache of its own (reads the keys and values of the nearest earlier layer {one.kv_from})"
         else:
             memory = f"KV cache {per_position:,} B per position up to {one.cache_capacity:,} positions, " \
                      f"{full * len(layers) / 1024:,.1f} KiB per sample for the {len(layers)} when full"  # fmt: skip
@@ -190,7 +192,8 @@ def activation_bytes(config: GPTConfig, micro_batch: int, dtype: torch.dtype) ->
     a = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
     B, T, C, H, L = micro_batch, config.block_size, config.n_embd, config.n_head, config.n_layer
     N = B * T * C  # one (batch, seq, width) tensor, in elements
-    kv_share = config.kv_heads / H  # keys and values are this share of N
+    # keys and values are this share of N (none of a layer that reads another's: it projects and encodes queries alone)
+    kv_share = 0.0 if config.kv_from is not None else config.kv_heads / H
     scores = B * H * T * T  # one attention matrix per head, in elements (a window masks them, not shrinks)
     drop = config.dropout > 0
     casts = registry.mixer(config.attention).input_casts(H, config.kv_heads) if a < 4 else 1

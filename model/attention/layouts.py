@@ -10,6 +10,10 @@ and separate_qkv have no ``value`` Linear, fused_qkv's ``c_attn_qk`` stacks [que
 are None (``QKV``: the keys serve as values), so layouts convert exactly. Where the encodings leave the keys as
 projected (no QK-norm, no rotary) the KV cache keeps the keys alone (``keys_only``), and the plan counts one tensor.
 
+A layer that reads an earlier layer's keys and values (cross-layer KV sharing, ``model.layer_kinds.S.kv_from``)
+projects queries alone: the wrapper's heads own only ``query``, separate_qkv has ``query`` alone, fused_qkv's
+``c_attn_q`` is the queries; in the common form its keys and values are None, so it converts exactly too.
+
 Queries have ``n_head`` heads; keys and values ``n_kv_head`` (grouped-query attention: each group of
 n_head / n_kv_head query heads shares one key/value head; 1 is multi-query; n_head, the default, is
 multi-head). All three concatenate the query heads' outputs (head h in columns h*head_dim ... (h+1)*head_dim) and
@@ -105,6 +109,7 @@ class WrapperAttention(MultiHeadAttention):
     members of a group share the notes of its first member)."""
 
     name, colour, marker = "wrapper", "tab:blue", "o"
+    shares_kv = True  # its heads can project queries alone (model.layer_kinds.S.kv_from)
     QKV_KEY = re.compile(r"heads\.(?P<head>\d+)\.(?P<proj>query|key|value)\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "heads.N.query"
     projection_options = frozenset({"n_kv_head", "k_eq_v"})  # key/value heads, keys equal to values
@@ -126,9 +131,10 @@ class WrapperAttention(MultiHeadAttention):
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        group = spec.n_head // spec.kv_heads
+        group, own = spec.n_head // spec.kv_heads, spec.kv_from is None  # a layer that reads another's: queries alone
         self.heads = nn.ModuleList(
-            CausalAttentionHead(spec.n_embd, spec.head_dim, spec.bias, owns_kv=h % group == 0, k_eq_v=spec.k_eq_v)
+            CausalAttentionHead(spec.n_embd, spec.head_dim, spec.bias, owns_kv=own and h % group == 0,
+                                k_eq_v=spec.k_eq_v)
             for h in range(spec.n_head)
         )
         self.keys_alone = keys_only(spec)
@@ -136,6 +142,9 @@ class WrapperAttention(MultiHeadAttention):
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """Each key/value group's notes (its first head's keys and values), read by each of its heads alone."""
         group, heads = self.n_head // self.n_kv_head, list(self.heads)  # not heads[h]: slow
+        if self.reads_kv:  # another layer's keys and values: each group's queries alone
+            return [KeyGroup(g, None, None, [(h, heads[h].queries(x)) for h in range(g * group, (g + 1) * group)])
+                    for g in range(self.n_kv_head)]  # fmt: skip
         return [key_group(g, *heads[g * group].keys_values(x),
                           [(h, heads[h].queries(x)) for h in range(g * group, (g + 1) * group)], self.keys_alone)
                 for g in range(self.n_kv_head)]  # fmt: skip
@@ -153,16 +162,17 @@ class WrapperAttention(MultiHeadAttention):
             per_head.setdefault((m["kind"], m["proj"]), {})[int(m["head"])] = tensor
         qkv = {}
         k_eq_v = not any(proj == "value" for _, proj in per_head)  # no values anywhere: the keys serve (model.k_eq_v)
+        no_kv = not any(proj == "key" for _, proj in per_head)  # queries alone: it reads another layer's (kv_from)
         for kind in sorted({kind for kind, _ in per_head}):
             parts = []
-            for proj in PROJECTIONS[:2] if k_eq_v else PROJECTIONS:
+            for proj in PROJECTIONS[:1] if no_kv else PROJECTIONS[:2] if k_eq_v else PROJECTIONS:
                 heads = per_head.get((kind, proj))
                 if heads is None:
                     raise ValueError(f"the attention has no heads.*.{proj}.{kind}; the state dict is incomplete")
                 if proj == "query" and sorted(heads) != list(range(len(heads))):
                     raise ValueError(f"heads.*.{proj}.{kind}: head indices {sorted(heads)} are not 0..{len(heads) - 1}")
                 parts.append(torch.cat([heads[h] for h in sorted(heads)], dim=0))
-            qkv[kind] = (*parts, None) if k_eq_v else tuple(parts)
+            qkv[kind] = (*parts, None, None) if no_kv else (*parts, None) if k_eq_v else tuple(parts)
         return qkv
 
     @classmethod
@@ -170,7 +180,7 @@ class WrapperAttention(MultiHeadAttention):
         # each head's query, and each key/value group's key and value (owned by its first head), a matrix apiece
         group, hd = spec.n_head // spec.kv_heads, spec.head_dim
         rows = {f"heads.{h}.query.weight": [("query", h, 0, hd)] for h in range(spec.n_head)}
-        for proj in ("key",) if spec.k_eq_v else ("key", "value"):
+        for proj in () if spec.kv_from else ("key",) if spec.k_eq_v else ("key", "value"):
             rows.update({f"heads.{g * group}.{proj}.weight": [(proj, g, 0, hd)] for g in range(spec.kv_heads)})
         return rows
 
@@ -184,7 +194,8 @@ class WrapperAttention(MultiHeadAttention):
     def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
         if n_head is None:
             raise ValueError("converting to 'wrapper' needs n_head=<number of heads> to split the heads")
-        n_kv = kv_heads_of(qkv, n_head)
+        no_kv = next(iter(qkv.values()))[1] is None  # queries alone (a layer that reads another's keys)
+        n_kv = n_head if no_kv else kv_heads_of(qkv, n_head)
         group = n_head // n_kv
         out = {}
         for kind, (q, k, v) in qkv.items():
@@ -204,6 +215,7 @@ class SplitHeadsAttention(MultiHeadAttention):
     """Layouts that project full-width q, k, v, then split them into heads for one kernel call."""
 
     projection_options = frozenset({"n_kv_head", "k_eq_v"})  # key/value heads, keys equal to values
+    shares_kv = True  # its projection can make queries alone (model.layer_kinds.S.kv_from)
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
@@ -230,6 +242,8 @@ class SplitHeadsAttention(MultiHeadAttention):
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """Full-width q, k, v, split into heads: one key group, one call of every head."""
         q, k, v = self.projections(x)
+        if k is None:  # queries alone: the keys and values are another layer's (kv_from)
+            return [KeyGroup(0, None, None, [(0, self.split_heads(q, self.n_head))])]
         return [key_group(0, self.split_heads(k, self.n_kv_head), None if v is None else self.split_heads(
             v, self.n_kv_head), [(0, self.split_heads(q, self.n_head))], self.keys_alone)]  # fmt: skip
 
@@ -251,12 +265,12 @@ class SeparateQKVAttention(SplitHeadsAttention):
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
         for name, width in zip(self.LINEARS, (spec.n_embd, self.kv_width, self.kv_width)):
-            setattr(self, name, None if name == "value" and spec.k_eq_v else nn.Linear(spec.n_embd, width,
-                                                                                      bias=spec.bias))  # fmt: skip
+            none = (name == "value" and spec.k_eq_v) or (name != "query" and spec.kv_from is not None)
+            setattr(self, name, None if none else nn.Linear(spec.n_embd, width, bias=spec.bias))
 
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         q, k, v = (getattr(self, name) for name in self.LINEARS)
-        return q(x), k(x), None if v is None else v(x)
+        return q(x), None if k is None else k(x), None if v is None else v(x)
 
     @classmethod
     def input_casts(cls, n_head: int, kv_heads: int) -> int:
@@ -264,7 +278,8 @@ class SeparateQKVAttention(SplitHeadsAttention):
 
     @classmethod
     def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
-        hd, heads = spec.head_dim, (spec.n_head, spec.kv_heads, 0 if spec.k_eq_v else spec.kv_heads)
+        kv = 0 if spec.kv_from else spec.kv_heads  # a layer that reads another's keys: queries alone
+        hd, heads = spec.head_dim, (spec.n_head, kv, 0 if spec.k_eq_v else kv)
         return {f"{linear}.weight": [(proj, h, h * hd, (h + 1) * hd) for h in range(n)]
                 for linear, proj, n in zip(cls.LINEARS, PROJECTIONS, heads) if n}  # fmt: skip
 
@@ -272,12 +287,13 @@ class SeparateQKVAttention(SplitHeadsAttention):
     def to_qkv(cls, params: dict[str, torch.Tensor], n_head: int | None = None) -> QKV:
         kinds = sorted({name.split(".")[1] for name in params})
         k_eq_v = not any(name.startswith(f"{cls.LINEARS[2]}.") for name in params)  # no values: the keys serve
-        linears = cls.LINEARS[:2] if k_eq_v else cls.LINEARS
+        no_kv = not any(name.startswith(f"{cls.LINEARS[1]}.") for name in params)  # queries alone (kv_from)
+        linears = cls.LINEARS[:1] if no_kv else cls.LINEARS[:2] if k_eq_v else cls.LINEARS
         for kind in kinds:
             missing = [p for p in linears if f"{p}.{kind}" not in params]
             if missing:
                 raise ValueError(f"the attention has no {missing} {kind}; the state dict is incomplete")
-        return {kind: (*(params[f"{p}.{kind}"] for p in linears), *((None,) if k_eq_v else ())) for kind in kinds}
+        return {kind: (*(params[f"{p}.{kind}"] for p in linears), *(None,) * (3 - len(linears))) for kind in kinds}
 
     @classmethod
     def from_qkv(cls, qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
@@ -288,8 +304,9 @@ class SeparateQKVAttention(SplitHeadsAttention):
 @register(MIXERS)
 class FusedQKVAttention(SplitHeadsAttention):
     name, colour, marker = "fused_qkv", "tab:green", "^"
-    # c_attn stacks [query; key; value]; with keys equal to values, c_attn_qk stacks [query; key] (the name says which)
-    QKV_KEY = re.compile(r"c_attn(?P<k_eq_v>_qk)?\.(?P<kind>weight|bias)$")
+    # c_attn stacks [query; key; value]; with keys equal to values, c_attn_qk stacks [query; key]; a layer that reads
+    # another's keys (kv_from) has c_attn_q, the queries alone (the name says which)
+    QKV_KEY = re.compile(r"c_attn(?P<parts>_qk|_q)?\.(?P<kind>weight|bias)$")
     QKV_EXAMPLE = "c_attn"
     canonical = True  # GPT-2's own form
 
@@ -301,24 +318,27 @@ class FusedQKVAttention(SplitHeadsAttention):
     def matrix_rows(cls, spec: AttentionSpec) -> dict[str, list[tuple[str, int | None, int, int]]]:
         # c_attn stacks [query; key; value] by rows, each by head (c_attn_qk [query; key])
         hd, starts = spec.head_dim, (0, spec.n_embd, spec.n_embd + spec.kv_heads * spec.head_dim)
-        heads = (spec.n_head, spec.kv_heads, 0 if spec.k_eq_v else spec.kv_heads)
-        return {fused_name(spec.k_eq_v) + ".weight": [(proj, h, start + h * hd, start + (h + 1) * hd)
+        kv = 0 if spec.kv_from else spec.kv_heads  # a layer that reads another's keys: queries alone
+        heads = (spec.n_head, kv, 0 if spec.k_eq_v else kv)
+        return {FUSED_NAMES[fused_parts(spec)] + ".weight": [(proj, h, start + h * hd, start + (h + 1) * hd)
                                                           for proj, start, n in zip(PROJECTIONS, starts, heads)
                                                           for h in range(n)]}  # fmt: skip
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__(spec)
-        self.fused = fused_name(spec.k_eq_v)  # the Linear's name: c_attn, or c_attn_qk without values
-        setattr(self, self.fused, nn.Linear(spec.n_embd, spec.n_embd + kv_parts(spec.k_eq_v) * self.kv_width,
-                                            bias=spec.bias))  # fmt: skip
+        self.parts = fused_parts(spec)  # key/value parts after the queries: 2, 1 (keys equal to values), 0 (kv_from)
+        self.fused = FUSED_NAMES[self.parts]  # the Linear's name: c_attn, c_attn_qk without values, c_attn_q
+        setattr(self, self.fused, nn.Linear(spec.n_embd, spec.n_embd + self.parts * self.kv_width, bias=spec.bias))
 
-    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        q, k, *v = getattr(self, self.fused)(x).split([x.size(-1), *[self.kv_width] * kv_parts(self.k_eq_v)], dim=-1)
-        return q, k, v[0] if v else None
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        q, *kv = getattr(self, self.fused)(x).split([x.size(-1), *[self.kv_width] * self.parts], dim=-1)
+        return q, *kv, *(None,) * (2 - len(kv))
 
     def project(self, x: torch.Tensor) -> list[KeyGroup]:
         """As every layout that splits heads, with its queries and keys side by side in c_attn's output, as one
         tensor of heads, time-major (B, T, H + kv, d): the encodings turn them in one call."""
+        if self.reads_kv:  # queries alone (SplitHeadsAttention's)
+            return super().project(x)
         B, T, C = x.shape
         qk, *v = getattr(self, self.fused)(x).split([C + self.kv_width, *[self.kv_width] * (not self.k_eq_v)], dim=-1)
         qk = qk.view(B, T, self.n_head + self.n_kv_head, self.head_dim)
@@ -333,31 +353,32 @@ class FusedQKVAttention(SplitHeadsAttention):
         out = {}
         for name, t in params.items():
             rows, module = t.size(0), name.split(".")[0]
-            parts = kv_parts(module == fused_name(True))
+            parts = FUSED_NAMES.index(module) if module in FUSED_NAMES else 2
             width = t.size(1) if t.dim() == 2 else None
             if width is None:  # a bias: its weight says how wide the queries are
                 weight = params.get(name.replace("bias", "weight"))
                 width = weight.size(1) if weight is not None else rows // (parts + 1)
-            kv = (rows - width) // parts
+            kv = (rows - width) // max(parts, 1)
             if width + parts * kv != rows:
                 raise ValueError(f"{module} has {rows} rows for width {width}: not queries and {parts} equal "
                                  f"key/value parts")  # fmt: skip
             split = t.split([width, *[kv] * parts], dim=0)
-            out[name.split(".")[1]] = split if parts == 2 else (*split, None)
+            out[name.split(".")[1]] = (*split, *(None,) * (2 - parts))
         return out
 
     @staticmethod
     def from_qkv(qkv: QKV, n_head: int | None) -> dict[str, torch.Tensor]:
-        return {f"{fused_name(tensors[2] is None)}.{kind}": torch.cat([t for t in tensors if t is not None], dim=0)
-                for kind, tensors in qkv.items()}  # fmt: skip
+        return {f"{FUSED_NAMES[sum(t is not None for t in tensors[1:])]}.{kind}":
+                torch.cat([t for t in tensors if t is not None], dim=0) for kind, tensors in qkv.items()}  # fmt: skip
 
 
-def fused_name(k_eq_v: bool) -> str:
-    """fused_qkv's Linear: ``c_attn`` stacks [query; key; value], ``c_attn_qk`` [query; key] (keys equal to values):
-    the name says which, so a state dict converts without its config."""
-    return "c_attn_qk" if k_eq_v else "c_attn"
+# fused_qkv's Linear by the key/value parts it stacks after the queries: ``c_attn_q`` the queries alone (a layer that
+# reads another's keys, kv_from), ``c_attn_qk`` [query; key] (keys equal to values), ``c_attn`` [query; key; value]:
+# the name says which, so a state dict converts without its config.
+FUSED_NAMES = ("c_attn_q", "c_attn_qk", "c_attn")
 
 
-def kv_parts(k_eq_v: bool) -> int:
-    """The key/value parts a projection stacks after the queries: keys and values, or the keys alone."""
-    return 1 if k_eq_v else 2
+def fused_parts(spec: AttentionSpec) -> int:
+    """The key/value parts fused_qkv's projection stacks after the queries: none (kv_from), the keys alone (k_eq_v),
+    or keys and values."""
+    return 0 if spec.kv_from is not None else 1 if spec.k_eq_v else 2

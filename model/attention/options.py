@@ -23,7 +23,8 @@ from dataclasses import MISSING, fields
 
 from model import registry
 
-SHAPE = ("n_embd", "n_head", "bias", "block_size")  # what a block is built at, not an option of how it attends
+# what a block is built at, not an option of how it attends (kv_from: whether it projects keys and values at all)
+SHAPE = ("n_embd", "n_head", "bias", "block_size", "kv_from")
 KERNEL_CHOICE = ("kernel", "sdpa_backend")  # which kernel runs the softmax: a layer takes one or runs none
 # The plan's terms (training/plan.py) a layer's option may change: its parameters, its mixing FLOPs per token
 # (``mixing_flops``: the score and value matmuls, a key selection's own scores), its KV cache (numbers per token,

@@ -174,6 +174,9 @@ class MultiHeadAttention(nn.Module):
     projection_options: ClassVar[frozenset[str]] = frozenset({"n_kv_head"})  # the projection's own: key/value heads
     cannot_hold: ClassVar[dict[str, str]] = {}  # stage options its projection cannot hold, and why
     has_attention_maps: ClassVar[bool] = True  # softmax weights over keys (heads.py studies them)
+    # Whether its layers may read another layer's keys and values (cross-layer KV sharing, model.config's
+    # check_kv_sharing): its projection can make queries alone (``reads_kv``), and the cache holds the keys themselves
+    shares_kv: ClassVar[bool] = False
     takes_kernel: ClassVar[bool] = True  # runs model.kernel (a linear layer runs its own form)
     colour: ClassVar[str] = "tab:gray"  # its colour and marker in plots
     marker: ClassVar[str] = "o"
@@ -264,6 +267,8 @@ class MultiHeadAttention(nn.Module):
         """Numbers a KV cache keeps per token per layer: its keys and values (``kv_width``) and what a modification
         keeps per key (``Modification.cache_width``); the plan's and the reports' cache bytes per token are this times
         the layers and the dtype's bytes."""
+        if spec.kv_from is not None:  # it reads another layer's cache and keeps none (refused what would keep some)
+            return 0
         selection = selection_of(spec)
         selected = 0 if selection is None else selection.cache_width(spec)  # a selection's own per token (its keys)
         return cls.kv_width(spec) + selected + sum(mod.cache_width(spec) for mod in MODIFICATIONS.values()
@@ -311,6 +316,9 @@ class MultiHeadAttention(nn.Module):
         self.spec = spec  # what it was built from: its options, which a reference formula reads too
         self.n_head, self.n_kv_head, self.window, self.head_dim = spec.n_head, spec.kv_heads, spec.window, spec.head_dim
         self.masks = spec.masks  # which keys a query sees: causal, the window (or a model's context past its length)
+        # cross-layer KV sharing: its projection makes queries alone; it attends over the keys and values an earlier
+        # layer made and cached (``attend``'s ``shared``), with its own queries, encodings of them and output
+        self.reads_kv = spec.kv_from is not None
         self.c_proj = nn.Linear(spec.n_embd, spec.n_embd, bias=spec.bias)
         self.resid_dropout = nn.Dropout(spec.dropout)
         self.kernel = spec.build_kernel() if self.takes_kernel else None
@@ -342,6 +350,8 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = self.k_norm = None
         if spec.qk_norm:  # one learned scale per head dim, shared by the heads (Qwen3's, OLMo 2's)
             self.q_norm, self.k_norm = nn.RMSNorm(qk_dim, eps=1e-6), nn.RMSNorm(qk_dim, eps=1e-6)
+            if spec.kv_from is not None:  # the keys it reads were normed by their own layer
+                self.k_norm = None
         self.qk_norm, self.softcap, self.query_temperature = spec.qk_norm, spec.softcap, spec.query_temperature
         # SSMax's s per head: its initial value plus this offset, which starts at 0 as a vector does (GPT's rule) and
         # takes AdamW's steps (no weight decay on a vector) exactly as the paper's learned s would
@@ -423,10 +433,11 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, cache: LayerCache | None = None,
-        document_starts: torch.Tensor | None = None,
+        document_starts: torch.Tensor | None = None, shared: dict | None = None,
     ) -> torch.Tensor:
         """(B, T, C) -> (B, T, C). ``document_starts`` (B, T): the absolute position where each token's document
-        starts (model.document_masking; None: one document): a query sees no key before it."""
+        starts (model.document_masking; None: one document): a query sees no key before it. ``shared``: cross-layer KV
+        sharing's hand-over (``attend``)."""
         if positions is None and (self.rotary is not None or self.alibi_slopes is not None or self.query_temperature
                                   or self.ssmax or self.turns_keys):  # fmt: skip
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
@@ -434,7 +445,8 @@ class MultiHeadAttention(nn.Module):
         selected = None  # a selection from the block's input (sparse attention's indexer), for every head
         if self.selects is not None and not self.selects_per_call:
             selected = self.selection.select_input(self, x, positions, cache, documents)
-        y = self.attend(x, positions, cache, documents, selected)
+        # the hand-over only to a layer that shares (a linear layer's own attend takes none: check_kv_sharing)
+        y = self.attend(x, positions, cache, documents, selected, **({} if shared is None else {"shared": shared}))
         y = self.c_proj(y if self.gate is None else self.gated(y, x))
         return self.resid_dropout(y) if self.resid_dropout.p and self.training else y
 
@@ -461,24 +473,35 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache | None = None,
                document_starts: torch.Tensor | None = None, selected: torch.Tensor | None = None,
-               ) -> torch.Tensor:  # fmt: skip
+               shared: dict | None = None) -> torch.Tensor:  # fmt: skip
         """(B, T, C) -> the heads' outputs side by side, (B, T, n_head * dv): the pipeline's stages 1, 2, 4 and 5.
         ``positions`` (T,) are the tokens' absolute positions, computed once by the GPT: a learned encoding was added
         to the embeddings; rotary turns the queries and keys here, ALiBi biases the scores (``score_mods``).
         ``selected`` (B, 1, T, keys): the keys sparse attention chose for each query (``model.attention.sparse``), else
-        None."""
+        None. ``shared`` (cross-layer KV sharing), a dict by key group's slot: a layer that others read fills it with
+        each group's keys and values as it attends over them (encoded, from its cache where it has one: a ring's or a
+        static step's whole buffers, with the positions they hold); a layer that reads (``reads_kv``) attends over
+        them with its own queries, and neither projects nor caches keys."""
         outputs, mods, first_group = [], None, True
         householders = MODIFICATIONS["path"].directions(self, x) if self.turns_keys else None
         for group in self.project(x):
             whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
-            if whole:
-                q, k = self.encode_queries_keys(group.calls[0][1], group.k, positions, group.qk)
+            if self.reads_kv:  # the source layer's keys and values, as it encoded and cached them
+                k, v, keys = shared[group.slot]
+                q = self.encode_queries(group.calls[0][1], positions) if whole else None
+                if first_group:  # no token bias's states: refused on a layer that reads (check_kv_sharing)
+                    mods, first_group = self.score_mods(x), False
             else:
-                k = self.encode_keys(group.k, positions)
-            k, v, keys = remember(cache, group.slot, k, group.v)
-            if first_group:  # a token bias's states, kept beside the first group's keys
-                mods, first_group = self.score_mods(x, cache, k), False
-            k, v = self.keys_values(k, v, positions)
+                if whole:
+                    q, k = self.encode_queries_keys(group.calls[0][1], group.k, positions, group.qk)
+                else:
+                    k = self.encode_keys(group.k, positions)
+                k, v, keys = remember(cache, group.slot, k, group.v)
+                if first_group:  # a token bias's states, kept beside the first group's keys
+                    mods, first_group = self.score_mods(x, cache, k), False
+                k, v = self.keys_values(k, v, positions)
+                if shared is not None:  # a later layer reads them
+                    shared[group.slot] = (k, v, keys)
             widened = None
             if householders is not None:  # PaTH: the keys turned by the new tokens (a decode step's: in the cache)
                 k, widened = self.turned_keys(group, k, v, keys, positions, householders, cache)
@@ -562,35 +585,51 @@ class MultiHeadAttention(nn.Module):
         return keys_seen(q_len, k_len, self.masks, keys, positions, documents, selected, device)
 
     def queries_keys(self, x: torch.Tensor, documents: torch.Tensor | None = None,
-                     selected: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                     selected: torch.Tensor | None = None, source: tuple | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Each query head's queries and keys, (B, H, T, dq), encoded and scaled at positions 0..T-1 by the pipeline's
         own stages (within ``documents`` and, with sparse attention, the ``selected`` keys, where given): what its
-        attention weights come from."""
+        attention weights come from. ``source``: for a layer that reads another's keys (``reads_kv``), that layer's
+        attention block and its input."""
         positions = torch.arange(x.size(1), device=x.device)
         seen = self.keys_seen(x.size(1), x.size(1), None, positions, documents, selected)
         queries, keys = [], []
+        read = None if source is None else source[0].encoded_keys(source[1], positions)
         for group in self.project(x):
-            k, _ = self.keys_values(self.encode_keys(group.k, positions), group.v, positions)
+            if read is not None:
+                k = read[group.slot]
+            else:
+                k, _ = self.keys_values(self.encode_keys(group.k, positions), group.v, positions)
             for head, q in group.calls:
                 queries.append(self.scale_queries(self.encode_queries(q, positions), positions, head, seen))
                 keys.append(self.keys_per_query(k, q.size(1)))
         return torch.cat(queries, dim=1), torch.cat(keys, dim=1)
 
+    def encoded_keys(self, x: torch.Tensor, positions: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Each key group's keys (by its slot) at ``x``, encoded: what a layer that reads this one's keys reads."""
+        return {group.slot: self.keys_values(self.encode_keys(group.k, positions), group.v, positions)[0]
+                for group in self.project(x)}  # fmt: skip
+
     @torch.no_grad()
-    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
+    def attention_weights(self, x: torch.Tensor, source: tuple | None = None) -> torch.Tensor:
         """(B, H, T, T) attention weights of each query head, from this layout's own projections, with the
-        block's score modifications (with sinks, a row sums to less than 1: the rest went to the sink).
+        block's score modifications (with sinks, a row sums to less than 1: the rest went to the sink). ``source``:
+        for a layer that reads another's keys (cross-layer KV sharing), that layer's attention block and its input.
 
         The manual kernel applies exactly these; sdpa and flex fuse the same formula, so they describe a
         model run with any kernel.
         """
         positions = torch.arange(x.size(1), device=x.device)
+        if self.reads_kv and source is None:
+            raise ValueError(f"this layer reads layer kind {self.spec.kv_from}'s keys and values: its attention "
+                             f"weights need that layer's block and input, attention_weights(x, source=(block, "
+                             f"input))")  # fmt: skip
         if self.turns_keys:
             return self.turned_attention_weights(x, positions)
         selected = None
         if self.selects is not None and not self.selects_per_call:
             selected = self.selection.select_input(self, x, positions, None, None)
-        q, k = self.queries_keys(x, None, selected)
+        q, k = self.queries_keys(x, None, selected, *(() if source is None else (source,)))  # a linear layer: none
         if self.selects_per_call:
             selected = self.selection.select_heads(q, k, None, positions, None)
         return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)

@@ -143,6 +143,10 @@ class AttentionSpec:
                  "afterwards; the two are not built together"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
     moba_topk: int = option(MOBA_TOPK, 2, stage="key selection", moba_block=1, plan=("flops",))
+    # Cross-layer KV sharing (CLA, YOCO, Gemma's shared-KV layers): the layer kind whose keys and values this layer
+    # reads (a schedule's relation between layers, ``model.config.check_kv_sharing``), not an option of one block: a
+    # block built with it projects queries only and keeps no cache (``MultiHeadAttention.reads_kv``). None: its own
+    kv_from: str | None = None
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)

@@ -43,6 +43,9 @@ def what_gpt2_cannot_hold(config) -> list[str]:
                     for problem in what_gpt2_cannot_hold(config.layer_config(names.index(kind)))]  # fmt: skip
         return list(dict.fromkeys(problems))
     problems = []
+    if config.kv_from is not None:
+        problems.append(f"model.kv_from={config.kv_from} (GPT-2's layers each project their own keys and values: "
+                        f"none reads another layer's)")  # fmt: skip
     if config.window is not None:
         problems.append(f"model.window={config.window} (GPT-2 has no sliding-window attention: it attends over its "
                         f"whole context)")  # fmt: skip
