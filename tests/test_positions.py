@@ -87,3 +87,26 @@ def test_a_static_step_on_a_windowed_ring_still_gets_absolute_positions():
 
 def test_the_kv_cache_is_still_imported_from_where_it_was():
     assert KVCacheFromGPT is KVCache
+
+
+@pytest.mark.parametrize("T", [1, 3, 5, 16])
+def test_paths_widened_queries_and_keys_give_the_same_logits_padded_to_any_width(T):
+    """flex compiles a graph per head width, so PaTH's widened queries and keys (d + T dims) are padded with zeros to
+    the next power of two there: the kernel's q~ . k~ / sqrt(width) must not change with the width."""
+    from model.attention.positions import householder_augmented
+
+    gen = torch.Generator().manual_seed(T)
+    B, h, d, S = 2, 2, 8, T + 3
+    q, k = torch.randn(B, h, T, d, generator=gen), torch.randn(B, h, S, d, generator=gen)
+    w = torch.nn.functional.normalize(torch.randn(B, h, T, d, generator=gen), dim=-1)
+    beta = 2 * torch.rand(B, h, T, generator=gen)
+    queries, held = torch.arange(3, 3 + T), torch.arange(S)
+
+    def logits(width):
+        q_wide, k_wide = householder_augmented(q, k, held, queries, w, beta, w, beta, width)
+        assert q_wide.size(-1) == k_wide.size(-1) == (width or d + T)
+        return q_wide @ k_wide.transpose(-1, -2) / q_wide.size(-1) ** 0.5
+
+    exact = logits(None)
+    for width in (d + T, 32, 64):
+        torch.testing.assert_close(logits(width), exact, rtol=1e-5, atol=1e-5)

@@ -541,10 +541,15 @@ class MultiHeadAttention(nn.Module):
             if positions.size(0) == 1:
                 return turned, None
 
+        # flex compiles a graph per head width, and d + T is a new one at every length (a new prompt, an evaluation's
+        # each length: seconds each on a CPU): widened to the next power of two, a graph per doubling (a GPU's flex
+        # rounds its head dims up so, in any case)
+        width = 1 << (k.size(-1) + positions.size(0) - 1).bit_length() if self.spec.kernel == "flex" else None
+
         def widened(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             heads = q.size(1)  # the call's query heads read the key/value heads keys_per_query gives them
             return householder_augmented(q, k, held, positions, w, beta, self.keys_per_query(w, heads),
-                                         self.keys_per_query(beta[..., None], heads)[..., 0])  # fmt: skip
+                                         self.keys_per_query(beta[..., None], heads)[..., 0], width)  # fmt: skip
 
         return k, widened
 

@@ -36,6 +36,7 @@ import math
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.attention.kernels import ordinary_tensors
@@ -361,8 +362,8 @@ def turned_through(k: torch.Tensor, held: torch.Tensor, queries: torch.Tensor, w
 
 
 def householder_augmented(q: torch.Tensor, k: torch.Tensor, held: torch.Tensor, queries: torch.Tensor,
-                          w: torch.Tensor, beta: torch.Tensor, w_q: torch.Tensor,
-                          beta_q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                          w: torch.Tensor, beta: torch.Tensor, w_q: torch.Tensor, beta_q: torch.Tensor,
+                          width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """PaTH's logits of T new queries as one dot product: queries and keys widened by T dims so that any kernel's
     q~_i . k~_j / sqrt(d + T) is q_i^T H_i ... H_{j+1} k_j / sqrt(d), with the products of the new tokens' transforms
     in their compact (UT) form (the paper's section 3.2) instead of a key per query.
@@ -376,7 +377,8 @@ def householder_augmented(q: torch.Tensor, k: torch.Tensor, held: torch.Tensor, 
     for every query at once a unit upper-triangular solve, M a = (w . q masked to s <= i), M_js = [s > j] beta_s
     w_j . w_s + [s = j] (its leading block is the system of a query's own tokens). Then q~_i = (q_i, -beta_s a_is)_s
     and k~_j = (k_j, [s > j] w_s . k_j)_s, the queries scaled by sqrt((d + T) / d) for the kernel's 1 / sqrt(d + T).
-    O(T^2 (d + T)) work and O(T^2) memory per head, in float32, cast back."""
+    O(T^2 (d + T)) work and O(T^2) memory per head, in float32, cast back. ``width``: both widened further with zeros
+    to that many dims (at least d + T; the scale follows it), for a kernel that compiles a graph per head width."""
     T, d = q.size(-2), q.size(-1)
     ones = torch.ones(T, T, dtype=torch.bool, device=q.device)
     qf, w_q = q.float(), w_q.float()
@@ -387,9 +389,10 @@ def householder_augmented(q: torch.Tensor, k: torch.Tensor, held: torch.Tensor, 
     weights = (beta_q.float()[..., :, None] * a).transpose(-1, -2)  # (B, h, T_i, T_s): beta_s a_is
     after = (queries[:, None] > held[None, :]).to(torch.float32)  # (T_s, S): token s comes after key j
     along = (w.float() @ k.float().transpose(-1, -2)) * after  # (B, kv, T_s, S): [s > j] w_s . k_j
-    widened = math.sqrt((d + T) / d)
-    return (torch.cat((qf, -weights), dim=-1) * widened).to(q.dtype), \
-        torch.cat((k.float(), along.transpose(-1, -2)), dim=-1).to(k.dtype)  # fmt: skip
+    pad = 0 if width is None else width - d - T  # zero dims: no dot product changes
+    widened = math.sqrt((d + T + pad) / d)
+    return (F.pad(torch.cat((qf, -weights), dim=-1), (0, pad)) * widened).to(q.dtype), \
+        F.pad(torch.cat((k.float(), along.transpose(-1, -2)), dim=-1), (0, pad)).to(k.dtype)  # fmt: skip
 
 
 @functools.cache
