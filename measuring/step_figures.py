@@ -84,13 +84,13 @@ def bar_figure(rows: list[dict], title: str, step_name: str):
         bar.set_hatch(hatch(kernel))
         bar.set_alpha(0.35 if pale else 1.0)  # timed on a busy machine: not the cell's own speed, as bench.md marks
     noisy = [timed.removesuffix("_ms") in r.get("noisy", ()) for r in rows]  # the measurement drawn
-    room = 0.015 * max(ends)
+    room = 0.015 * max(ends, default=1.0)  # (no cell drawn: every one untimed or invalid, as the note says)
     for y, (t, end, n) in enumerate(zip(times, ends, noisy)):  # written past the whisker, not over it
         ax.text(end + room, y, f"{ms_text(t)} ms" + (", noisy" if n else ""), fontsize=7, va="center")
     ax.set_yticks(range(len(rows)), [f"{cell_label(r, axes)}, {r['compile']}" + (f" {BUSY_MARK}" if pale else "")
                                      for r, pale in zip(rows, busy)], fontsize=8)  # fmt: skip
     ax.invert_yaxis()  # the first cell on top, as in bench.md
-    ax.set_xlim(0, max(ends) * 1.3)
+    ax.set_xlim(0, max(ends, default=1.0) * 1.3)
     ax.xaxis.set_major_formatter(lambda value, _: f"{value:g}")
     what = step_name if timed == "step_ms" else "forward"
     ax.set_xlabel(f"{what} time (ms, median{'; whiskers: range over passes' if spread else ''}) at sequence length "
