@@ -440,6 +440,7 @@ class AttentionKernel:
     scores_kept: ClassVar[bool] = False  # keeps each head's (T, T) attention matrix for backward (the plan)
     trains_on_cpu: ClassVar[bool] = True  # has a backward on a CPU
     compiles: ClassVar[bool] = False  # compiles itself on its first call (seconds of silence)
+    graph_per_head_width: ClassVar[bool] = False  # compiles a graph per query/key width it meets (a new one: seconds)
     backends: ClassVar[tuple[str, ...]] = ()  # the model.sdpa_backend values, besides auto, it can be held to
     line_style: ClassVar[str] = "-"  # its lines in plots (loss curves, bench.png), and the style's name
     line_name: ClassVar[str] = "solid"
@@ -516,7 +517,7 @@ class FlexKernel(AttentionKernel):
     # in its block mask (every registered mask) and score_mod (a sink: a key; a token bias: a tensor it reads)
     applies = frozenset({"window", "chunked", "documents", "alibi", "softcap", "sinks", "forget_gate"})
     trains_on_cpu = False
-    compiles = True
+    compiles = graph_per_head_width = True
     line_style, line_name = ":", "dotted"
 
     @classmethod

@@ -25,7 +25,7 @@ from model.attention.options import STAGES, applied, check_applied, option_field
 from model.attention.positions import alibi_slopes, householder_augmented, turned_through
 from model.attention.selection import KeySelection, selection_of
 from model.attention.spec import AttentionSpec, check_one_pair
-from model.registry import MIXERS, MODIFICATIONS, SELECTIONS, lookup, weight_name_start
+from model.registry import KERNELS, MIXERS, MODIFICATIONS, SELECTIONS, lookup, weight_name_start
 
 if TYPE_CHECKING:
     from model.decoding.kv_cache import LayerCache
@@ -541,10 +541,11 @@ class MultiHeadAttention(nn.Module):
             if positions.size(0) == 1:
                 return turned, None
 
-        # flex compiles a graph per head width, and d + T is a new one at every length (a new prompt, an evaluation's
-        # each length: seconds each on a CPU): widened to the next power of two, a graph per doubling (a GPU's flex
-        # rounds its head dims up so, in any case)
-        width = 1 << (k.size(-1) + positions.size(0) - 1).bit_length() if self.spec.kernel == "flex" else None
+        # A kernel that compiles a graph per head width (flex) meets a new one, d + T, at every length (each prompt,
+        # each length an evaluation reads: seconds each on a CPU): widened to the next power of two, a graph per
+        # doubling (a GPU's flex rounds its head dims up so, in any case)
+        per_width = KERNELS[self.spec.kernel].graph_per_head_width
+        width = 1 << (k.size(-1) + positions.size(0) - 1).bit_length() if per_width else None
 
         def widened(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             heads = q.size(1)  # the call's query heads read the key/value heads keys_per_query gives them
