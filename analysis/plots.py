@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis.report import SPEED_CAUTION
 from analysis.runs import Run, natural_key
@@ -133,6 +134,8 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: Mapping[str, str] 
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[group[0].variant],
                             alpha=0.15 * (alpha or 1), lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
+    if against == "step":  # a short run's few evaluations would otherwise be spaced at steps 2.25, 2.5, ...
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation loss (nats/token)")
     spread = " (line: mean over runs, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
     caution = (f"\n{SPEED_CAUTION} pale: not the variant's own speed, so its place in time ranks nothing (why: "
