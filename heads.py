@@ -122,6 +122,23 @@ def sink_caption(maps: torch.Tensor) -> str:
     return f"\n(with sinks: rows sum to < 1; mean weight on the sink {(1 - maps.sum(-1)).mean():.3f})"
 
 
+def base_noise(removed, windows: int) -> str:
+    """`` ±0.0123 (its standard error over the 16 windows)``: how far another stretch of text might move it."""
+    if removed.base_error != removed.base_error:  # one window: no spread to measure
+        return ""
+    return f" ±{removed.base_error:.4f} (its standard error over the {windows} windows)"
+
+
+def other_windows(loaded, windows: int) -> str:
+    """Where the run's own val/loss averaged other windows: why the two losses differ, and how to read the same."""
+    trained = ((loaded.checkpoint.train_config or {}).get("trainer", {}) if loaded.checkpoint else {}).get(
+        "eval_windows")
+    if trained is None or trained == windows:
+        return ""
+    return (f"; not the run's val/loss, which averaged trainer.eval_windows={trained} windows (windows={trained} "
+            f"on the data it trained on reads the same ones)")
+
+
 def default_out(cfg: HeadsConfig, path: Path | None) -> Path:
     if path is None:  # a pretrained model
         return Path(f"heads-{Path(cfg.source).name}")
@@ -200,7 +217,7 @@ def run(cfg: HeadsConfig) -> Path:
 
     # Ablation: the loss increase when each head alone is removed.
     removed = ablation(model, x, y)
-    base, increase, error = removed
+    base, increase, error = removed.base, removed.increase, removed.standard_error
     ablation_header = ["layer", "head", "loss_increase", "standard_error", "loss_without_head"]
     ablation_rows = [[layer, head, increase[layer, head].item(), error[layer, head].item(),
                       base + increase[layer, head].item()] for layer, head in every_head]  # fmt: skip
@@ -217,8 +234,9 @@ def run(cfg: HeadsConfig) -> Path:
         plot_pruning(curve, out / "pruning.png", f"greedy head pruning, {name}")
 
     ranked = sorted(every_head, key=lambda lh: increase[lh].item(), reverse=True)
-    print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads, over {len(x)} windows of "
-          f"{block} tokens spread evenly over the validation split of data={cfg.data.name}", file=sys.stderr)
+    print(f"{name}: val loss {base:.4f}{base_noise(removed, len(x))} with all {len(every_head)} heads, over "
+          f"{len(x)} windows (windows={cfg.windows}) of {block} tokens spread evenly over the validation split of "
+          f"data={cfg.data.name}{other_windows(loaded, len(x))}", file=sys.stderr)  # fmt: skip
     print(f"most important heads (loss increase when removed, ± its standard error over the {len(x)} windows; "
           f"'noise': within 2 of them, no measured effect): "
           + ", ".join(f"L{layer}H{head} {increase[layer, head]:+.4f} ±{error[layer, head]:.4f}"
