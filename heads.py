@@ -14,6 +14,8 @@ for a run, ``heads-<name>/`` otherwise):
   and first-token (sink) scores, over validation windows;
 - ablation.md / ablation.csv / ablation.png: the validation-loss increase when each head alone is
   removed; with prune=true also pruning.csv / pruning.png, removing heads greedily.
+A study in a folder that holds an earlier one's results removes those it did not rewrite (another head's map, a
+pruning curve), once its own are written, and says so.
 """
 
 from __future__ import annotations
@@ -139,6 +141,24 @@ def other_windows(loaded, windows: int) -> str:
             f"on the data it trained on reads the same ones)")
 
 
+# What heads.py writes into its folder: a later study there replaces them all, so none is left from another one
+OWN_RESULTS = ("maps.png", "head_L*_H*.png", *(f"{table}.{kind}" for table in ("stats", "ablation", "pruning")
+                                                 for kind in ("csv", "md", "png")))  # fmt: skip
+
+
+def remove_earlier_results(out: Path, cfg: HeadsConfig) -> list[str]:
+    """Remove the files of an earlier study in ``out`` that this one did not write (another head's map, a pruning
+    curve where prune=false), once this one's are written: they would read as its results (and go to wandb with
+    them). Returns their names."""
+    written = {f"head_L{cfg.layer}_H{cfg.head}.png", "maps.png",
+               *(f"{table}.{kind}" for table in ("stats", "ablation", *(["pruning"] if cfg.prune else []))
+                 for kind in ("csv", "md", "png"))}  # fmt: skip
+    stale = sorted({p for pattern in OWN_RESULTS for p in out.glob(pattern) if p.name not in written})
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return [p.name for p in stale]
+
+
 def default_out(cfg: HeadsConfig, path: Path | None) -> Path:
     if path is None:  # a pretrained model
         return Path(f"heads-{Path(cfg.source).name}")
@@ -254,7 +274,9 @@ def run(cfg: HeadsConfig) -> Path:
         print(f"gate: each head's output times a sigmoid of the layer's input: {GATE} in stats.md (mean "
               f"{shown.mean():.3f}, per head {shown.min():.3f} to {shown.max():.3f}; near 0 a head is shut)",
               file=sys.stderr)  # fmt: skip
-    print(f"written to {out}/", file=sys.stderr)
+    left = remove_earlier_results(out, cfg)
+    print(f"written to {out}/" + (f" (removed an earlier study's {', '.join(left)}, which this one did not write)"
+                                 if left else ""), file=sys.stderr)  # fmt: skip
     if cfg.wandb:
         from analysis.wandb_report import log_report
 

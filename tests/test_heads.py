@@ -172,3 +172,17 @@ def test_command_writes_valid_pngs_and_tables(trained_run, data_cache, tmp_path,
 def test_bad_input_is_a_clear_error(trained_run, data_cache, tmp_path, fields, error, message):
     with pytest.raises(error, match=message):
         heads.run(config(trained_run, data_cache, tmp_path, **fields))
+
+
+def test_a_study_leaves_no_earlier_studys_results_beside_its_own(tmp_path):
+    """Another head's map and a pruning curve from an earlier study (prune=true) in the same folder would read as
+    this one's results, and go to wandb with them: removed; what heads.py does not write stays."""
+    names = ["maps.png", "head_L0_H0.png", "head_L0_H1.png", "stats.csv", "stats.md", "stats.png", "ablation.csv",
+             "ablation.md", "ablation.png", "pruning.csv", "pruning.md", "pruning.png", "notes.txt"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("x")
+    removed = heads.remove_earlier_results(tmp_path, heads.HeadsConfig(source="run"))
+    assert removed == ["head_L0_H1.png", "pruning.csv", "pruning.md", "pruning.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - set(removed))
+    assert heads.remove_earlier_results(tmp_path, heads.HeadsConfig(source="run", head=1, prune=True)) == [
+        "head_L0_H0.png"]
