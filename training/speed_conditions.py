@@ -32,9 +32,9 @@ def busy_advice(threads: int | None = None) -> str:
     where there is more than one."""
     threads = torch.get_num_threads() if threads is None else threads
     if threads == 1:
-        return "run one job at a time"
-    return (f"torch's {threads_text(threads)} slow down most when other work shares the cores: run one job at a "
-            f"time, or give concurrent jobs fewer threads (OMP_NUM_THREADS=1)")
+        return "Run one job at a time"
+    return (f"Run one job at a time, or give concurrent jobs fewer threads (OMP_NUM_THREADS=1): torch's "
+            f"{threads_text(threads)} slow down most when other work shares the cores")
 
 class LoadWatch:
     """The cores other processes use while the run trains: ``step()`` gives each step's row its
