@@ -459,11 +459,13 @@ def length_table(rows: list[dict], block: int) -> str:
     """The loss at each length, then the mean loss over each block_size-long span of positions: where a model
     stops generalising, the spans past its trained length climb."""
     spans = max(-(-row["length"] // block) for row in rows)
-    head = ["length", "x block_size", "protocol", "past context", "rope scaling", "loss", "bpb", "tokens scored"]
+    head = ["length", "x block_size", "protocol", "past context", "rope scaling", "loss",
+            "± s.e. (over its sequences: another stretch of text)", "bpb", "tokens scored"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in rows:
+        error = f"±{row['loss_se']:.4f}" if row.get("loss_se") is not None else "- (one sequence)"
         lines.append(f"| {row['length']} | {row['multiple']:g}x | {row['protocol']} | {row['past_context']} | "
-                     f"{row['rope_scaling'] or 'none'} | {row['loss']:.4f} | {row['bpb']:.4f} | "
+                     f"{row['rope_scaling'] or 'none'} | {row['loss']:.4f} | {error} | {row['bpb']:.4f} | "
                      f"{row['tokens']:,} |")  # fmt: skip
     lines += ["", f"loss by position, the mean over each span of {block} positions (positions count from 0):", ""]
     names = [f"{i * block}-{(i + 1) * block - 1}" for i in range(spans)]

@@ -69,7 +69,7 @@ def run(cfg: ExportConfig) -> Path:
     if out.is_file():
         raise ValueError(f"out={cfg.out!r} is a file; give a folder (created if missing)")
     check_out_folder(out)
-    loaded = load_model(cfg.source, checkpoint=cfg.checkpoint)
+    loaded = load_model(cfg.source, checkpoint=cfg.checkpoint, offer_pretrained=False)  # GPT-2's is exported already
     if loaded.path is None:
         raise ValueError(f"source={cfg.source!r} is already in the Hugging Face format: nothing to export")
     check_gpt2_holds(loaded.model.config)  # before anything is written

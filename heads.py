@@ -14,6 +14,8 @@ for a run, ``heads-<name>/`` otherwise):
   and first-token (sink) scores, over validation windows;
 - ablation.md / ablation.csv / ablation.png: the validation-loss increase when each head alone is
   removed; with prune=true also pruning.csv / pruning.png, removing heads greedily.
+A study in a folder that holds an earlier one's results removes those it did not rewrite (another head's map, a
+pruning curve), once its own are written, and says so.
 """
 
 from __future__ import annotations
@@ -122,6 +124,41 @@ def sink_caption(maps: torch.Tensor) -> str:
     return f"\n(with sinks: rows sum to < 1; mean weight on the sink {(1 - maps.sum(-1)).mean():.3f})"
 
 
+def base_noise(removed, windows: int) -> str:
+    """`` ±0.0123 (its standard error over the 16 windows)``: how far another stretch of text might move it."""
+    if removed.base_error != removed.base_error:  # one window: no spread to measure
+        return ""
+    return f" ±{removed.base_error:.4f} (its standard error over the {windows} windows)"
+
+
+def other_windows(loaded, windows: int) -> str:
+    """Where the run's own val/loss averaged other windows: why the two losses differ, and how to read the same."""
+    trained = ((loaded.checkpoint.train_config or {}).get("trainer", {}) if loaded.checkpoint else {}).get(
+        "eval_windows")
+    if trained is None or trained == windows:
+        return ""
+    return (f"; not the run's val/loss, which averaged trainer.eval_windows={trained} windows (windows={trained} "
+            f"on the data it trained on reads the same ones)")
+
+
+# What heads.py writes into its folder: a later study there replaces them all, so none is left from another one
+OWN_RESULTS = ("maps.png", "head_L*_H*.png", *(f"{table}.{kind}" for table in ("stats", "ablation", "pruning")
+                                                 for kind in ("csv", "md", "png")))  # fmt: skip
+
+
+def remove_earlier_results(out: Path, cfg: HeadsConfig) -> list[str]:
+    """Remove the files of an earlier study in ``out`` that this one did not write (another head's map, a pruning
+    curve where prune=false), once this one's are written: they would read as its results (and go to wandb with
+    them). Returns their names."""
+    written = {f"head_L{cfg.layer}_H{cfg.head}.png", "maps.png",
+               *(f"{table}.{kind}" for table in ("stats", "ablation", *(["pruning"] if cfg.prune else []))
+                 for kind in ("csv", "md", "png"))}  # fmt: skip
+    stale = sorted({p for pattern in OWN_RESULTS for p in out.glob(pattern) if p.name not in written})
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return [p.name for p in stale]
+
+
 def default_out(cfg: HeadsConfig, path: Path | None) -> Path:
     if path is None:  # a pretrained model
         return Path(f"heads-{Path(cfg.source).name}")
@@ -200,7 +237,7 @@ def run(cfg: HeadsConfig) -> Path:
 
     # Ablation: the loss increase when each head alone is removed.
     removed = ablation(model, x, y)
-    base, increase, error = removed
+    base, increase, error = removed.base, removed.increase, removed.standard_error
     ablation_header = ["layer", "head", "loss_increase", "standard_error", "loss_without_head"]
     ablation_rows = [[layer, head, increase[layer, head].item(), error[layer, head].item(),
                       base + increase[layer, head].item()] for layer, head in every_head]  # fmt: skip
@@ -217,8 +254,9 @@ def run(cfg: HeadsConfig) -> Path:
         plot_pruning(curve, out / "pruning.png", f"greedy head pruning, {name}")
 
     ranked = sorted(every_head, key=lambda lh: increase[lh].item(), reverse=True)
-    print(f"{name}: val loss {base:.4f} with all {len(every_head)} heads, over {len(x)} windows of "
-          f"{block} tokens spread evenly over the validation split of data={cfg.data.name}", file=sys.stderr)
+    print(f"{name}: val loss {base:.4f}{base_noise(removed, len(x))} with all {len(every_head)} heads, over "
+          f"{len(x)} windows (windows={cfg.windows}) of {block} tokens spread evenly over the validation split of "
+          f"data={cfg.data.name}{other_windows(loaded, len(x))}", file=sys.stderr)  # fmt: skip
     print(f"most important heads (loss increase when removed, ± its standard error over the {len(x)} windows; "
           f"'noise': within 2 of them, no measured effect): "
           + ", ".join(f"L{layer}H{head} {increase[layer, head]:+.4f} ±{error[layer, head]:.4f}"
@@ -236,7 +274,9 @@ def run(cfg: HeadsConfig) -> Path:
         print(f"gate: each head's output times a sigmoid of the layer's input: {GATE} in stats.md (mean "
               f"{shown.mean():.3f}, per head {shown.min():.3f} to {shown.max():.3f}; near 0 a head is shut)",
               file=sys.stderr)  # fmt: skip
-    print(f"written to {out}/", file=sys.stderr)
+    left = remove_earlier_results(out, cfg)
+    print(f"written to {out}/" + (f" (removed an earlier study's {', '.join(left)}, which this one did not write)"
+                                 if left else ""), file=sys.stderr)  # fmt: skip
     if cfg.wandb:
         from analysis.wandb_report import log_report
 

@@ -166,6 +166,7 @@ class Ablation(NamedTuple):
     base: float  # the loss with every head
     increase: torch.Tensor  # (n_layer, n_head): the loss increase when each head alone is removed
     standard_error: torch.Tensor  # (n_layer, n_head): of each increase, paired over the windows
+    base_error: float = float("nan")  # the base loss's standard error over the windows (nan for one window)
 
     def noise(self, layer: int, head: int) -> bool:
         """Whether a head's increase is within 2 standard errors of 0: not a measured effect."""
@@ -185,7 +186,8 @@ def ablation(model: GPT, x: torch.Tensor, y: torch.Tensor, progress: bool = True
         increase[layer, head] = difference.mean().item()
         if len(difference) > 1:
             standard_error[layer, head] = (difference.std() / len(difference) ** 0.5).item()
-    return Ablation(base.mean().item(), increase, standard_error)
+    base_error = (base.std() / len(base) ** 0.5).item() if len(base) > 1 else float("nan")
+    return Ablation(base.mean().item(), increase, standard_error, base_error)
 
 
 def greedy_pruning(

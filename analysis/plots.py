@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis.report import SPEED_CAUTION
 from analysis.runs import Run, natural_key
@@ -133,6 +134,8 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: Mapping[str, str] 
             ax.fill_between(xs, [min(p) for p in points], [max(p) for p in points], color=colour_of[group[0].variant],
                             alpha=0.15 * (alpha or 1), lw=0)  # fmt: skip
     ax.set_xlabel("step" if against == "step" else "training time (s; evaluation, compilation, warm-up excluded)")
+    if against == "step":  # a short run's few evaluations would otherwise be spaced at steps 2.25, 2.5, ...
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation loss (nats/token)")
     spread = " (line: mean over runs, band: min-max)" if any(len(g) > 1 for g in evaluated.values()) else ""
     caution = (f"\n{SPEED_CAUTION} pale: not the variant's own speed, so its place in time ranks nothing (why: "
@@ -158,9 +161,36 @@ def val_loss_figure(runs: list[Run], against: str, cautioned: Mapping[str, str] 
 
 
 def legend_name(name: str, run: Run) -> str:
-    """A curve's legend entry: its name, under a schedule's preset and kinds (``kimi_linear: KKKM, K=kda,
-    M=mla/sdpa``), which its label, led by the model's layout and kernel, does not say."""
-    return f"{run.schedule}\n{name}" if run.schedule else name
+    """A curve's legend entry: its name; a schedule's is its preset and kinds (``kimi_linear: KKKM, K=kda,
+    M=mla/sdpa``), which its label, led by the model's layout and kernel, does not say, above the label's parts
+    that line does not say already (``beside_schedule``)."""
+    if not run.schedule:
+        return name
+    label = re.match(r"[^ ,]+", name).group()  # then a token budget, the runs it averages, a mark
+    rest = beside_schedule(label)
+    return f"{run.schedule}{chr(10) if rest else ''}{rest}{name[len(label):]}"
+
+
+SCHEDULE_PART = r"[A-Z]+(_[A-Z][\w.]*)+"  # a label's schedule part: KKKM_K.kda_M.mla
+KIND_START = r"_(?=[A-Z](?:[._]|$))"  # the underscores before a kind's letter, not those inside a value
+
+
+def beside_schedule(variant: str) -> str:
+    """A schedule's label less what its preset-and-kinds line says (the layout and kernel it leads with, the
+    pattern, each kind's layout), so a legend entry or a bar does not say them twice: ``latent64-nopos`` under
+    ``kimi_linear: KKKM, K=kda, M=mla/sdpa`` for ``mla-sdpa-latent64-nopos-KKKM_K.kda_M.mla``; what a kind sets
+    besides its layout stays (``K.window128``)."""
+    layouts = "|".join(sorted(map(re.escape, MIXERS), key=len, reverse=True))
+    kept = []
+    for part in variant.split("-")[2:]:
+        if not re.fullmatch(SCHEDULE_PART, part):
+            kept.append(part)
+            continue
+        for kind in re.split(KIND_START, part)[1:]:
+            rest = re.sub(rf"^([A-Z])\.(?:{layouts})(?=\.|$)", r"\1", kind)
+            if rest != kind[0]:
+                kept.append(rest)
+    return "-".join(kept)
 
 
 def runs_note(group: list[Run]) -> str:
@@ -197,7 +227,7 @@ def label_of(curve: str) -> str:
 
 
 # A legend's title where a curve is a schedule's: what the line above its label says (legend_name)
-SCHEDULE_TITLE = "\na schedule: [<preset>: ]<pattern>, <kind>=<layout>[/<kernel>] above its label"
+SCHEDULE_TITLE = "\na schedule: [<preset>: ]<pattern>, <kind>=<layout>[/<kernel>] above its label's other parts"
 
 
 def legend_title(variants) -> str:
@@ -269,10 +299,9 @@ def tick_label(variant: str, schedule: str | None = None) -> str:
     three lines), so that long labels side by side do not run into each other. A schedule's preset and kinds
     (``kimi_linear: KKKM, K=kda, M=mla/sdpa``) take the place of the layout and kernel its label leads with."""
     parts = variant.split("-")
-    if schedule:
-        parts = [*schedule.split(", "), *parts[2:]]
-    kinds = r"_(?=[A-Z](?:[._]|$))"  # the underscores before a kind's letter, not those inside a value
-    return "\n".join(re.sub(kinds, "\n", p) if re.fullmatch(r"[A-Z]+(_[A-Z][\w.]*)+", p) else p for p in parts)
+    if schedule:  # the label's other parts, as a legend entry gives them (``beside_schedule``)
+        return "\n".join([*schedule.split(", "), *filter(None, beside_schedule(variant).split("-"))])
+    return "\n".join(re.sub(KIND_START, "\n", p) if re.fullmatch(SCHEDULE_PART, p) else p for p in parts)
 
 
 def throughput_figure(runs: list[Run], rows: list[dict]):

@@ -53,6 +53,10 @@ def check_data_config(cfg: DataConfig) -> None:
     """Refuse settings that cannot work, naming the value and the fix, before any work."""
     if cfg.source not in SOURCES:
         raise ValueError(f"unknown data source {cfg.source!r}; choose one of: {', '.join(SOURCES)}")
+    from data.tokenizers import VOCAB_SIZES  # tiktoken: only where a config is checked
+
+    if cfg.tokenizer not in VOCAB_SIZES:  # before the plan reads its vocabulary
+        raise ValueError(f"data.tokenizer={cfg.tokenizer!r}; choose one of: {', '.join(VOCAB_SIZES)}")
     if cfg.source in ("files", "hub") and not cfg.path:
         what = "a file, directory or glob" if cfg.source == "files" else "a dataset repo id"
         raise ValueError(f"data.source={cfg.source} needs data.path ({what})")

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from measuring.side_by_side import timed
 from model import GPT, GPTConfig, KVCache
 from model.decoding.steps import GraphedStep, StaticStep, step_class
-from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype
+from model.device import inductor_cache_per_cpu_capability, resolve_device, resolve_dtype, threads_text
 
 
 def decode_positions(args) -> None:
@@ -38,7 +38,7 @@ def decode_positions(args) -> None:
                 for name in names:
                     steps[name].append(timed(lambda m=models[name], c=caches[name]: m(token, cache=c)))
     print(f"decode steps, {args.attention}/{args.kernel}, n_layer={args.n_layer}, n_embd={args.n_embd}, "
-          f"n_head={args.n_head}, vocab={args.vocab}, batch 1, {torch.get_num_threads()} thread(s), "
+          f"n_head={args.n_head}, vocab={args.vocab}, batch 1, {threads_text()}, "
           f"{args.rounds} x {args.new_tokens} steps each")  # fmt: skip
     for name, times in steps.items():
         ratios = sorted(t / base for t, base in zip(times, steps["learned"]))

@@ -65,5 +65,6 @@ def prepare_speed(args) -> None:
         tokenizer.encoding.encode_ordinary_batch(texts, num_threads=args.threads)
 
     a, b = interleave(ours, tiktoken_raw, args.rounds)
-    report(f"preparing the embedded corpus with gpt2 ({megabytes:.1f} MB, {args.threads} threads/processes; "
+    workers = "thread/process" if args.threads == 1 else "threads/processes"
+    report(f"preparing the embedded corpus with gpt2 ({megabytes:.1f} MB, {args.threads} {workers}; "
            f"ours includes loading, splitting and writing)", a, b, megabytes, "MB/s")  # fmt: skip

@@ -148,14 +148,27 @@ def prepare(args: argparse.Namespace, folder: Path) -> None:
     print(f"[gpu_story] data ready in {time.perf_counter() - start:.0f} s", flush=True)
 
 
+class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
+    """``--help`` gives each option's default after its help (``(default: 600)``; a list as it is typed), except a
+    flag's and an unset one's (its help says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS or not action.option_strings:
+            return action.help
+        default = " ".join(map(str, action.default)) if isinstance(action.default, list) else "%(default)s"
+        return f"{action.help} (default: {default})"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineErrorParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineErrorParser(description=__doc__.split("\n\n")[0], formatter_class=HelpWithDefaults)
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: bfloat16 on GPUs that have it natively, float16 on older ones, float32 on a CPU")
     p.add_argument("--quick", action="store_true", help="a toy shape: checks the machinery (a CPU can run it)")
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for every stage together")
     p.add_argument("--steps", type=int, default=30, help="steps of each sweep job")
-    p.add_argument("--stages", nargs="+", default=[s.name for s in STAGES], choices=[s.name for s in STAGES])
+    p.add_argument("--stages", nargs="+", default=[s.name for s in STAGES], choices=[s.name for s in STAGES],
+                   metavar="STAGE", help=f"which stages to run, of {', '.join(s.name for s in STAGES)}")
     p.add_argument("--data", default="pystdlib", help="the sweep's data= (prepared first)")
     p.add_argument("--tokenizer", default="gpt2", help="the sweep's data.tokenizer=")
     p.add_argument("--out", default=None, help="default: gpu-story/<date>_<device>/")

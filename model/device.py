@@ -123,7 +123,13 @@ def device_name(device: torch.device) -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{cpu}, {torch.get_num_threads()} threads"
+    return f"{cpu}, {threads_text()}"
+
+
+def threads_text(count: int | None = None) -> str:
+    """``1 thread``, ``2 threads``: torch's intra-op threads (``count``, else torch's own)."""
+    count = torch.get_num_threads() if count is None else count
+    return f"{count} thread{'s' if count != 1 else ''}"
 
 
 def device_id(device: torch.device) -> str:

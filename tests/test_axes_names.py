@@ -50,10 +50,12 @@ def test_each_axis_is_spelled_only_when_set_or_shown(options, show, label):
 
 def test_wandb_tags_name_the_options_set_and_nothing_more_for_a_default_model():
     default = OmegaConf.to_object(compose_train("logger=none"))
-    assert run_tags(default) == ["fused_qkv", "sdpa", "nano", "pystdlib"], "a default run's tags as before"
+    assert run_tags(default) == ["fused_qkv", "sdpa", "nano", "pystdlib", "adamw"], "its optimizer too, as Muon's is"
     cfg = OmegaConf.to_object(compose_train("logger=none", "kernel=manual", "model.position=rope",
                                             "model.softcap=30", "model.sinks=true", "logger.tags=[mine]"))  # fmt: skip
-    assert run_tags(cfg) == ["fused_qkv", "manual", "rope", "softcap30", "sinks", "nano", "pystdlib", "mine"]
+    assert run_tags(cfg) == ["fused_qkv", "manual", "rope", "softcap30", "sinks", "nano", "pystdlib", "adamw", "mine"]
+    muon = OmegaConf.to_object(compose_train("logger=none", "optim=muon_qkv", "optim.schedule=wsd"))
+    assert run_tags(muon)[-2:] == ["muon_qkv", "wsd"] and "adamw" not in run_tags(muon)
 
 
 def multirun(tmp_path_factory, data_cache, name: str, *overrides: str):

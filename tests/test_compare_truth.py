@@ -294,6 +294,16 @@ def test_every_curve_that_lies_on_another_is_named_beside_the_legend(trained_run
         assert name in note, f"{name} lies on another curve and the note does not say so: {note!r}"
 
 
+def test_the_step_axis_of_a_short_run_has_whole_steps_only(trained_run, tmp_path):
+    def evaluated_at_2_and_4(records):
+        evals = [r for r in records if "val/loss" in r][:2]
+        return [r for r in records if "val/loss" not in r] + [{**r, "step": 2 * (i + 1)} for i, r in enumerate(evals)]
+
+    make_run(tmp_path, "0_short", trained_run, 0, None, evaluated_at_2_and_4)
+    ticks = val_loss_figure(find_runs([tmp_path]), "step").axes[0].get_xticks()
+    assert len(ticks) >= 2 and all(t == int(t) for t in ticks), ticks
+
+
 def test_records_and_segments_missing_what_a_report_reads_are_reported_without_them(trained_run, tmp_path):
     """A metrics row without its speed, an evaluation without its bpb, a run.json segment without its device (edited by
     hand, or cut): the report goes on without them, no KeyError."""

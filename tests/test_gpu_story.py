@@ -93,3 +93,16 @@ def test_a_data_preparation_error_names_this_scripts_option_not_train_pys(tmp_pa
     assert line.startswith("error: preparing the sweep's data (--data pystdlib --tokenizer gpt2) failed: tokenizer "
                            "'gpt2' needs its rank file"), line
     assert line.endswith("offline, --tokenizer bytes needs no download") and "data.tokenizer" not in line, line
+
+
+def test_help_gives_each_options_default(capsys):
+    from measuring import story
+
+    with pytest.raises(SystemExit):
+        story.parse_args(["--help"])
+    said = " ".join(capsys.readouterr().out.split())  # argparse wraps its lines at the terminal's width
+    for option, default in (("--device", "auto"), ("--dtype", "auto"), ("--budget", "600"), ("--steps", "30"),
+                            ("--data", "pystdlib"), ("--tokenizer", "gpt2"),
+                            ("--stages", "tests sweep decode step loss mode plain optim")):  # fmt: skip
+        assert f"(default: {default})" in said.split(f" {option} ", 1)[1].split(" --", 1)[0], (option, said)
+    assert "(default: None)" not in said and "(default: False)" not in said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 import torch
@@ -93,7 +94,7 @@ def test_ablating_a_head_equals_removing_its_slice_of_the_concatenated_heads(lay
         by_hand.transformer.h[1].attn.c_proj.weight[:, 16:24] = 0
     expected, expected_loss = by_hand(x, y)
     torch.testing.assert_close(ablated, expected)
-    base, increase, _ = ablation(model, x, y, progress=False)
+    base, increase, *_ = ablation(model, x, y, progress=False)
     assert base == original and increase.shape == (2, 4)
     assert increase[1, 2].item() == pytest.approx(expected_loss.item() - original, abs=1e-6)
 
@@ -109,6 +110,7 @@ def test_an_ablations_standard_error_is_paired_over_the_windows_and_a_dead_head_
     with heads_removed(model, [(1, 3)]):
         difference = window_losses(model, x, y) - base
     assert result.base == pytest.approx(base.mean().item())
+    assert result.base_error == pytest.approx(base.std().item() / 6**0.5, rel=1e-6)
     assert result.increase[1, 3].item() == pytest.approx(difference.mean().item(), abs=1e-7)
     assert result.standard_error[1, 3].item() == pytest.approx(difference.std().item() / 6**0.5, rel=1e-6)
     # the spread of the windows' own losses is far wider than the spread of their paired differences
@@ -135,8 +137,13 @@ def config(trained_run, data_cache, tmp_path, **fields) -> heads.HeadsConfig:
     return heads.HeadsConfig(**{**base, **fields})
 
 
-def test_command_writes_valid_pngs_and_tables(trained_run, data_cache, tmp_path):
+def test_command_writes_valid_pngs_and_tables(trained_run, data_cache, tmp_path, capsys):
     out = heads.run(config(trained_run, data_cache, tmp_path, prompt="import os\n", layer=0, head=1, prune=True))
+    said = capsys.readouterr().err
+    assert re.search(r"val loss \d\.\d{4} ±\d\.\d{4} \(its standard error over the 4 windows\) with all 2 heads, "
+                     r"over 4 windows \(windows=4\) of 32 tokens .*; not the run's val/loss, which averaged "
+                     r"trainer.eval_windows=8 windows \(windows=8 on the data it trained on reads the same ones\)",
+                     said), said  # fmt: skip
     for name in ("maps.png", "head_L0_H1.png", "stats.png", "ablation.png", "pruning.png"):
         assert (out / name).read_bytes()[:8] == PNG, name
     with open(out / "stats.csv") as f:
@@ -165,3 +172,17 @@ def test_command_writes_valid_pngs_and_tables(trained_run, data_cache, tmp_path)
 def test_bad_input_is_a_clear_error(trained_run, data_cache, tmp_path, fields, error, message):
     with pytest.raises(error, match=message):
         heads.run(config(trained_run, data_cache, tmp_path, **fields))
+
+
+def test_a_study_leaves_no_earlier_studys_results_beside_its_own(tmp_path):
+    """Another head's map and a pruning curve from an earlier study (prune=true) in the same folder would read as
+    this one's results, and go to wandb with them: removed; what heads.py does not write stays."""
+    names = ["maps.png", "head_L0_H0.png", "head_L0_H1.png", "stats.csv", "stats.md", "stats.png", "ablation.csv",
+             "ablation.md", "ablation.png", "pruning.csv", "pruning.md", "pruning.png", "notes.txt"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("x")
+    removed = heads.remove_earlier_results(tmp_path, heads.HeadsConfig(source="run"))
+    assert removed == ["head_L0_H1.png", "pruning.csv", "pruning.md", "pruning.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - set(removed))
+    assert heads.remove_earlier_results(tmp_path, heads.HeadsConfig(source="run", head=1, prune=True)) == [
+        "head_L0_H0.png"]

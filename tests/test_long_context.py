@@ -185,8 +185,10 @@ def test_evaluate_says_which_of_its_two_losses_at_the_trained_length_is_which(ro
     assert lines[1] == ("by length: every length reads the same first 512 tokens of the validation split (8 windows x "
                         "the longest length, 64); its loss at 32 tokens (1x) is over that stretch, not over "
                         "val/loss's windows above:"), lines[1]  # fmt: skip
-    assert lines[2].startswith("| length |")
-    assert lines[4].startswith(f"| 32 | 1x | chunks | ring | none | {trained['loss']:.4f} |"), lines[4]
+    assert lines[2].startswith("| length |") and "| loss | ± s.e. (over its sequences: another stretch of text) |" \
+        in lines[2], lines[2]  # fmt: skip
+    assert lines[4].startswith(f"| 32 | 1x | chunks | ring | none | {trained['loss']:.4f} | "
+                               f"±{trained['loss_se']:.4f} |"), lines[4]  # fmt: skip
 
 
 def test_evaluate_scores_retrieval_at_each_length_and_depth_in_its_json_table_and_heatmap(rope_run, data_cache,

@@ -10,11 +10,18 @@ from model import GPT, MIXERS, build_attention, convert_attention_layout
 
 
 def test_width_not_divisible_by_heads_names_both_numbers():
-    expected = r"n_embd=130 is not divisible by n_head=4; choose n_embd as a multiple of n_head"
+    expected = (r"n_embd=130 is not divisible by n_head=4; choose n_embd as a multiple of n_head, or an n_head that "
+                r"divides it: 1, 2, 5, 10, 13, 26, 65, 130$")  # fmt: skip
     with pytest.raises(ValueError, match=expected):
         config(n_embd=130, n_head=4)
     with pytest.raises(ValueError, match="n_embd=10 is not divisible by n_head=3"):
         build_attention("fused_qkv", 10, 3, "sdpa")
+
+
+def test_key_value_heads_that_do_not_divide_the_heads_list_the_ones_that_do():
+    with pytest.raises(ValueError, match=r"model.n_kv_head=5 does not divide model.n_head=12; choose a divisor of "
+                                         r"n_head: 1 \(multi-query\), 2, 3, 4, 6, 12 or null \(multi-head\)$"):
+        config(n_embd=48, n_head=12, n_kv_head=5)
 
 
 @pytest.mark.parametrize("field,value", [("n_layer", 0), ("vocab_size", -3), ("block_size", 2.5)])

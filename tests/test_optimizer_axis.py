@@ -97,13 +97,13 @@ def test_a_resume_with_another_optimizer_is_refused_naming_init_from(tmp_path, d
     with pytest.raises(ValueError) as refusal:
         train(tiny(tmp_path / "other", data_cache, "trainer.max_steps=4", f"trainer.resume={tmp_path / 'run'}"))
     message = str(refusal.value)
-    assert message == (f"cannot resume from {tmp_path / 'run'}: its config differs: optim.name: checkpoint 'muon' vs "
-                       f"now 'adamw'. Resume with the checkpoint's settings (add optim.name=muon), or start a new run "
+    assert message == (f"cannot resume from {tmp_path / 'run'}: this run's optim.name=adamw differs from the "
+                       f"checkpoint's. Resume with the checkpoint's settings (add optim.name=muon), or start a new run "
                        f"(trainer.init_from={tmp_path / 'run'} starts one from its weights with a new optimizer: a "
                        f"resume continues its optimizer's state)")  # fmt: skip
     assert not (tmp_path / "other").exists(), "refused before any run directory"
-    with pytest.raises(ValueError, match=r"it was started with other settings \(optim.name: 'muon' then, 'adamw' "
-                                         r"now\)\. Continue it with its own settings \(add optim.name=muon"):
+    with pytest.raises(ValueError, match=r"this run's optim.name=adamw differs from the settings it was started "
+                                         r"with\. Continue it with its own settings \(add optim.name=muon"):
         train(tiny(tmp_path / "run", data_cache, "trainer.max_steps=4", "trainer.resume=auto"))
     # Its split and learning rate may change on a resume (the same state: a momentum per matrix), and init_from
     # starts AdamW from its weights

@@ -149,9 +149,16 @@ def test_hub_model_offline_is_a_clear_error():
         load_pretrained_gpt2("gpt2-medium")
 
 
-def test_missing_checkpoint_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no checkpoint at .*nothing-here"):
+def test_missing_checkpoint_is_named_with_every_kind_of_source(tmp_path):
+    with pytest.raises(FileNotFoundError) as err:
         sample.run(config(source=str(tmp_path / "nothing-here")))
+    assert str(err.value) == (f"no checkpoint at '{tmp_path / 'nothing-here'}': give a run directory holding last.pt, "
+                              f"a checkpoint file (.pt), a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: from "
+                              f"the Hugging Face hub, or its cache offline) or a Hugging Face folder (config.json and "
+                              f"model.safetensors, as save_pretrained or export.py writes them)")  # fmt: skip
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(FileNotFoundError, match=r"\(a folder holding notes.txt\): give a run directory"):
+        sample.run(config(source=str(tmp_path)))
 
 
 def test_corrupt_checkpoint_is_refused(tmp_path):

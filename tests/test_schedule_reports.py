@@ -17,7 +17,7 @@ from test_compare_truth import make_run, report_of, table_rows
 
 import rebuild_wandb
 import train as train_script
-from analysis.plots import throughput_figure, val_loss_figure
+from analysis.plots import beside_schedule, throughput_figure, val_loss_figure
 from analysis.report import build_rows
 from analysis.runs import find_runs
 from analysis.wandb_file import read_complete
@@ -107,10 +107,19 @@ def test_the_report_gives_a_schedules_layouts_and_kernels_by_kind_and_its_preset
     assert [row["schedule"] for row in rows] == ["", KIMI], "report.csv too"
     runs = find_runs([tmp_path])
     legend = [t.get_text() for t in val_loss_figure(runs, "step").axes[0].get_legend().get_texts()]
-    assert legend == ["fused_qkv-sdpa-learned", f"{KIMI}\nmla-sdpa-latent64-nopos-KKKM_K.kda_M.mla"]
+    # under its preset and kinds, the label's parts that line does not say already: not KKKM, kda, mla twice
+    assert legend == ["fused_qkv-sdpa-learned", f"{KIMI}\nlatent64-nopos"]
     ticks = [t.get_text() for t in throughput_figure(runs, build_rows(runs, None)[0]).axes[0].get_xticklabels()]
-    lines = ticks[1].splitlines()
-    assert lines[:3] == ["kimi_linear: KKKM", "K=kda", "M=mla/sdpa"] and "mla" not in lines and "sdpa" not in lines
+    assert ticks[1].splitlines() == ["kimi_linear: KKKM", "K=kda", "M=mla/sdpa", "latent64", "nopos"]
+
+
+@pytest.mark.parametrize("label,rest", [
+    ("fused_qkv-sdpa-rope-DG_D.gated_deltanet.nopos_G", "rope-D.nopos"),
+    ("fused_qkv-sdpa-LLLG_L.window128.nosinks_G.nopos", "L.window128.nosinks-G.nopos"),
+    ("fused_qkv-sdpa-DG_D.gated_deltanet", ""),
+])  # fmt: skip
+def test_what_a_kind_sets_besides_its_layout_stays_beside_the_schedules_line(label, rest):
+    assert beside_schedule(label) == rest
 
 
 @pytest.mark.slow

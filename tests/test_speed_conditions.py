@@ -13,13 +13,15 @@ import sys
 import time
 
 import pytest
+import torch
 from test_compare_truth import make_run, report_of, setting, table_rows
 
 from analysis.plots import throughput_figure, val_loss_figure
 from analysis.report import SPEED_CAUTION, build_rows, speed_cautions
 from analysis.runs import find_runs
 from common.machine_load import OthersLoad, busy_cores, is_busy
-from training.speed_conditions import LoadWatch
+from model.device import device_name
+from training.speed_conditions import LoadWatch, busy_advice
 
 SPEED = ("tokens/s", "step ms", "time to target s")
 
@@ -151,8 +153,21 @@ def test_the_cores_others_use_are_measured_and_a_busy_run_gets_a_hint(caplog):
     assert others >= 0.8, "one spinning process: a core's worth, whatever else the machine does"
     assert row["perf/others_cores"] >= 0.0 and quiet_own.since_start() is not None
     hints = [r.getMessage() for r in caplog.records if "the machine is busy" in r.getMessage()]
-    assert len(hints) == 1 and "over the last 1 s" in hints[0] and "OMP_NUM_THREADS=1" in hints[0], hints
+    assert len(hints) == 1 and "over the last 1 s" in hints[0] and hints[0].endswith(busy_advice()), hints
     assert "(the machine was busy: other processes used" in watch.caution()
+
+
+
+def test_one_thread_is_counted_in_the_singular_and_gets_no_advice_to_use_fewer():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert device_name(torch.device("cpu")).endswith(", 1 thread")
+    finally:
+        torch.set_num_threads(before)
+    assert busy_advice(1) == "Run one job at a time"
+    assert busy_advice(2) == ("Run one job at a time, or give concurrent jobs fewer threads (OMP_NUM_THREADS=1): "
+                              "torch's 2 threads slow down most when other work shares the cores")
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def test_unknown_key_is_refused_by_the_schema():
         ("trainer.stop_at_step=5000", "trainer.stop_at_step=5000 must be in 1..max_steps=1000"),
         ("logger.kind=tensorboard", "logger.kind='tensorboard'; choose one of: wandb, none"),
         ("data.source=ftp", "unknown data source 'ftp'"),
+        ("data.tokenizer=foo", "data.tokenizer='foo'; choose one of: bytes, gpt2, r50k_base"),  # was a raw KeyError
     ],
 )
 def test_impossible_values_are_refused_with_the_fix(override, message):

@@ -140,8 +140,8 @@ def check_same_settings(path: Path, saved: dict, now: dict) -> None:
     ``continue``): ``trainer.max_steps`` may change, and where and how fast it runs."""
     diffs = sorted(reuse.differences("continue", saved, now), key=lambda d: d.key)
     if diffs:
-        was = "; ".join(f"{d.key}: {d.saved!r} then, {d.now!r} now" for d in diffs)
-        raise ValueError(f"cannot continue the run in {path}: it was started with other settings ({was}). Continue "
+        raise ValueError(f"cannot continue the run in {path}: this run's {reuse.differ(diffs)} from the settings "
+                         f"it was started with. Continue "
                          f"it with its own settings (add {reuse.restoring(diffs)}; its run.json holds them all), "
                          f"or write to another directory (another hydra.sweep.dir or "
                          f"trainer.run_dir)")  # fmt: skip

@@ -100,7 +100,7 @@ def validation_measured_anew(cfg: TrainConfig, resume: Checkpoint | None) -> tup
     continues (another ``trainer.eval_windows``, other data): the changes, as overrides."""
     if resume is None:
         return ()
-    return tuple(f"{d.key}={d.now} (it was {d.saved})"
+    return tuple(f"{reuse.settings([d])} (it was {reuse.hydra_value(d.saved)})"
                  for d in reuse.validation_changes(resume.train_config or {}, asdict(cfg)))  # fmt: skip
 
 
@@ -160,11 +160,11 @@ def check_resumable(cfg: TrainConfig, planned: GPTConfig, ckpt: Checkpoint, sour
     diffs = reuse.differences("resume", {"model": ckpt.model_config, **optim},
                               {"model": asdict(planned), "optim": asdict(cfg.optim)})  # fmt: skip
     if diffs:
-        mismatched = "; ".join(f"{d.key}: checkpoint {d.saved!r} vs now {d.now!r}" for d in diffs)
         new = (f" (trainer.init_from={source} starts one from its weights with a new optimizer: a resume continues "
                f"its optimizer's state)" if any(d.kind == "optimizer" for d in diffs) else "")  # fmt: skip
-        raise ValueError(f"cannot resume from {source}: its config differs: {mismatched}. Resume with the "
-                         f"checkpoint's settings (add {reuse.restoring(diffs)}), or start a new run{new}")  # fmt: skip
+        raise ValueError(f"cannot resume from {source}: this run's {reuse.differ(diffs)} from the checkpoint's. "
+                         f"Resume with the checkpoint's settings (add {reuse.restoring(diffs)}), or start a new "
+                         f"run{new}")  # fmt: skip
     if ckpt.optimizer is None:
         raise ValueError(f"cannot resume from {source}: it holds weights but no training state")
     if ckpt.step >= cfg.trainer.max_steps:
@@ -186,8 +186,9 @@ def initial_weights(cfg: TrainConfig, planned: GPTConfig) -> dict:
     source = load_model(cfg.trainer.init_from, attention=cfg.model.attention, kernel=cfg.model.kernel)
     have = source.model.config
     found = reuse.differences("init_from", {"model": asdict(have)}, {"model": asdict(planned)})
-    wrong = [f"{d.key}: {cfg.trainer.init_from} has {d.saved!r}, the config says {d.now!r}"
-             for d in found if d.kind != "positions"]  # fmt: skip
+    differing = [d for d in found if d.kind != "positions"]
+    wrong = [f"this run's {reuse.differ(differing)} from the source's {reuse.settings(differing, 'saved')}"]
+    wrong = wrong if differing else []
     if any(d.kind == "positions" for d in found):
         wrong.append(f"model.block_size={planned.block_size} is longer than the source's {have.block_size} positions")
     names = {source.tokenizer.name, cfg.data.tokenizer}

@@ -115,6 +115,35 @@ def restoring(diffs: list[Difference]) -> str:
     return " ".join(shell_word(o) for d in diffs for o in _overrides(d.key, d.saved, d.now))
 
 
+def settings(diffs: list[Difference], side: str = "now") -> str:
+    """The values ``diffs`` hold on one ``side`` (``now``: this run's, ``saved``: the checkpoint's), as a user types
+    them: ``model.window=4 optim.name=adamw``; inside a mapping each entry that differs
+    (``model.layer_kinds.A.window=8``), and ``no model.layer_kinds.B.window`` where that side lacks it."""
+    return " ".join(_settings(diffs, side))
+
+
+def differ(diffs: list[Difference], side: str = "now") -> str:
+    """``settings`` and the verb that agrees with them: ``model.window=4 differs``, ``... optim.name=adamw differ``."""
+    words = _settings(diffs, side)
+    return f"{' '.join(words)} {'differs' if len(words) == 1 else 'differ'}"
+
+
+def _settings(diffs: list[Difference], side: str) -> list[str]:
+    other = "saved" if side == "now" else "now"
+    return [o if o.startswith("no ") else shell_word(o)
+            for d in diffs for o in _values(d.key, getattr(d, side), getattr(d, other))]
+
+
+def _values(key: str, value, other) -> list[str]:
+    if isinstance(value, dict) and isinstance(other, dict):
+        found = []
+        for name, v in value.items():
+            if name not in other or v != other[name]:
+                found += _values(f"{key}.{name}", v, other.get(name))
+        return found + [f"no {key}.{name}" for name in other if name not in value]
+    return [f"{key}={hydra_value(value)}"]
+
+
 def shell_word(text: str) -> str:
     """``text`` as one shell word: as it is where nothing in it is special, else in double quotes (which leave a
     Hydra value's single quotes readable), else as ``shlex`` quotes it."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from common.optim_label import training_label
+from common.optim_label import OPTIM_DEFAULTS, optimizer_label, training_label
 from common.run_files import (
     FAILURE,
     LAST,
@@ -84,8 +84,8 @@ def run_tags(cfg: TrainConfig) -> list[str]:
 
 def tags_of(model: dict, data: str, preset: str | None, tags: list[str], optim: dict | None = None) -> list[str]:
     """The wandb tags: what the layers run, each other part of the run's label (``kv2``, ``rope``, ``sinks``: only
-    the options set), the model, the data, how it trains where not AdamW and cosine (``muon_qkv``, ``wsd``) and the
-    user's tags. A model's layers run its layout and kernel; a
+    the options set), the model, the data, the optimizer always (``adamw``, ``muon_qkv``: a filter finds either), the
+    schedule where not cosine (``wsd``) and the user's tags. A model's layers run its layout and kernel; a
     schedule's are its preset (where one chose it) and, where its kinds run other layouts, what each kind runs
     (``kimi_linear``, ``K=kda``, ``M=mla/sdpa``: not ``mla``, ``sdpa``, which three of its four layers do not run).
     ``model`` is a GPTConfig's fields (a dict: run.json's too)."""
@@ -97,6 +97,8 @@ def tags_of(model: dict, data: str, preset: str | None, tags: list[str], optim: 
     if kinds != schedule_kinds({**model, "layer_kinds": {}}):  # some kind runs another layout than the model's
         layers = [f"{kind}={ran}"[:WANDB_TAG_LIMIT] for kind, ran in kinds.items()]
     trained = [part for part in training_label(optim).split("-") if part]  # muon_qkv, wsd
+    if not optimizer_label(optim):  # the default optimizer, which the label leaves unsaid
+        trained.insert(0, OPTIM_DEFAULTS["name"])
     return [*([preset] if kinds and preset else []), *layers, *parts, model["name"], data, *trained, *tags]
 
 

@@ -11,6 +11,7 @@ import time
 import torch
 
 from common.machine_load import OthersLoad, busy_text, is_busy
+from model.device import threads_text
 
 log = logging.getLogger("headlab.train")
 
@@ -24,6 +25,16 @@ def compile_cache_counts() -> tuple[int, int]:
 
     return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
 
+
+
+def busy_advice(threads: int | None = None) -> str:
+    """What to do about a busy machine with torch's ``threads`` (its own count where None): fewer threads only
+    where there is more than one."""
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads == 1:
+        return "Run one job at a time"
+    return (f"Run one job at a time, or give concurrent jobs fewer threads (OMP_NUM_THREADS=1): torch's "
+            f"{threads_text(threads)} slow down most when other work shares the cores")
 
 class LoadWatch:
     """The cores other processes use while the run trains: ``step()`` gives each step's row its
@@ -49,9 +60,7 @@ class LoadWatch:
             return
         self.hinted = True
         log.warning("the machine is busy: %s over the last %.0f s, so this run's speed is not its own (compare.py "
-                    "flags its figures). torch's %d threads slow down most when other work shares the cores: run "
-                    "one job at a time, or give concurrent jobs fewer threads (OMP_NUM_THREADS=1)",
-                    busy_text(others), self.HINT_AFTER_S, torch.get_num_threads())  # fmt: skip
+                    "flags its figures). %s", busy_text(others), self.HINT_AFTER_S, busy_advice())  # fmt: skip
 
     def caution(self) -> str:
         """`` (the machine was busy: other processes used 1.9 of 2 cores)``, or "" on a quiet machine."""

@@ -154,7 +154,7 @@ class AttentionSpec:
         if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or self.n_head % kv):
             problem = "does not divide" if isinstance(kv, int) and kv >= 1 else "is not a positive divisor of"
             raise ValueError(f"model.n_kv_head={kv!r} {problem} model.n_head={self.n_head}; choose a divisor "
-                             f"of n_head (1: multi-query, n_head or null: multi-head)")  # fmt: skip
+                             f"of n_head: {kv_head_choices(self.n_head)}")  # fmt: skip
         check_positions("window", self.window, "", "all")
         check_positions("attention_chunk", self.attention_chunk, " per chunk", "no chunks")
         check_positions("query_temperature", self.query_temperature, " (the queries' temperature grows each time the "
@@ -379,4 +379,17 @@ def check_within_context(name: str, value: int | None, block_size: int | None, w
 
 def check_heads(n_embd: int, n_head: int) -> None:
     if n_embd % n_head != 0:
-        raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head")
+        raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}; choose n_embd as a multiple of n_head, "
+                         f"or an n_head that divides it: {', '.join(map(str, divisors(n_embd)))}")  # fmt: skip
+
+
+def kv_head_choices(n_head: int) -> str:
+    """The valid model.n_kv_head values for ``n_head`` heads, with what the two ends mean."""
+    middle = [str(d) for d in divisors(n_head)[1:-1]]
+    if n_head == 1:
+        return "1 or null (one head)"
+    return ", ".join(["1 (multi-query)", *middle]) + f", {n_head} or null (multi-head)"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

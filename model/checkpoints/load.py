@@ -14,7 +14,7 @@ from pathlib import Path
 from model import registry
 from model.checkpoints.checkpoint import BEST, LAST, Checkpoint, checkpoint_path, load_checkpoint
 from model.checkpoints.convert import check_converts
-from model.checkpoints.pretrained import is_pretrained_source, load_pretrained_gpt2
+from model.checkpoints.pretrained import CONFIG, HUB_GPT2, WEIGHTS, held, is_pretrained_source, load_pretrained_gpt2
 from model.config import GPTConfig, where_set
 from model.gpt import GPT
 
@@ -43,9 +43,11 @@ def load_model(
     kernel: str | None = None,
     checkpoint: str = LAST,
     dropout: float | None = None,
+    offer_pretrained: bool = True,
 ) -> LoadedModel:
     """Load ``source`` on the CPU; ``attention``/``kernel`` convert the weights to another layout/kernel,
-    ``checkpoint`` picks the file in a run directory (``last.pt`` or ``best.pt``)."""
+    ``checkpoint`` picks the file in a run directory (``last.pt`` or ``best.pt``). A source that is not there names
+    every kind of source the script takes (``offer_pretrained``: GPT-2's names and Hugging Face folders too)."""
     from data.tokenizers import get_tokenizer
 
     if is_pretrained_source(source):
@@ -53,10 +55,25 @@ def load_model(
             check_converts(registry.canonical_layout(), attention)  # GPT-2's weights are in the canonical layout
         model = load_pretrained_gpt2(source, attention or GPTConfig.attention, kernel or GPTConfig.kernel)
         return LoadedModel(model, get_tokenizer(exported_tokenizer(source) or "gpt2"), source)
-    path = checkpoint_path(source, checkpoint)
+    try:
+        path = checkpoint_path(source, checkpoint)
+    except FileNotFoundError:
+        raise FileNotFoundError(no_source(source, checkpoint, offer_pretrained)) from None
     ckpt = load_checkpoint(path)
     return LoadedModel(model_from_checkpoint(ckpt, attention, kernel, dropout), get_tokenizer(ckpt.tokenizer),
                        source, path, ckpt.step, ckpt)  # fmt: skip
+
+
+def no_source(source: str, checkpoint: str = LAST, offer_pretrained: bool = True) -> str:
+    """Why ``source`` loads nothing, and every kind of source a script takes (``offer_pretrained``: GPT-2's names
+    and Hugging Face folders too)."""
+    folder = Path(source).expanduser()
+    holds = f" (a folder holding {held(folder)})" if folder.is_dir() else ""
+    kinds = [f"a run directory holding {checkpoint}", "a checkpoint file (.pt)"]
+    if offer_pretrained:
+        kinds += [f"a GPT-2 name ({', '.join(HUB_GPT2)}: from the Hugging Face hub, or its cache offline)",
+                  f"a Hugging Face folder ({CONFIG} and {WEIGHTS}, as save_pretrained or export.py writes them)"]
+    return f"no checkpoint at {source!r}{holds}: give {', '.join(kinds[:-1])} or {kinds[-1]}"
 
 
 def exported_tokenizer(source: str) -> str | None:
