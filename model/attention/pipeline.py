@@ -22,6 +22,7 @@ from model.attention.masks import HeldKeys
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import ScoreMods, on_the_scores
+from model.attention.nsa import NativeSparseAttention, nsa_flops
 from model.attention.options import applied, check_applied, option_fields, takers
 from model.attention.positions import alibi_slopes, householder_augmented, turned_through
 from model.attention.sparse import LightningIndexer, index_flops
@@ -128,7 +129,7 @@ STAGE_OPTIONS = {
     # with the position encoding's own fields
     "encodings": frozenset({"position", "qk_norm", "query_temperature", "ssmax"}),
     "key selection": frozenset({"window", "attention_chunk", "document_masking", "sparse_topk", "indexer_heads",
-                                "indexer_dim", "moba_block", "moba_topk"}),
+                                "indexer_dim", "moba_block", "moba_topk", "nsa_block", "nsa_topk", "nsa_window"}),
     "kernel": frozenset({"softcap", "sinks", "forget_gate", "dropout"}),
     "combination": frozenset({"differential", "lambda_init"}),
     "gate": frozenset({"gate"}),
@@ -255,6 +256,8 @@ class MultiHeadAttention(nn.Module):
         MoBA, the keys of the blocks it attends at most, and its gates over every block (a kernel that masks instead
         of skipping computes them all: the plan counts the algorithm's)."""
         keys = mask_capacity(masks_set(spec), seq_len)
+        if spec.nsa_block is not None:  # NSA: its three attentions and its compressor (model.attention.nsa)
+            return nsa_flops(spec, cls.score_widths(spec), keys)
         if spec.moba_block is not None:
             attended = min(spec.moba_topk * spec.moba_block, keys)
             return 6 * sum(cls.score_widths(spec)) * attended + block_flops(spec, keys)
@@ -332,6 +335,9 @@ class MultiHeadAttention(nn.Module):
             with own_draws():
                 self.indexer = LightningIndexer(spec, None if self.rotary is None else self.rotary.dim)
         self.blocks = None if spec.moba_block is None else BlockSelection(spec)  # MoBA's: no parameters
+        self.nsa = None  # NSA's compressors and gates, per head as wide as the layout's scores and values
+        if spec.nsa_block is not None:
+            self.nsa = NativeSparseAttention(spec, *(width // spec.n_head for width in self.score_widths(spec)))
 
     @classmethod
     def rotary_width(cls, spec: AttentionSpec) -> int:
@@ -480,6 +486,7 @@ class MultiHeadAttention(nn.Module):
         None."""
         outputs, mods, first_group = [], None, True
         householders = MODIFICATIONS["path"].directions(self, x) if self.turns_keys else None
+        nsa_gates = None if self.nsa is None else self.nsa.gate_values(x)  # (3, B, H, T, 1)
         for group in self.project(x):
             whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
             if whole:
@@ -497,7 +504,10 @@ class MultiHeadAttention(nn.Module):
             for head, queries in group.calls:
                 q = self.scale_queries(q if whole else self.encode_queries(queries, positions), positions, head, seen)
                 heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
-                if widened is None:
+                if self.nsa is not None:  # NSA's three branches in place of the one kernel call (model.attention.nsa)
+                    outputs.append(self.nsa.attend(self, q, k, v, keys, heads_mods, positions, document_starts,
+                                                   nsa_gates[:, :, head : head + q.size(1)]))  # fmt: skip
+                elif widened is None:
                     outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
                 else:
                     q_wide, k_wide = widened(q)
@@ -600,6 +610,8 @@ class MultiHeadAttention(nn.Module):
             return self.turned_attention_weights(x, positions)
         selected = None if self.indexer is None else self.indexer(x, positions, None, self.masks, None)[0]
         q, k = self.queries_keys(x, None, selected)
+        if self.nsa is not None:
+            return self.nsa.weights(self, q, k, x)
         if self.blocks is not None:
             selected = self.blocks.select(q, k, None, positions, None)
         return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)

@@ -18,6 +18,7 @@ from model.attention.masks import Masks
 from model.attention.masks import of_spec as masks_of
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import GATES, finite_number
+from model.attention.nsa import NSA_TOPK, NSA_WINDOW, check_nsa
 from model.attention.options import check_conflicts, spelled
 from model.attention.positions import ROPE_SCALINGS
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, check_sparse
@@ -119,6 +120,23 @@ class AttentionSpec:
                  "afterwards; the two are not built together"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
     moba_topk: int = option(MOBA_TOPK, 2, moba_block=1)
+    # Native Sparse Attention (model.attention.nsa): each query head adds, gated, its attention over the compressed
+    # blocks of this many positions, over its own block and the nsa_topk - 1 earlier blocks its compressed scores rank
+    # highest, and over the last nsa_window keys; None: off. (Its example's window fits the walks' context of 16.)
+    nsa_block: int | None = option(None, 2, nsa_window=3, conflicts={
+        "sparse_topk": "both select the keys each query attends (NSA blocks by its compressed keys, DeepSeek's "
+                       "indexer keys by its own scores); choose one selection",
+        "moba_block": "both select blocks (NSA by q . its compressed keys, MoBA by q . mean(K)); choose one",
+        "ssmax": "SSMax scales each query by the log of the keys it sees, which differ between NSA's three branches",
+        "differential": "differential attention subtracts two softmax maps of one kernel call, NSA adds three gated "
+                        "branches; the two are not built together",
+        "kv_latent": "attention=mla's compressed keys are not built (its reference formula has no NSA); use a "
+                     "layout of GPT-2's function",
+        "sinks": "a sink is one more key in one softmax, NSA has three",
+        "forget_gate": "the forget gate biases each key by the tokens between it and the query, which a compressed "
+                       "block of keys has no one count of"})  # fmt: skip
+    nsa_topk: int = option(NSA_TOPK, 2, nsa_block=2, nsa_window=3)
+    nsa_window: int = option(NSA_WINDOW, 2, nsa_block=2)
 
     def __post_init__(self) -> None:
         check_heads(self.n_embd, self.n_head)
@@ -176,6 +194,7 @@ class AttentionSpec:
         self.check_rope_fraction()
         check_sparse(self)
         check_blocks(self)
+        check_nsa(self)
         for mod in MODIFICATIONS.values():
             mod.check(getattr(self, mod.field))
         check_conflicts(self)
@@ -293,6 +312,8 @@ class AttentionSpec:
             effects.append(("sparse", f"model.sparse_topk={self.sparse_topk}", "selects the keys each query attends"))
         if self.moba_block is not None:
             effects.append(("sparse", f"model.moba_block={self.moba_block}", "selects the blocks each query attends"))
+        if self.nsa_block is not None:
+            effects.append(("sparse", f"model.nsa_block={self.nsa_block}", "selects the blocks each query attends"))
         return effects + [(name, MODIFICATIONS[name].option(getattr(self, MODIFICATIONS[name].field)),
                            "changes the scores before the softmax") for name in self.score_mods]  # fmt: skip
 
