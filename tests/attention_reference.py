@@ -227,7 +227,7 @@ def nsa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor
     for t in range(T):
         own, qt = t // size, q[:, :, t]
         candidates = [b for b in range(own) if bool(shown[t, b * size : (b + 1) * size].all())]
-        o_cmp = torch.zeros_like(qt)
+        o_cmp = qt.new_zeros(B, H, v.size(-1))
         if candidates:
             every = torch.ones(len(candidates), dtype=torch.bool, device=q.device)
             o_cmp = softmax_attention(qt, k_cmp[:, :, candidates], v_cmp[:, :, candidates], every)
@@ -434,7 +434,7 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
         forgotten = through[:, :, None, :] - through[:, None, :, :]  # (B, T, T, H)
     i, j = positions[:, None], positions[None, :]
     ssmax = None if spec.ssmax is None else scalable(spec.ssmax + p["ssmax_offset"], seen_mask, None)  # (.., H, T, 1)
-    outputs, every = [], []
+    outputs, every, nsa_parts = [], [], []
     for h in range(heads):
         q = linear(x, "wq", slice(h * (d + R), h * (d + R) + d))
         k = linear(c, "wkv_b", slice(2 * h * d, 2 * h * d + d))
@@ -451,6 +451,10 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             whole_k = torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k
             shown = allowed(T, T, None, x.device, seen)
             head_seen = seen_mask & moba_selection(whole_q[:, None], whole_k[:, None], shown, *moba_of(spec))[:, 0]
+        if nsa_of(spec) is not None:  # NSA's branches read each head's whole queries and keys (the rotary part's too)
+            nsa_parts.append((torch.cat((q, q_rope), dim=-1) if R else q,
+                              torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k, v))  # fmt: skip
+            continue
         scores = scores / math.sqrt(d + R)
         if spec.query_temperature is not None:
             scores = scores * temperature(T, spec.query_temperature, x.device)[:, None]
@@ -469,6 +473,12 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             weights = torch.softmax(scores, dim=-1)
         outputs.append(weights @ v)
         every.append(weights)
+    if nsa_parts:  # NSA (``nsa_heads``) over every head's whole queries, keys and values, Llama 4's temperature in
+        q, k, v = (torch.stack(parts, dim=1) for parts in zip(*nsa_parts))
+        if spec.query_temperature is not None:
+            q = q * temperature(T, spec.query_temperature, x.device)[:, None]
+        shown = allowed(T, T, None, x.device, seen)
+        outputs = [nsa_heads(q, k, v, x, p, shown, spec.softcap, *nsa_of(spec)).transpose(1, 2).flatten(2)]
     y = torch.cat(outputs, dim=-1)
     if spec.gate != "none":
         g = torch.sigmoid(x @ p["gate.weight"].T)

@@ -1,9 +1,9 @@
 """model.nsa_block / model.nsa_topk / model.nsa_window: Native Sparse Attention (NSA, arXiv 2502.11089), each query head
 adding, gated, its attention over compressed blocks, over the blocks those rank highest and over a sliding window.
-Held to its float64 formula (tests/attention_reference.py: ``nsa_heads``) in every layout that takes it and both
+Held to its float64 formula (tests/attention_reference.py: ``nsa_heads``) in every softmax layout (MLA's too) and both
 kernels, at lengths 1 to 17 across blocks of 1 to 5 (on, one short of and one past a block's edge), with every
-gradient; cached decoding (eager and static steps, a ring past block_size, a window, documents, grouped heads) equal
-to the full forward from every prompt length. Every bad value and conflicting pair is refused in one line.
+gradient; cached decoding (eager and static steps, a ring past block_size, a window, documents, grouped heads,
+MLA) equal to the full forward from every prompt length. Every bad value and conflicting pair is refused in one line.
 
 The blocks run in float64, and inputs are drawn where no two selection scores of a query lie within float32's
 round-off (rotary's angles are float32 in the model): the choice is a top-n, which would otherwise trade blocks
@@ -23,14 +23,16 @@ from model.attention.nsa import NSA_TOPK, NSA_WINDOW
 from model.config import attention_label
 from model.decoding.steps import StaticStep
 
-# (layout, kernel, options): every layout of GPT-2's function with each kernel, the options the pipeline's other
-# stages bring turned through them
+# (layout, kernel, options): every softmax layout with each kernel, the options the pipeline's other stages bring
+# turned through them
 CELLS = [("fused_qkv", "manual", {"position": "rope", "softcap": 3.0}),
          ("fused_qkv", "sdpa", {"position": "learned", "gate": "headwise", "attention_chunk": 7}),
          ("separate_qkv", "manual", {"position": "learned", "n_kv_head": 2, "window": 6, "qk_norm": True}),
          ("separate_qkv", "sdpa", {"position": "rope", "k_eq_v": True, "query_temperature": 4}),
          ("wrapper", "manual", {"position": "learned", "n_kv_head": 1}),
-         ("wrapper", "sdpa", {"position": "rope", "n_kv_head": 2})]  # fmt: skip
+         ("wrapper", "sdpa", {"position": "rope", "n_kv_head": 2}),
+         ("mla", "manual", {"position": "learned", "kv_latent": 8}),
+         ("mla", "sdpa", {"position": "rope", "kv_latent": 8, "rope_head_dim": 4})]  # fmt: skip
 LENGTHS = [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17]
 SETTINGS = [(1, 3, 2), (2, 2, 3), (3, 2, 4), (4, 3, 5), (5, 1, 2), (2, 4, 1)]  # (block, top-n, window)
 
@@ -129,6 +131,7 @@ def decode_model(layout: str, kernel: str, size: int, topk: int, nsa_window: int
 
 DECODES = [("fused_qkv", "sdpa", 3, 2, 4, {}), ("wrapper", "manual", 4, 3, 5, {"n_kv_head": 2}),
            ("separate_qkv", "manual", 2, 2, 3, {"window": 7}),
+           ("mla", "sdpa", 2, 3, 4, {"kv_latent": 8, "rope_head_dim": 4}),
            ("fused_qkv", "sdpa", 3, 3, 2, {"document_masking": True, "document_end": 0})]  # fmt: skip
 
 
@@ -192,11 +195,9 @@ def test_the_label_spells_the_block_the_top_n_and_the_window():
      (dict(nsa_topk=2), "model.nsa_topk=2 is NSA's, but model.nsa_block=null"),
      (dict(nsa_window=8), "model.nsa_window=8 is NSA's, but model.nsa_block=null"),
      (dict(nsa_block=16, nsa_window=8), "model.nsa_block=16 is at least the context (model.block_size=16)"),
-     (dict(nsa_block=4), f"model.nsa_window={NSA_WINDOW} is longer than the context (model.block_size=16)"),
      (dict(nsa_block=4, nsa_window=8, position="alibi"), "model.position=alibi and model.nsa_block=4 cannot both"),
      (dict(nsa_block=4, nsa_window=8, moba_block=4), "model.moba_block=4 and model.nsa_block=4 cannot both be set"),
      (dict(nsa_block=4, nsa_window=8, sinks=True), "model.nsa_block=4 and model.sinks=true cannot both be set"),
-     (dict(nsa_block=4, nsa_window=8, attention="mla", kv_latent=8), "model.kv_latent=8 and model.nsa_block=4 "),
      (dict(nsa_block=4, nsa_window=8, kernel="flex"), "model.nsa_block=4 selects the blocks each query attends, "
                                                       "which kernel=flex cannot do; use kernel=manual or sdpa"),
      (dict(nsa_block=4, nsa_window=8, attention="gated_deltanet", position="none"),

@@ -23,11 +23,13 @@ Each query head h attends three ways, and adds them, gated per head from the blo
 - **sliding window**: the query attends the last w keys it sees (itself included).
 
 The selection and the window are the layer's kernel (manual or SDPA) over the keys they keep, with the block's score
-modifications (softcap); the compressed branch is the textbook softmax here (a few keys per query). Nothing is cached
-beyond the keys and values: a decode step compresses the complete blocks again from the keys the cache holds. On a
-CPU, and with the manual or SDPA kernel anywhere, nothing is saved: each branch's kernel computes every query's
-scores over every key, then masks the ones its branch does not keep (three attentions over every key instead of one;
-the paper's kernel loads only the blocks chosen).
+modifications (softcap); the compressed branch is the textbook softmax here (a few keys per query). Every softmax
+layout takes it, MLA too (its keys and values as up-projected per head, the rotary key's dims in each key).
+
+Nothing is cached beyond the keys and values: a decode step compresses the complete blocks again from the keys the
+cache holds. On a CPU, and with the manual or SDPA kernel anywhere, nothing is saved: each branch's kernel computes
+every query's scores over every key, then masks the ones its branch does not keep (three attentions over every key
+instead of one; the paper's kernel loads only the blocks chosen).
 """
 
 from __future__ import annotations
@@ -95,9 +97,12 @@ class NativeSparseAttention(nn.Module):
         near = keep & (queries[:, None] - held[None, :] < self.window)  # the last w keys the query sees
         near = near if near.dim() == 4 else near[None, None]
 
+        pad = q.size(-1) - v.size(-1) if block.pad_values else 0  # MLA's narrower values (``attend_heads``)
+
         def kernel(selected: torch.Tensor) -> torch.Tensor:
-            return block.kernel(q, k, v, block.dropout, block.training, keys=keys, mods=mods, positions=positions,
-                                document_starts=documents, selected=selected)  # fmt: skip
+            y = block.kernel(q, k, F.pad(v, (0, pad)) if pad else v, block.dropout, block.training, keys=keys,
+                             mods=mods, positions=positions, document_starts=documents, selected=selected)
+            return y[..., : v.size(-1)] if pad else y
 
         return gates[0] * o_cmp + gates[1] * kernel(chosen) + gates[2] * kernel(near)
 
@@ -154,8 +159,9 @@ def nsa_flops(spec, widths: tuple[int, int], keys: int) -> int:
 
 
 def check_nsa(spec) -> None:
-    """Refuse a block, top-n or window that is not a positive whole number, one set without blocks, a block or window
-    past the context, and a position encoding a compressed key cannot hold, in one line."""
+    """Refuse a block, top-n or window that is not a positive whole number, one set without blocks, a block as long as
+    the context, and a position encoding a compressed key cannot hold, in one line. (A window as long as the context
+    is taken: the sliding branch is then causal attention over every key, as the paper's 512 is at a short length.)"""
     size, topk, window = spec.nsa_block, spec.nsa_topk, spec.nsa_window
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
         raise ValueError(f"model.nsa_block={size!r} must be a positive number of positions per block (NSA's "
@@ -173,10 +179,6 @@ def check_nsa(spec) -> None:
         raise ValueError(f"model.nsa_block={size} is at least the context (model.block_size={spec.block_size}): no "
                          f"query would see a complete earlier block; choose a block shorter than {spec.block_size} "
                          f"positions, or model.nsa_block=null")  # fmt: skip
-    if spec.block_size is not None and window > spec.block_size:
-        raise ValueError(f"model.nsa_window={window} is longer than the context (model.block_size={spec.block_size})"
-                         f" with model.nsa_block={size}: set it to at most {spec.block_size} (NSA's sliding branch), "
-                         f"e.g. model.nsa_window={min(NSA_WINDOW, spec.block_size)}")  # fmt: skip
     position = registry.position(spec.position)
     if position.biases_scores or position.transforms_keys:
         raise ValueError(f"model.position={spec.position} and model.nsa_block={size} cannot both be set: a compressed "

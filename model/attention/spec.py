@@ -122,20 +122,19 @@ class AttentionSpec:
     moba_topk: int = option(MOBA_TOPK, 2, moba_block=1)
     # Native Sparse Attention (model.attention.nsa): each query head adds, gated, its attention over the compressed
     # blocks of this many positions, over its own block and the nsa_topk - 1 earlier blocks its compressed scores rank
-    # highest, and over the last nsa_window keys; None: off. (Its example's window fits the walks' context of 16.)
-    nsa_block: int | None = option(None, 2, nsa_window=3, conflicts={
+    # highest, and over the last nsa_window keys; None: off
+    nsa_block: int | None = option(None, 2, conflicts={
         "sparse_topk": "both select the keys each query attends (NSA blocks by its compressed keys, DeepSeek's "
                        "indexer keys by its own scores); choose one selection",
         "moba_block": "both select blocks (NSA by q . its compressed keys, MoBA by q . mean(K)); choose one",
         "ssmax": "SSMax scales each query by the log of the keys it sees, which differ between NSA's three branches",
         "differential": "differential attention subtracts two softmax maps of one kernel call, NSA adds three gated "
                         "branches; the two are not built together",
-        "kv_latent": "attention=mla's compressed keys are not built (its reference formula has no NSA); use a "
-                     "layout of GPT-2's function",
         "sinks": "a sink is one more key in one softmax, NSA has three",
         "forget_gate": "the forget gate biases each key by the tokens between it and the query, which a compressed "
                        "block of keys has no one count of"})  # fmt: skip
-    nsa_topk: int = option(NSA_TOPK, 2, nsa_block=2, nsa_window=3)
+    # (its example with blocks of one key: then a window or a chunk of 3 and a top-n of 2 each cut what the other keeps)
+    nsa_topk: int = option(NSA_TOPK, 2, nsa_block=1)
     nsa_window: int = option(NSA_WINDOW, 2, nsa_block=2)
 
     def __post_init__(self) -> None:
