@@ -92,7 +92,9 @@ class NativeSparseAttention(nn.Module):
         k_cmp = block.keys_per_query(self.compressed(k, held, grid, self.key_positions, self.compress_keys), heads)
         v_cmp = block.keys_per_query(self.compressed(v, held, grid, self.value_positions, self.compress_values), heads)
         scores = q @ k_cmp.transpose(-1, -2)  # (B, h, T, blocks): the compressed attention's and the selection's
-        chosen = top_blocks(widened(scores), grid, keep, self.topk)
+        # the selection's order from the scores at float32's precision at least (under autocast: not bf16's products)
+        ranks = scores if widened(scores) is scores else widened(q) @ widened(k_cmp).transpose(-1, -2)
+        chosen = top_blocks(ranks, grid, keep, self.topk)
         o_cmp = self.compressed_attention(scores, grid.candidate, v_cmp, q.size(-1), block)
         near = keep & (queries[:, None] - held[None, :] < self.window)  # the last w keys the query sees
         near = near if near.dim() == 4 else near[None, None]
