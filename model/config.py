@@ -21,6 +21,7 @@ from model.attention.differential import LAMBDA_INIT
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import finite_number, score_mod_fields, spelled, with_fields
+from model.attention.nsa import NSA_TOPK, NSA_WINDOW
 from model.attention.options import check_conflicts, declared_conflicts
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
 from model.attention.spec import AttentionSpec
@@ -106,6 +107,10 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     if model.get("moba_block") or "moba_block" in show:  # MoBA: -moba64k3 (block, blocks each query attends)
         moba = f"moba{model['moba_block']}k{model.get('moba_topk', MOBA_TOPK)}" if model.get("moba_block") else "nomoba"
         parts.append(moba)
+    if model.get("nsa_block") or "nsa_block" in show:  # NSA: -nsa16k4w32 (block, blocks selected, window)
+        nsa = (f"nsa{model['nsa_block']}k{model.get('nsa_topk', NSA_TOPK)}w{model.get('nsa_window', NSA_WINDOW)}"
+               if model.get("nsa_block") else "nonsa")  # fmt: skip
+        parts.append(nsa)
     for mod in registry.MODIFICATIONS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -198,6 +203,7 @@ def label_parts() -> tuple[tuple[str, str], ...]:
         (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
         (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
         (r"moba\d+k\d+|nomoba", "-moba<positions per block>k<blocks per query> (MoBA)"),
+        (r"nsa\d+k\d+w\d+|nonsa", "-nsa<positions per block>k<blocks selected>w<window> (NSA)"),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"kvfrom[A-Z]", "-kvfrom<kind> (a kind's layers read that kind's keys and values)"),
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
@@ -214,7 +220,8 @@ LABEL_AXES = ("n_kv_head", "k_eq_v", "kv_latent", "rope_head_dim", "linear_chunk
               "position", "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length",
               "query_temperature", "ssmax", "negative_eigenvalues", "document_masking", "document_positions",
               "differential", "lambda_init",
-              "sparse_topk", "indexer_heads", "indexer_dim", "moba_block", "moba_topk",
+              "sparse_topk", "indexer_heads", "indexer_dim", "moba_block", "moba_topk", "nsa_block", "nsa_topk",
+              "nsa_window",
               *score_mod_fields(),
               "layer_pattern", "layer_kinds")  # fmt: skip
 
@@ -288,6 +295,12 @@ class GPTConfig:
     # positions and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
     moba_block: int | None = field(default=None, metadata={"reuse": "function"})
     moba_topk: int = field(default=MOBA_TOPK, metadata={"reuse": "function"})
+    # Native Sparse Attention (model.attention.nsa): each query head adds, gated, its attention over compressed blocks
+    # of nsa_block positions, over the nsa_topk blocks those rank highest (its own included), and over its last
+    # nsa_window keys; None: off
+    nsa_block: int | None = field(default=None, metadata={"reuse": "weights"})
+    nsa_topk: int = field(default=NSA_TOPK, metadata={"reuse": "function"})
+    nsa_window: int = field(default=NSA_WINDOW, metadata={"reuse": "function"})
     # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
     # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
@@ -364,6 +377,8 @@ class GPTConfig:
             names |= set(INDEXER_SHAPE)
         if fields_of_kind.get("moba_block", self.moba_block) is None:
             names.add("moba_topk")
+        if fields_of_kind.get("nsa_block", self.nsa_block) is None:
+            names |= {"nsa_topk", "nsa_window"}
         return names - set(fields_of_kind)
 
     @property

@@ -114,14 +114,16 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         query_temperature: int | None = None, differential: bool = False, lambda_init: float = 0.8,
                         seen: dict | None = None, selected: torch.Tensor | None = None,
                         ssmax: float | None = None, k_eq_v: bool = False,
-                        moba: tuple[int, int] | None = None, source: tuple | None = None) -> torch.Tensor:  # fmt: skip
+                        moba: tuple[int, int] | None = None, nsa: tuple[int, int, int] | None = None,
+                        source: tuple | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
     ``position``: learned (added before attention: nothing here), none, rope or alibi. ``selected`` (B, T, T): the
     keys sparse attention lets each query see (``sparse_selection``), where given; ``moba`` (block, top-k): MoBA's
-    blocks (``moba_selection``), each head's from its queries and keys. ``source`` (cross-layer KV sharing): the
-    block whose keys and values this one reads and that block's input: k and v are projected and encoded there."""
+    blocks (``moba_selection``), each head's from its queries and keys; ``nsa`` (block, top-n, window): NSA's three
+    gated branches (``nsa_heads``) in place of the one softmax. ``source`` (cross-layer KV sharing): the block whose
+    keys and values this one reads and that block's input: k and v are projected and encoded there."""
     params = {name: p.double() for name, p in block.named_parameters()}
     p = convert_attention_layout(params, layout, "separate_qkv", n_head=n_head)
     x = x.double()
@@ -153,6 +155,11 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         h = torch.arange(n_head, device=x.device)
         group = 2 * ((h // 2) // (n_head // n_kv_head)) + h % 2
     k, v = k[:, group], v[:, group]
+    if nsa is not None:  # its three branches over the queries as the kernel gets them (Llama 4's temperature in)
+        if query_temperature is not None:
+            q = q * temperature(T, query_temperature, x.device)[:, None]
+        heads_out = nsa_heads(q, k, v, x, p, allowed(T, T, window, x.device, seen), softcap, *nsa)
+        return output_projection(heads_out.transpose(1, 2).reshape(B, T, C), x, p, gate, n_head)
     if moba is not None:  # the gates read the queries and keys as the scores do, before any modification of those
         blocks = moba_selection(q, k, allowed(T, T, window, x.device, seen), *moba)
         selected = blocks if selected is None else blocks & selected[:, None]
@@ -186,10 +193,69 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         out = differential_heads(weights, v, p, lambda_init)
     else:
         out = (weights @ v).transpose(1, 2).reshape(B, T, C)  # (B, H, T, d): the heads side by side
+    return output_projection(out, x, p, gate, n_head)
+
+
+def output_projection(out: torch.Tensor, x: torch.Tensor, p: dict, gate: str, n_head: int) -> torch.Tensor:
+    """The heads' outputs side by side (B, T, C) through the output gate (from the block's input ``x``) and c_proj."""
+    B, T, C = out.shape
     if gate != "none":  # sigmoid(x W_g): (B, T, H), one per head's d dims; (B, T, C), one per element
         g = torch.sigmoid(x @ p["gate.weight"].T)
-        out = (out.view(B, T, n_head, d) * g[..., None]).view(B, T, C) if gate == "headwise" else out * g
+        out = (out.view(B, T, n_head, C // n_head) * g[..., None]).view(B, T, C) if gate == "headwise" else out * g
     return out @ p["c_proj.weight"].T + (p["c_proj.bias"] if "c_proj.bias" in p else 0.0)
+
+
+def nsa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, p: dict, shown: torch.Tensor,
+              softcap: float | None, size: int, topk: int, window: int) -> torch.Tensor:  # fmt: skip
+    """Native Sparse Attention (Yuan et al. 2025, arXiv 2502.11089, eq. 5-12) of each query head's queries ``q`` and
+    keys and values ``k``, ``v`` (B, H, T, d, each head its group's), query by query -> (B, H, T, d):
+    o_t = g_cmp Attn(q_t, K_cmp, V_cmp) + g_slc Attn(q_t, the chosen blocks' keys) + g_swa Attn(q_t, the last
+    ``window`` keys), (g_cmp, g_slc, g_swa) per head = sigmoid(x_t W_g + b_g), rows branch by branch. Block b (keys
+    b l .. b l + l - 1, l = ``size``) compressed: K_cmp[b] = W_ck [k_{bl} + p_0; ...; k_{bl+l-1} + p_{l-1}] (the
+    keys laid end to end, each plus the learned position embedding of its place in the block), V_cmp alike with its
+    own. A block is a candidate for query t where it is earlier than t's own block and t sees all of it (``shown``,
+    (T, T)); the compressed branch attends the candidates (none: 0); the selection attends t's own block and the
+    topk - 1 candidates of highest q_t . K_cmp[b], equal scores to the later block, each key t sees of them. Each
+    softmax is of q . k / sqrt(d), softcapped where ``softcap`` is given."""
+    B, H, T, d = q.shape
+    blocks = T // size
+    g = torch.sigmoid(x @ p["nsa.gates.weight"].T + p["nsa.gates.bias"]).view(B, T, 3, H)
+
+    def compress(t: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        laid = [torch.cat([t[:, :, b * size + j] + positions[j] for j in range(size)], dim=-1) for b in range(blocks)]
+        return torch.stack(laid, dim=2) @ weight.T if blocks else t[:, :, :0]  # (B, H, blocks, d)
+
+    k_cmp = compress(k, p["nsa.key_positions"], p["nsa.compress_keys.weight"])
+    v_cmp = compress(v, p["nsa.value_positions"], p["nsa.compress_values.weight"])
+
+    def softmax_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          seen: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        scores = (query[..., None, :] @ keys.transpose(-1, -2))[..., 0, :] / math.sqrt(d)  # (B, H, keys)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+        return (weights[..., None, :] @ values)[..., 0, :]
+
+    rows = []
+    for t in range(T):
+        own, qt = t // size, q[:, :, t]
+        candidates = [b for b in range(own) if bool(shown[t, b * size : (b + 1) * size].all())]
+        o_cmp = qt.new_zeros(B, H, v.size(-1))
+        if candidates:
+            every = torch.ones(len(candidates), dtype=torch.bool, device=q.device)
+            o_cmp = softmax_attention(qt, k_cmp[:, :, candidates], v_cmp[:, :, candidates], every)
+        ranks = (qt[..., None, :] @ k_cmp.transpose(-1, -2))[..., 0, :].tolist()  # (B, H, blocks): q_t . K_cmp[b]
+        chosen = torch.zeros(B, H, T, dtype=torch.bool, device=q.device)
+        for i in range(B):
+            for h in range(H):
+                for b in [own, *sorted(candidates, key=lambda b: (-ranks[i][h][b], -b))[: topk - 1]]:
+                    chosen[i, h, b * size : (b + 1) * size] = True
+        o_slc = softmax_attention(qt, k, v, chosen & shown[t])
+        s = torch.arange(T, device=q.device)
+        o_swa = softmax_attention(qt, k, v, (shown[t] & (t - s < window)).expand(B, H, T))
+        gt = g[:, t, ..., None]  # (B, 3, H, 1)
+        rows.append(gt[:, 0] * o_cmp + gt[:, 1] * o_slc + gt[:, 2] * o_swa)
+    return torch.stack(rows, dim=2)
 
 
 PATH_EPS = 1e-6  # PaTH's L2 norm of w (fla's l2_norm): w / sqrt(|w|^2 + eps)
@@ -301,6 +367,12 @@ def moba_selection(q: torch.Tensor, k: torch.Tensor, shown: torch.Tensor, size: 
     return selected & shown
 
 
+def nsa_of(spec) -> tuple[int, int, int] | None:
+    """NSA's (block, top-n, window) of a block's spec, or None where it has none."""
+    size = getattr(spec, "nsa_block", None)
+    return None if size is None else (size, spec.nsa_topk, spec.nsa_window)
+
+
 def moba_of(spec) -> tuple[int, int] | None:
     """MoBA's (block, top-k) of a block's spec, or None where it has none."""
     size = getattr(spec, "moba_block", None)
@@ -341,7 +413,7 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
                                seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax,
-                               k_eq_v=spec.k_eq_v, moba=moba_of(spec))  # fmt: skip
+                               k_eq_v=spec.k_eq_v, moba=moba_of(spec), nsa=nsa_of(spec))  # fmt: skip
 
 
 def gpt_reference(model, idx: torch.Tensor) -> torch.Tensor:
@@ -404,7 +476,7 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
         forgotten = through[:, :, None, :] - through[:, None, :, :]  # (B, T, T, H)
     i, j = positions[:, None], positions[None, :]
     ssmax = None if spec.ssmax is None else scalable(spec.ssmax + p["ssmax_offset"], seen_mask, None)  # (.., H, T, 1)
-    outputs, every = [], []
+    outputs, every, nsa_parts = [], [], []
     for h in range(heads):
         q = linear(x, "wq", slice(h * (d + R), h * (d + R) + d))
         k = linear(c, "wkv_b", slice(2 * h * d, 2 * h * d + d))
@@ -421,6 +493,10 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             whole_k = torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k
             shown = allowed(T, T, None, x.device, seen)
             head_seen = seen_mask & moba_selection(whole_q[:, None], whole_k[:, None], shown, *moba_of(spec))[:, 0]
+        if nsa_of(spec) is not None:  # NSA's branches read each head's whole queries and keys (the rotary part's too)
+            nsa_parts.append((torch.cat((q, q_rope), dim=-1) if R else q,
+                              torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k, v))  # fmt: skip
+            continue
         scores = scores / math.sqrt(d + R)
         if spec.query_temperature is not None:
             scores = scores * temperature(T, spec.query_temperature, x.device)[:, None]
@@ -439,6 +515,12 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             weights = torch.softmax(scores, dim=-1)
         outputs.append(weights @ v)
         every.append(weights)
+    if nsa_parts:  # NSA (``nsa_heads``) over every head's whole queries, keys and values, Llama 4's temperature in
+        q, k, v = (torch.stack(parts, dim=1) for parts in zip(*nsa_parts))
+        if spec.query_temperature is not None:
+            q = q * temperature(T, spec.query_temperature, x.device)[:, None]
+        shown = allowed(T, T, None, x.device, seen)
+        outputs = [nsa_heads(q, k, v, x, p, shown, spec.softcap, *nsa_of(spec)).transpose(1, 2).flatten(2)]
     y = torch.cat(outputs, dim=-1)
     if spec.gate != "none":
         g = torch.sigmoid(x @ p["gate.weight"].T)

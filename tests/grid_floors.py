@@ -202,6 +202,9 @@ FLOORS = {
     },
     "option moba_block": {"cells": (0, 0)},
     "option moba_topk": {"cells": (0, 0)},
+    "option nsa_block": {"cells": (0, 0)},
+    "option nsa_topk": {"cells": (0, 0)},
+    "option nsa_window": {"cells": (0, 0)},
     "encoding rope": {
         "cells": (6, 18), "layout wrapper": (2, 6), "layout separate_qkv": (2, 6), "layout fused_qkv": (2, 6),
         "kernel manual": (4, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 6), "heads mha": (2, 6),

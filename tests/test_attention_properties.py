@@ -325,8 +325,9 @@ ENCODINGS |= COMBINATIONS
 # Options whose cells live in a grid of their own: sparse attention's top-k picks keys by score, so its inputs are
 # drawn where float32's round-off cannot change the pick, and its indexer has no gradient from the output
 # (tests/test_sparse_attention.py: every layout and kernel at every length and top-k boundary, the deep sweep too);
-# MoBA's blocks are chosen by a top-k of gates, as near ties go (tests/test_moba.py: every length and block boundary).
-OWN_GRID = {"sparse_topk", "moba_block", "moba_topk"}
+# MoBA's blocks are chosen by a top-k of gates, as near ties go (tests/test_moba.py: every length and block boundary);
+# NSA's likewise, by its compressed keys (tests/test_nsa.py: every length and block boundary, every softmax layout).
+OWN_GRID = {"sparse_topk", "moba_block", "moba_topk", "nsa_block", "nsa_topk", "nsa_window"}
 
 
 def options_of_their_own() -> dict[str, dict]:

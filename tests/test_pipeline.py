@@ -191,7 +191,7 @@ def test_a_key_selection_registers_its_own_plan_terms_and_the_pipeline_names_non
         name, field, attribute, per_call = "priced_as_dense", "moba_block", "priced", True
 
         @classmethod
-        def build(cls, spec, rotary_width):
+        def build(cls, spec, rotary_width, widths):
             return cls()
 
         @classmethod

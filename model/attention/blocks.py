@@ -24,6 +24,8 @@ every key, then masks the blocks not chosen (a block-sparse kernel, FlexAttentio
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -48,7 +50,7 @@ class BlockSelection(KeySelection):
         self.size, self.topk, self.masks = spec.moba_block, spec.moba_topk, spec.masks
 
     @classmethod
-    def build(cls, spec, rotary_width: int | None) -> BlockSelection:
+    def build(cls, spec, rotary_width: int | None, widths: tuple[int, int]) -> BlockSelection:
         return cls(spec)
 
     @classmethod
@@ -60,7 +62,7 @@ class BlockSelection(KeySelection):
         return min(spec.moba_topk * spec.moba_block, keys)  # the keys of the blocks it attends, at most
 
     @classmethod
-    def flops(cls, spec, keys: int) -> int:
+    def flops(cls, spec, keys: int, widths: tuple[int, int]) -> int:
         return block_flops(spec, keys)  # its gates over every block
 
     def select_heads(self, q: torch.Tensor, k: torch.Tensor, keys: HeldKeys | None, positions: torch.Tensor | None,
@@ -73,11 +75,21 @@ class BlockSelection(KeySelection):
         return chosen_blocks(q, k, keep, queries, held, self.size, self.topk)
 
 
-def chosen_blocks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, queries: torch.Tensor, held: torch.Tensor,
-                  size: int, topk: int) -> torch.Tensor:  # fmt: skip
-    """MoBA's selection (the module's docstring) of queries (B, h, T, d) at positions ``queries`` (T,) over keys
-    (B, h, S, d) at ``held`` (S,; an empty slot of a static step's cache at a negative position), among the keys
-    ``keep`` ((T, S) or (B, 1, T, S)) shows each query -> (B, h, T, S)."""
+class BlockGrid(NamedTuple):
+    """The blocks of ``size`` positions that held keys fall in, as columns from the first held block: ``member`` (S,
+    blocks), each key's block (float32, 0 or 1); ``column`` (S,), each key's (an empty slot's: ``blocks``, cut off);
+    ``own`` (T, 1), each query's own block; ``candidate`` ((T, blocks) or (B, 1, T, blocks)): the complete earlier
+    blocks the query sees every key of, the only ones a gate may rank."""
+
+    member: torch.Tensor
+    column: torch.Tensor
+    own: torch.Tensor
+    candidate: torch.Tensor
+
+
+def block_grid(keep: torch.Tensor, queries: torch.Tensor, held: torch.Tensor, size: int) -> BlockGrid:
+    """The blocks (``BlockGrid``) of keys at ``held`` (S,; an empty slot of a static step's cache at a negative
+    position) for queries at ``queries`` (T,), among the keys ``keep`` ((T, S) or (B, 1, T, S)) shows each query."""
     S = held.size(0)
     width = S // size + 2  # the blocks that S consecutive positions touch, at most: columns from the first held
     valid = held >= 0
@@ -87,16 +99,33 @@ def chosen_blocks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, queries:
     member = F.one_hot(column, width + 1)[:, :width].to(torch.float32)  # (S, blocks): each key's block
     whole = keep.to(torch.float32) @ member == size  # a block the query sees every key of (counts exact in float32)
     own = (torch.div(queries, size, rounding_mode="floor") - first)[:, None]  # (T, 1): the query's own block
-    columns = torch.arange(width, device=q.device)
-    candidate = whole & (columns < own)  # complete, earlier, wholly seen
-    means = member.to(widened(k).dtype).transpose(0, 1) @ widened(k) / size  # (B, h, blocks, d); read where whole
-    gates = (widened(q) @ means.transpose(-1, -2)).masked_fill(~candidate, float("-inf"))
-    gates = gates.masked_fill(columns == own, float("inf"))  # the own block always
+    columns = torch.arange(width, device=queries.device)
+    return BlockGrid(member, column, own, whole & (columns < own))  # complete, earlier, wholly seen
+
+
+def chosen_blocks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, queries: torch.Tensor, held: torch.Tensor,
+                  size: int, topk: int) -> torch.Tensor:  # fmt: skip
+    """MoBA's selection (the module's docstring) of queries (B, h, T, d) at positions ``queries`` (T,) over keys
+    (B, h, S, d) at ``held`` (S,; an empty slot of a static step's cache at a negative position), among the keys
+    ``keep`` ((T, S) or (B, 1, T, S)) shows each query -> (B, h, T, S)."""
+    grid = block_grid(keep, queries, held, size)
+    means = grid.member.to(widened(k).dtype).transpose(0, 1) @ widened(k) / size  # (B, h, blocks, d); read where whole
+    return top_blocks(widened(q) @ means.transpose(-1, -2), grid, keep, topk)
+
+
+def top_blocks(gates: torch.Tensor, grid: BlockGrid, keep: torch.Tensor, topk: int) -> torch.Tensor:
+    """The keys of the blocks each query chose by its ``gates`` (B, h, T, blocks), read only where a block is a
+    candidate (``grid``): its own block always, and the topk - 1 candidates of highest gate, equal gates to the later
+    block; of those, the keys ``keep`` shows it -> (B, h, T, S)."""
+    width = gates.size(-1)
+    columns = torch.arange(width, device=gates.device)
+    candidate, own = grid.candidate, columns == grid.own
+    gates = gates.masked_fill(~candidate, float("-inf")).masked_fill(own, float("inf"))  # the own block always
     # latest first, then a stable sort by gate: among equal gates the later block keeps its place ahead
     ranked = torch.sort(gates.flip(-1), dim=-1, descending=True, stable=True).indices[..., : min(topk, width)]
     picked = torch.zeros_like(gates, dtype=torch.bool).scatter_(-1, width - 1 - ranked, True)
-    picked = picked & (candidate | (columns == own))
-    return (picked.to(torch.float32) @ member.transpose(0, 1) > 0) & keep
+    picked = picked & (candidate | own)
+    return (picked.to(torch.float32) @ grid.member.transpose(0, 1) > 0) & keep
 
 
 def block_flops(spec, keys: int) -> int:

@@ -254,7 +254,8 @@ class MultiHeadAttention(nn.Module):
         selection = selection_of(spec)
         if selection is None:
             return 6 * sum(cls.score_widths(spec)) * keys
-        return 6 * sum(cls.score_widths(spec)) * selection.attended(spec, keys) + selection.flops(spec, keys)
+        widths = cls.score_widths(spec)
+        return 6 * sum(widths) * selection.attended(spec, keys) + selection.flops(spec, keys, widths)
 
     @classmethod
     def state_bytes(cls, spec: AttentionSpec, dtype_bytes: int) -> int:
@@ -334,7 +335,8 @@ class MultiHeadAttention(nn.Module):
         self.selects = selection_of(spec)
         if self.selects is not None:
             with own_draws():
-                built = self.selects.build(spec, None if self.rotary is None else self.rotary.dim)
+                rotary_width = None if self.rotary is None else self.rotary.dim
+                built = self.selects.build(spec, rotary_width, self.score_widths(spec))
             setattr(self, self.selects.attribute, built)
         self.selects_per_call = self.selects is not None and self.selects.per_call
 
@@ -484,6 +486,10 @@ class MultiHeadAttention(nn.Module):
         them with its own queries, and neither projects nor caches keys."""
         outputs, mods, first_group = [], None, True
         householders = MODIFICATIONS["path"].directions(self, x) if self.turns_keys else None
+        # A selection that attends its own way (NSA's three gated branches, one over compressed keys, ``attends``) is
+        # more than a mask for the kernel: its gates come from the block's input, once, and it runs in place of the
+        # kernel call (model.attention.selection)
+        branch_gates = self.selection.branch_gates(x) if self.selects is not None and self.selects.attends else None
         for group in self.project(x):
             whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
             if self.reads_kv:  # the source layer's keys and values, as it encoded and cached them
@@ -509,7 +515,10 @@ class MultiHeadAttention(nn.Module):
             for head, queries in group.calls:
                 q = self.scale_queries(q if whole else self.encode_queries(queries, positions), positions, head, seen)
                 heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
-                if widened is None:
+                if branch_gates is not None:  # its branches in place of the one kernel call
+                    outputs.append(self.selection.attend(self, q, k, v, keys, heads_mods, positions, document_starts,
+                                                         branch_gates[:, :, head : head + q.size(1)]))  # fmt: skip
+                elif widened is None:
                     outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
                 else:
                     q_wide, k_wide = widened(q)
@@ -636,6 +645,8 @@ class MultiHeadAttention(nn.Module):
         if self.selects is not None and not self.selects_per_call:
             selected = self.selection.select_input(self, x, positions, None, None)
         q, k = self.queries_keys(x, None, selected, *(() if source is None else (source,)))  # a linear layer: none
+        if self.selects is not None and self.selects.attends:  # its own maps (NSA's gated branches)
+            return self.selection.weights(self, q, k, x)
         if self.selects_per_call:
             selected = self.selection.select_heads(q, k, None, positions, None)
         return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)

@@ -1,5 +1,5 @@
 """The key selection stage's registry: a choice, beyond the masks, of the keys each query attends (DeepSeek's sparse
-attention, ``model.attention.sparse``; MoBA's blocks, ``model.attention.blocks``; NSA's, DeepSeek's next, to come).
+attention, ``model.attention.sparse``; MoBA's blocks, ``model.attention.blocks``; NSA's, ``model.attention.nsa``).
 
 A selection is one class in its own module, registered by ``@register(SELECTIONS)`` and subclassing ``KeySelection``;
 the pipeline (``model.attention.pipeline``) asks the registry, so a new selection edits no other module but its
@@ -11,13 +11,18 @@ It states:
 - ``per_call``: whether it chooses from each kernel call's queries and keys, per query head, after the encodings
   (``select_heads``: MoBA's), or from the block's input, once for every head, before the projection
   (``select_input``: DeepSeek's indexer, which may learn there, from the layer's own attention weights);
-- ``build(spec, rotary_width)``: what a block holds (an ``nn.Module`` where it has parameters; drawn apart from the
-  dense model's weights, so the rest starts as the model without it does);
+- ``build(spec, rotary_width, widths)``: what a block holds (an ``nn.Module`` where it has parameters; drawn apart
+  from the dense model's weights, so the rest starts as the model without it does), ``widths`` the layer's score and
+  value matmuls' (``score_widths``, over all query heads: MLA's keys are wider than its values);
 - its plan terms, with no default, so none is inherited: ``attended(spec, keys)``, the keys a query attends at most of
-  the ``keys`` it sees (the score and value matmuls' FLOPs scale with it), and ``flops(spec, keys)``, its own scores'
-  training FLOPs per token; with defaults of 0, ``cache_width(spec)`` (numbers per token its cache slot keeps) and
-  ``plan_bytes(spec, batch, length, dtype_bytes)`` (activations kept for backward, the plan's ``plan_part``);
-- ``check(spec)``: its options' one-line refusals; ``does``: what it asks of the kernel, in a refusal's words.
+  the ``keys`` it sees (the score and value matmuls' FLOPs scale with it), and ``flops(spec, keys, widths)``, its own
+  scores' training FLOPs per token; with defaults of 0, ``cache_width(spec)`` (numbers per token its cache slot
+  keeps) and ``plan_bytes(spec, batch, length, dtype_bytes)`` (activations kept for backward, the plan's
+  ``plan_part``);
+- ``check(spec)``: its options' one-line refusals; ``does``: what it asks of the kernel, in a refusal's words;
+- ``attends``: whether it does more than choose keys for the one kernel call (NSA adds three gated attentions, one of
+  them over compressed keys): the block then calls its ``branch_gates(x)`` once per forward, its ``attend`` in place of
+  its kernel call and its ``weights`` for the attention maps. False for a selection that only masks (the rule).
 
 The kernels take a selection as a mask over the keys, ``selected`` (B, 1 or heads, T, S): the ``sparse`` effect of
 ``AttentionKernel.applies``. Two selections cannot coexist: their options declare the one job (``exclusive``), and the
@@ -41,6 +46,7 @@ class KeySelection:
     attribute: ClassVar[str]
     per_call: ClassVar[bool]
     does: ClassVar[str] = "selects the keys each query attends"
+    attends: ClassVar[bool] = False
     plan_part: ClassVar[str] = ""
 
     @classmethod
@@ -70,7 +76,7 @@ class KeySelection:
         """Refuse its options' values that cannot build, in one line naming the value and the fix."""
 
     @classmethod
-    def build(cls, spec, rotary_width: int | None):
+    def build(cls, spec, rotary_width: int | None, widths: tuple[int, int]):
         raise NotImplementedError
 
     @classmethod
@@ -78,7 +84,7 @@ class KeySelection:
         raise NotImplementedError
 
     @classmethod
-    def flops(cls, spec, keys: int) -> int:
+    def flops(cls, spec, keys: int, widths: tuple[int, int]) -> int:
         raise NotImplementedError
 
     @classmethod

@@ -61,7 +61,7 @@ class LightningIndexer(nn.Module, KeySelection):
     name, field, attribute, per_call, plan_part = "sparse", "sparse_topk", "indexer", False, "sparse indexer"
 
     @classmethod
-    def build(cls, spec, rotary_width: int | None) -> LightningIndexer:
+    def build(cls, spec, rotary_width: int | None, widths: tuple[int, int]) -> LightningIndexer:
         return cls(spec, rotary_width)
 
     @classmethod
@@ -73,7 +73,7 @@ class LightningIndexer(nn.Module, KeySelection):
         return min(spec.sparse_topk, keys)
 
     @classmethod
-    def flops(cls, spec, keys: int) -> int:
+    def flops(cls, spec, keys: int, widths: tuple[int, int]) -> int:
         return index_flops(spec, keys)
 
     @classmethod

@@ -18,6 +18,7 @@ from model.attention.masks import Masks
 from model.attention.masks import of_spec as masks_of
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import GATES, finite_number
+from model.attention.nsa import NSA_TOPK, NSA_WINDOW
 from model.attention.options import EXCLUSIVE, MIXER_STAGES, PLAN_TERMS, STAGES, check_conflicts, spelled
 from model.attention.positions import ROPE_SCALINGS
 from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS
@@ -143,6 +144,23 @@ class AttentionSpec:
                  "afterwards; the two are not built together"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
     moba_topk: int = option(MOBA_TOPK, 2, stage="key selection", moba_block=1, plan=("flops",))
+    # Native Sparse Attention (model.attention.nsa): each query head adds, gated, its attention over the compressed
+    # blocks of this many positions, over its own block and the nsa_topk - 1 earlier blocks its compressed scores rank
+    # highest, and over the last nsa_window keys; None: off
+    nsa_block: int | None = option(None, 2, stage="key selection", exclusive="key selection",
+                                   plan=("parameters", "flops"), conflicts={
+        "sparse_topk": "both select the keys each query attends (NSA blocks by its compressed keys, DeepSeek's "
+                       "indexer keys by its own scores); choose one selection",
+        "moba_block": "both select blocks (NSA by q . its compressed keys, MoBA by q . mean(K)); choose one",
+        "ssmax": "SSMax scales each query by the log of the keys it sees, which differ between NSA's three branches",
+        "differential": "differential attention subtracts two softmax maps of one kernel call, NSA adds three gated "
+                        "branches; the two are not built together",
+        "sinks": "a sink is one more key in one softmax, NSA has three",
+        "forget_gate": "the forget gate biases each key by the tokens between it and the query, which a compressed "
+                       "block of keys has no one count of"})  # fmt: skip
+    # (its example with blocks of one key: then a window or a chunk of 3 and a top-n of 2 each cut what the other keeps)
+    nsa_topk: int = option(NSA_TOPK, 2, stage="key selection", nsa_block=1, plan=("flops",))
+    nsa_window: int = option(NSA_WINDOW, 2, stage="key selection", nsa_block=2, plan=("flops",))
     # Cross-layer KV sharing (CLA, YOCO, Gemma's shared-KV layers): the layer kind whose keys and values this layer
     # reads (a schedule's relation between layers, ``model.config.check_kv_sharing``), not an option of one block: a
     # block built with it projects queries only and keeps no cache (``MultiHeadAttention.reads_kv``). None: its own
