@@ -94,12 +94,16 @@ import torch.distributed as dist
 from training.distributed import from_environment, init_distributed
 how, port = sys.argv[1:]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
+joined, join = os.pipe()  # rank 1 says it has joined: rank 0 leaving earlier would fail rank 1's own joining
 peer = os.fork()
 os.environ["RANK"] = "1" if peer == 0 else "0"
 state = from_environment()
 init_distributed(state, torch.device("cpu"))
 if how == "failed" and state.rank == 1:
+    os.write(join, b"1")
     os._exit(0)  # a rank that died: it never reaches the barrier
+if how == "failed":
+    os.read(joined, 1)
 start = time.monotonic()
 state.close(finished=how == "finished")
 said = f"rank {state.rank} closed in {time.monotonic() - start:.1f} s; group left: {not dist.is_initialized()}\\n"
