@@ -209,3 +209,30 @@ def assert_layer_is_its_formula(block, reference, lengths) -> None:
         for name, g, w in zip(params, torch.autograd.grad((got * weight).sum(), list(params.values())),
                               torch.autograd.grad((want * weight).sum(), list(params.values()))):  # fmt: skip
             torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T}")
+
+
+def assert_decodes_as_the_full_forward(gpt, static: bool, total: int = 29) -> None:
+    """Block selections' decoding (MoBA's means, NSA's compressed blocks, both from the cache's keys): each decoded
+    position's logits are the full forward's, from every prompt length to past block_size (prompts 1 to 19, every
+    third; every sixth for static steps), in batches of 1-3, with an end of text in each prompt (a document boundary
+    where documents are masked). The full forward is one over the whole sequence (every position's logits; each
+    query sees its last block_size keys, as the ring holds them)."""
+    import torch
+
+    from model import KVCache
+    from model.decoding.steps import StaticStep
+
+    gen = torch.Generator().manual_seed(2)
+    for prompt in range(1, 20, 3 if not static else 6):
+        B = 1 + prompt % 3
+        idx = torch.randint(0, gpt.config.vocab_size, (B, total), generator=gen)
+        idx[:, prompt // 2] = 0
+        with torch.inference_mode():
+            cache = KVCache(gpt.config.n_layer)
+            full = gpt(idx, idx)[0]  # (B, total, vocab)
+            first = gpt(idx[:, :prompt], cache=cache)[0][:, -1]
+            torch.testing.assert_close(first, full[:, prompt - 1], rtol=1e-9, atol=1e-9)
+            step = StaticStep(gpt, cache, B, torch.device("cpu")) if static else None
+            for t in range(prompt, total):
+                got = step(idx[:, t : t + 1], t) if static else gpt(idx[:, t : t + 1], cache=cache)[0][:, -1]
+                torch.testing.assert_close(got, full[:, t], rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")

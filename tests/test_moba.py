@@ -16,10 +16,10 @@ import pytest
 import torch
 from attention_reference import moba_selection, reference
 from cell_failures import CellFailures
+from helpers import assert_decodes_as_the_full_forward
 
-from model import GPT, GPTConfig, KVCache, build_attention
+from model import GPT, GPTConfig, build_attention
 from model.attention.blocks import MOBA_TOPK
-from model.decoding.steps import StaticStep
 
 LAYERS = [("fused_qkv", {}), ("separate_qkv", {"n_kv_head": 2}), ("wrapper", {"n_kv_head": 1}),
           ("mla", {"kv_latent": 8}), ("fused_qkv", {"differential": True}),
@@ -160,22 +160,7 @@ def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, ke
     candidate, on both sides), in batches of 1-3. The full forward is one over the whole sequence (every position's
     logits; each query sees its last block_size keys, as the ring holds them)."""
     gpt = decode_model(layout, kernel, size, topk, **options)
-    total = 29
-    gen = torch.Generator().manual_seed(2)
-    for prompt in range(1, 20, 3 if not static else 6):
-        B = 1 + prompt % 3
-        idx = torch.randint(0, 50, (B, total), generator=gen)
-        idx[:, prompt // 2] = 0  # an end of text in the prompt (a document boundary where documents are masked)
-        with torch.inference_mode():
-            cache = KVCache(gpt.config.n_layer)
-            full = gpt(idx, idx)[0]  # (B, total, vocab)
-            first = gpt(idx[:, :prompt], cache=cache)[0][:, -1]
-            torch.testing.assert_close(first, full[:, prompt - 1], rtol=1e-9, atol=1e-9)
-            step = StaticStep(gpt, cache, B, torch.device("cpu")) if static else None
-            for t in range(prompt, total):
-                got = step(idx[:, t : t + 1], t) if static else gpt(idx[:, t : t + 1], cache=cache)[0][:, -1]
-                want = full[:, t]
-                torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")
+    assert_decodes_as_the_full_forward(gpt, static)
 
 
 def test_the_plan_counts_the_blocks_attended_and_the_gates_and_caches_nothing_more():

@@ -17,11 +17,11 @@ import pytest
 import torch
 from attention_reference import reference
 from cell_failures import CellFailures
+from helpers import assert_decodes_as_the_full_forward
 
-from model import GPT, GPTConfig, KVCache, build_attention
+from model import GPT, GPTConfig, build_attention
 from model.attention.nsa import NSA_TOPK, NSA_WINDOW
 from model.config import attention_label
-from model.decoding.steps import StaticStep
 
 # (layout, kernel, options): every softmax layout with each kernel, the options the pipeline's other stages bring
 # turned through them
@@ -144,21 +144,7 @@ def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, ke
     prompt length to past block_size (a ring of 20, the window's of 7: a block the query sees in part is no
     candidate, on both sides), in batches of 1-3."""
     gpt = decode_model(layout, kernel, size, topk, window, **options)
-    total = 29
-    gen = torch.Generator().manual_seed(2)
-    for prompt in range(1, 20, 3 if not static else 6):
-        B = 1 + prompt % 3
-        idx = torch.randint(0, 50, (B, total), generator=gen)
-        idx[:, prompt // 2] = 0  # an end of text in the prompt (a document boundary where documents are masked)
-        with torch.inference_mode():
-            cache = KVCache(gpt.config.n_layer)
-            full = gpt(idx, idx)[0]  # (B, total, vocab)
-            first = gpt(idx[:, :prompt], cache=cache)[0][:, -1]
-            torch.testing.assert_close(first, full[:, prompt - 1], rtol=1e-9, atol=1e-9)
-            step = StaticStep(gpt, cache, B, torch.device("cpu")) if static else None
-            for t in range(prompt, total):
-                got = step(idx[:, t : t + 1], t) if static else gpt(idx[:, t : t + 1], cache=cache)[0][:, -1]
-                torch.testing.assert_close(got, full[:, t], rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")
+    assert_decodes_as_the_full_forward(gpt, static)
 
 
 def test_the_plan_counts_three_attentions_and_the_compressor_and_caches_nothing_more():
