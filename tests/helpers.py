@@ -236,3 +236,25 @@ def assert_decodes_as_the_full_forward(gpt, static: bool, total: int = 29) -> No
             for t in range(prompt, total):
                 got = step(idx[:, t : t + 1], t) if static else gpt(idx[:, t : t + 1], cache=cache)[0][:, -1]
                 torch.testing.assert_close(got, full[:, t], rtol=1e-9, atol=1e-9, msg=f"prompt {prompt}, position {t}")
+
+
+def assert_converts_exactly(a, b, src: str, dst: str) -> None:
+    """Two GPTs of one seed in layouts ``src`` and ``dst``: they drew the same weights (``a``'s state dict converted
+    is ``b``'s, and back is ``a``'s, bit for bit), and once ``a``'s weights move away from the init (every weight
+    matters), ``b`` loading them converted computes ``a``'s logits."""
+    import torch
+
+    from model import convert_attention_layout
+
+    n_head = a.config.n_head
+    there = convert_attention_layout(a.state_dict(), src, dst, n_head=n_head)
+    assert there.keys() == b.state_dict().keys()
+    assert all(torch.equal(there[k], b.state_dict()[k]) for k in there)
+    back = convert_attention_layout(there, dst, src, n_head=n_head)
+    assert all(torch.equal(back[k], a.state_dict()[k]) for k in back)
+    idx = torch.randint(0, a.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for p in a.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+        b.load_state_dict(convert_attention_layout(a.state_dict(), src, dst, n_head=n_head))
+        torch.testing.assert_close(b(idx)[0], a(idx)[0], atol=1e-5, rtol=0)

@@ -9,9 +9,9 @@ import itertools
 
 import pytest
 import torch
-from helpers import tiny_gpt_config
+from helpers import assert_converts_exactly, tiny_gpt_config
 
-from model import GPT, KVCache, convert_attention_layout, same_function_layouts
+from model import GPT, KVCache, same_function_layouts
 from training.plan import cache_width
 
 LAYOUTS = same_function_layouts("fused_qkv")
@@ -39,17 +39,7 @@ def test_layouts_start_from_the_same_weights_and_convert_exactly(src, dst):
     """For a seed every layout draws the same weights (in the canonical form, converted); converting a state dict
     there and back is the identity, bit for bit, and the converted model computes the same logits."""
     a, b = keqv_gpt(src), keqv_gpt(dst)
-    there = convert_attention_layout(a.state_dict(), src, dst, n_head=4)
-    assert there.keys() == b.state_dict().keys()
-    assert all(torch.equal(there[k], b.state_dict()[k]) for k in there)
-    back = convert_attention_layout(there, dst, src, n_head=4)
-    assert all(torch.equal(back[k], a.state_dict()[k]) for k in back)
-    idx = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        for p in a.parameters():
-            p.add_(torch.randn_like(p) * 0.3)  # away from the init: every weight matters
-        b.load_state_dict(convert_attention_layout(a.state_dict(), src, dst, n_head=4))
-        torch.testing.assert_close(b(idx)[0], a(idx)[0], atol=1e-5, rtol=0)
+    assert_converts_exactly(a, b, src, dst)
 
 
 @pytest.mark.parametrize("options,tensors", [({}, 1), ({"position": "alibi"}, 1), ({"position": "rope"}, 2),

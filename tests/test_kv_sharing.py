@@ -13,10 +13,10 @@ import itertools
 import pytest
 import torch
 from attention_reference import gpt_reference
-from helpers import tiny_gpt_config
+from helpers import assert_converts_exactly, tiny_gpt_config
 from test_attention_properties import assert_decodes_like_full_recomputation, eager_or_static
 
-from model import GPT, KVCache, convert_attention_layout, same_function_layouts
+from model import GPT, KVCache, same_function_layouts
 from model.config import attention_label, schedule_text
 from training.plan import layer_rows
 
@@ -133,17 +133,7 @@ def test_sharing_keeps_fewer_cache_bytes_parameters_and_flops_as_the_plan_says(l
 @pytest.mark.parametrize("src,dst", list(itertools.permutations(LAYOUTS, 2)))
 def test_layouts_start_from_the_same_weights_and_convert_exactly(src, dst):
     a, b = shared_gpt(src, n_kv_head=2, perturbed=False), shared_gpt(dst, n_kv_head=2, perturbed=False)
-    there = convert_attention_layout(a.state_dict(), src, dst, n_head=4)
-    assert there.keys() == b.state_dict().keys()
-    assert all(torch.equal(there[k], b.state_dict()[k]) for k in there)
-    back = convert_attention_layout(there, dst, src, n_head=4)
-    assert all(torch.equal(back[k], a.state_dict()[k]) for k in back)
-    idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        for p in a.parameters():
-            p.add_(torch.randn_like(p) * 0.3)  # away from the init: every weight matters
-        b.load_state_dict(convert_attention_layout(a.state_dict(), src, dst, n_head=4))
-        torch.testing.assert_close(b(idx)[0], a(idx)[0], atol=1e-5, rtol=0)
+    assert_converts_exactly(a, b, src, dst)
 
 
 def test_the_label_says_the_sharing_and_heads_reads_the_sources_keys():
