@@ -258,3 +258,17 @@ def assert_converts_exactly(a, b, src: str, dst: str) -> None:
             p.add_(torch.randn_like(p) * 0.3)
         b.load_state_dict(convert_attention_layout(a.state_dict(), src, dst, n_head=n_head))
         torch.testing.assert_close(b(idx)[0], a(idx)[0], atol=1e-5, rtol=0)
+
+
+def unambiguous_input(block, shape: tuple, gen, smallest_gap, ranked: str):
+    """A float64 input (requires grad) on which a block selection's ranking has no near-tie: ``smallest_gap(block,
+    x)``, the smallest difference between two of ``ranked`` a query ranks relative to the largest, above 1e-5 (the
+    float32 block's round-off must not reorder them against the float64 formula). Ten draws at most."""
+    import torch
+
+    for _ in range(10):
+        x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+        with torch.no_grad():
+            if smallest_gap(block, x.detach()) > 1e-5:
+                return x
+    raise AssertionError(f"no input without a near-tie of {ranked} in 10 draws")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from attention_reference import moba_selection, reference
 from cell_failures import CellFailures
-from helpers import assert_decodes_as_the_full_forward
+from helpers import assert_decodes_as_the_full_forward, unambiguous_input
 
 from model import GPT, GPTConfig, build_attention
 from model.attention.blocks import MOBA_TOPK
@@ -64,15 +64,6 @@ def smallest_gap(block, x: torch.Tensor) -> float:
     return (min(gaps) / gates.abs().max()).item() if gaps else float("inf")
 
 
-def unambiguous_input(block, shape: tuple, gen: torch.Generator) -> torch.Tensor:
-    for _ in range(10):
-        x = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
-        with torch.no_grad():
-            if smallest_gap(block, x.detach()) > 1e-5:
-                return x
-    raise AssertionError("no input without a near-tie of gates in 10 draws")
-
-
 @pytest.mark.parametrize("layout,kernel,position,options", CELLS,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{'.'.join(c[3]) or 'plain'}" for c in CELLS])  # fmt: skip
 def test_every_layout_is_its_formula_at_every_length_and_block_boundary(layout, kernel, position, options):
@@ -87,7 +78,7 @@ def test_every_layout_is_its_formula_at_every_length_and_block_boundary(layout, 
         for size, topk in (BLOCKS[i % len(BLOCKS)], BLOCKS[(i + 3) % len(BLOCKS)]):
             with failures.at(f"{T}/{size}/{topk}", f"T={T}, block {size}, top-k {topk}"):
                 block = block_of(layout, kernel, size, topk, seed=T, **options)
-                x = unambiguous_input(block, (1 + i % 2, T, 32), gen)
+                x = unambiguous_input(block, (1 + i % 2, T, 32), gen, smallest_gap, "gates")
                 want = reference(block, x)
                 got = block.train()(x)
                 tolerance = 1e-4 if options.get("differential") else 1e-5
