@@ -190,6 +190,24 @@ def test_activation_estimate_is_within_25_percent_of_what_autograd_saves(layout,
     assert abs(estimated - measured) / measured < 0.25, (estimated, measured)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout,kernel", [("fused_qkv", "manual"), ("wrapper", "sdpa"), ("mla", "manual"),
+                                           ("mla", "sdpa")])  # fmt: skip
+def test_nsa_activation_estimate_counts_its_three_branches(layout, kernel, dtype):
+    """NSA runs two kernel calls and a compressed attention where a dense layer runs one call: its plan term
+    (``NativeSparseAttention.plan_bytes``) is within 25% of what autograd saves, where the dense term alone is not."""
+    extra = {"kv_latent": 16} if layout == "mla" else {}
+    config = GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=4, n_embd=64, attention=layout, kernel=kernel,
+                       nsa_block=8, nsa_window=16, **extra)  # fmt: skip
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        measured = saved_tensor_bytes(GPT(config), torch.randint(0, 257, (4, 64)))
+    parts = activation_bytes(config, 4, dtype)
+    assert abs(sum(parts.values()) - measured) / measured < 0.25, (parts, measured)
+    dense = sum(parts.values()) - parts["NSA branches"]
+    assert (measured - dense) / measured > 0.25, "the dense terms alone would have passed: the test proves nothing"
+
+
 def test_a_run_that_would_not_fit_the_gpu_is_refused_naming_a_micro_batch_that_fits():
     cfg = preset("experiment=compare_attention_gpu", "kernel=manual", "trainer.micro_batch_size=64")
     plan = make_plan(cfg, GPTConfig(**{**vars(cfg.model), "vocab_size": 50257}), 1, torch.bfloat16)

@@ -58,7 +58,7 @@ class NativeSparseAttention(nn.Module, KeySelection):
     A key selection (``model.attention.selection``) per kernel call, its blocks ranked by q . compressed keys
     (``select_heads``), that attends its own way (``attends``): the block asks it in place of its kernel call."""
 
-    name, field, attribute, per_call, attends = "nsa", "nsa_block", "nsa", True, True
+    name, field, attribute, per_call, attends, plan_part = "nsa", "nsa_block", "nsa", True, True, "NSA branches"
     does = "selects the blocks each query attends"
 
     @classmethod
@@ -81,6 +81,25 @@ class NativeSparseAttention(nn.Module, KeySelection):
         (``GPT.flops_per_token``) counted it once per token: the difference."""
         dq, dv = (w // spec.n_head for w in widths)
         return 6 * (spec.kv_heads - spec.nsa_block) * (dq * dq + dv * dv)
+
+    @classmethod
+    def plan_bytes(cls, spec, batch: int, length: int, dtype_bytes: int) -> int:
+        """What its branches keep for backward beyond the one kernel call the plan counts for every softmax layer: a
+        second kernel call (its queries, keys and values, and what the kernel keeps: the weights, or SDPA's
+        log-sum-exp and the selection as its mask, one per query head, and the window's), the three branch outputs the
+        gates multiply, the compressors' inputs (every key and value laid end to end), the compressed branch's scores
+        and weights (three per query and block) and the gates (float32). Measured within 25% by
+        tests/test_gpu_readiness.py."""
+        B, T, a, H = batch, length, dtype_bytes, spec.n_head
+        N, kv_share = B * T * spec.n_embd, spec.kv_heads / H
+        scores = B * H * T * T
+        if registry.kernel(spec.kernel).keeps_scores(spec.sdpa_backend):
+            kernel = scores * a  # the weights, at the matmuls' dtype (measured: under autocast, no float32 copy)
+        else:
+            kernel = B * H * T * 4 + (scores + T * T) * a  # the log-sum-exp, the selection's mask and the window's
+        inputs = (1 + 2 * kv_share) * N * a + 3 * N * a  # the second call's queries, keys, values; three outputs
+        compressed = 2 * kv_share * N * a + 3 * B * H * T * math.ceil(T / spec.nsa_block) * 4 + 3 * B * H * T * 4
+        return int(kernel + inputs + compressed)
 
     def __init__(self, spec, key_dim: int, value_dim: int) -> None:
         super().__init__()

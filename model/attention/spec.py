@@ -148,7 +148,7 @@ class AttentionSpec:
     # blocks of this many positions, over its own block and the nsa_topk - 1 earlier blocks its compressed scores rank
     # highest, and over the last nsa_window keys; None: off
     nsa_block: int | None = option(None, 2, stage="key selection", exclusive="key selection",
-                                   plan=("parameters", "flops"), conflicts={
+                                   plan=("parameters", "flops", "activations"), conflicts={
         "sparse_topk": "both select the keys each query attends (NSA blocks by its compressed keys, DeepSeek's "
                        "indexer keys by its own scores); choose one selection",
         "moba_block": "both select blocks (NSA by q . its compressed keys, MoBA by q . mean(K)); choose one",
