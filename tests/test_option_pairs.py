@@ -30,6 +30,7 @@ from torch import nn
 from model import GPT, MIXERS, GPTConfig
 from model.attention import AttentionSpec
 from model.attention.options import EXCLUSIVE, applied, option_fields, spelled
+from model.registry import SELECTIONS
 
 N_EMBD, N_HEAD, T, VOCAB, END = 16, 4, 12, 32, 0  # END: the token that ends a document (document masking)
 DECLARED = {f.name: f for f in fields(AttentionSpec) if f.name in option_fields()}
@@ -178,6 +179,50 @@ def test_every_pair_of_options_is_refused_naming_both_or_each_changes_the_functi
             elif torch.allclose(on, off, atol=1e-6, rtol=1e-5):
                 problems.append(f"{where}: model.{name} changes nothing beside the other")
     assert not problems, f"{len(problems)} pairs:\n" + "\n".join(problems)
+
+
+BRANCHED = [cls for cls in SELECTIONS.values() if cls.branches]  # selections that add attentions of their own (NSA's)
+
+
+@pytest.mark.parametrize("selection", BRANCHED, ids=lambda cls: cls.name)
+def test_an_option_beside_a_selection_of_branches_changes_each_branch(selection):
+    """An option built beside a selection that attends in branches (NSA: compressed, selected, sliding) is applied in
+    every branch: with one branch alone (``KeySelection.alone``), turning the option off changes the function, in
+    every layer that builds the pair. An option the pair walk finds effective can still be half-applied: a sink added
+    to the kernel's softmax and not to the compressed one changes the selected and sliding branches only."""
+    problems, checked = [], 0
+    for layout in sorted(MIXERS):
+        mine = [s for s in SETTINGS if s[0] == selection.field and accepted_alone(layout, s)]
+        others = [s for s in SETTINGS if s[0] not in DECLARED or DECLARED[s[0]].metadata["exclusive"] != "key "
+                  "selection" and selection.field not in s[2]]  # fmt: skip
+        for first, second in itertools.product(mine, others):
+            options = pair_options(first, second)
+            name, value, _ = second
+            without = {**options, name: off_value(name)}
+            on, off = model(layout, options), model(layout, without)
+            if isinstance(on, Exception) or isinstance(off, Exception):
+                continue  # refused (the walk above holds the refusal)
+            for branch in selection.branches:
+                for gpt in (on, off):
+                    for block_selection in selected_modules(gpt, selection):
+                        block_selection.alone = branch
+                try:
+                    same = torch.allclose(outputs(on), outputs(off), atol=1e-6, rtol=1e-5)
+                finally:
+                    for gpt in (on, off):
+                        for block_selection in selected_modules(gpt, selection):
+                            block_selection.alone = None
+                checked += 1
+                if same:
+                    problems.append(f"attention={layout} model.{first[0]}={spelled(first[1])}: model.{name}="
+                                    f"{spelled(value)} changes nothing in the {branch} branch alone (applied in some "
+                                    f"branches only: apply it there, or declare its conflict)")  # fmt: skip
+    assert checked, f"no option built beside {selection.name}"
+    assert not problems, f"{len(problems)} options:\n" + "\n".join(problems)
+
+
+def selected_modules(gpt: GPT, selection: type) -> list:
+    return [module for module in gpt.modules() if isinstance(module, selection)]
 
 
 def one_job(first: tuple, second: tuple) -> str | None:

@@ -59,6 +59,7 @@ class NativeSparseAttention(nn.Module, KeySelection):
     (``select_heads``), that attends its own way (``attends``): the block asks it in place of its kernel call."""
 
     name, field, attribute, per_call, attends, plan_part = "nsa", "nsa_block", "nsa", True, True, "NSA branches"
+    branches = BRANCHES
     does = "selects the blocks each query attends"
 
     @classmethod
@@ -114,6 +115,9 @@ class NativeSparseAttention(nn.Module, KeySelection):
     def branch_gates(self, x: torch.Tensor) -> torch.Tensor:
         """The block's input (B, T, C) -> each branch's gate per head, (3, B, H, T, 1)."""
         g = torch.sigmoid(self.gates(x))  # (B, T, 3 H)
+        if self.alone is not None:  # one branch alone (``KeySelection.alone``): its gate 1, the others' 0
+            g = torch.cat([torch.full_like(part, float(name == self.alone)) for name, part in
+                           zip(BRANCHES, g.chunk(len(BRANCHES), dim=-1))], dim=-1)  # fmt: skip
         return g.unflatten(-1, (len(BRANCHES), -1)).permute(2, 0, 3, 1)[..., None]
 
     def compressed(self, t: torch.Tensor, held: torch.Tensor, grid: BlockGrid, positions: torch.Tensor,

@@ -22,7 +22,11 @@ It states:
 - ``check(spec)``: its options' one-line refusals; ``does``: what it asks of the kernel, in a refusal's words;
 - ``attends``: whether it does more than choose keys for the one kernel call (NSA adds three gated attentions, one of
   them over compressed keys): the block then calls its ``branch_gates(x)`` once per forward, its ``attend`` in place of
-  its kernel call and its ``weights`` for the attention maps. False for a selection that only masks (the rule).
+  its kernel call and its ``weights`` for the attention maps. False for a selection that only masks (the rule). Such a
+  selection names its ``branches``, and a built one runs one of them alone while ``alone`` names it (its gate 1, the
+  others' 0): the pair walk (tests/test_option_pairs.py) holds every option it takes to change each branch, so an
+  option applied in some branches and not in the others (a sink in the kernel's softmax but not in the compressed
+  one) fails there.
 
 The kernels take a selection as a mask over the keys, ``selected`` (B, 1 or heads, T, S): the ``sparse`` effect of
 ``AttentionKernel.applies``. Two selections cannot coexist: their options declare the one job (``exclusive``), and the
@@ -47,6 +51,8 @@ class KeySelection:
     per_call: ClassVar[bool]
     does: ClassVar[str] = "selects the keys each query attends"
     attends: ClassVar[bool] = False
+    branches: ClassVar[tuple[str, ...]] = ()  # an attending selection's branches, in its gates' order
+    alone: str | None = None  # a built one's branch that runs alone (the pair walk's probe); None: every branch
     plan_part: ClassVar[str] = ""
 
     @classmethod
