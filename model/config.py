@@ -678,8 +678,10 @@ def check_kv_sharing(config: GPTConfig) -> None:
                              f"{spelled(type(spec).__dataclass_fields__[own[0].split('=')[0]].default)}, or no "
                              f"kv_from")  # fmt: skip
         if mine.cache_capacity > theirs.cache_capacity:
+            bound = next(f"{name}={getattr(theirs, name)}" for name in ("window", "attention_chunk")
+                         if getattr(theirs, name) is not None)  # what keeps the source's cache short
             raise ValueError(f"{where}: its layers see up to {mine.cache_capacity} keys but kind {source}'s keep "
-                             f"{theirs.cache_capacity} (its window); give kind {kind} a window of at most "
+                             f"{theirs.cache_capacity} (its {bound}); give kind {kind} a window of at most "
                              f"{theirs.cache_capacity} (+model.layer_kinds.{kind}.window={theirs.cache_capacity}), "
                              f"or kind {source} a longer one")  # fmt: skip
 

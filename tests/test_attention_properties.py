@@ -446,17 +446,16 @@ def test_every_encoding_cell_is_the_formula_at_every_length_in_training_and_eval
 
 
 def deep_encoding_lengths(name: str, layout: str, kernel: str) -> list[int]:
-    """Every deep length, but for flex with a score_mod (ALiBi, softcap, sinks) the layouts other than the
-    encoding's turn (which holds it at every padded size: 1 to 4 blocks) stay within the first block of 128.
-    With a score_mod a CPU compiles one graph per padded size (10-15 s each on a fresh 2-core machine; a GPU one
-    per length), and this grid's flex cells took a third of the deep sweep's time. flex receives the same (batch,
-    heads, length, head dim) tensors from every layout; each layout x encoding still meets it, and flex meets
-    every length in every layout in the plain grid."""
-    options = ENCODINGS[name]
+    """Every deep length, but for flex the layouts other than the encoding's turn (which holds it at every padded size:
+    1 to 4 blocks) stay within the first block of 128. A CPU compiles one flex graph per padded size (7-15 s each on a
+    quiet 2-core machine; a GPU one per length), so a cell's time is its padded sizes, not its lengths: this grid's
+    flex cells took over half of the deep sweep's time. flex receives the same (batch, heads, length, head dim)
+    tensors from every layout; each layout x encoding still meets it, every encoding meets it at every length in its
+    turn's layout, and flex meets every length in every layout in the plain grid."""
     turn = LAYOUTS[list(ENCODINGS).index(name) % len(LAYOUTS)]
-    if kernel != "flex" or not score_modifications(options) or layout == turn:
+    if kernel != "flex" or layout == turn:
         return DEEP_LENGTHS
-    sink = int(bool(options.get("sinks")))  # the sink is one more key: padded with the rest
+    sink = int(bool(ENCODINGS[name].get("sinks")))  # the sink is one more key: padded with the rest
     return [n for n in DEEP_LENGTHS if n + sink <= kernels.FLEX_BLOCK]
 
 

@@ -9,6 +9,7 @@ label, heads.py's maps, the GPT-2 export's refusal; and every bad value refused 
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import pytest
 import torch
@@ -199,3 +200,81 @@ def test_a_uniform_model_and_the_gpt2_export_refuse_it():
     problems = what_gpt2_cannot_hold(shared_gpt("fused_qkv").config)
     assert problems == ["model.layer_kinds.S.kv_from=G (GPT-2's layers each project their own keys and values: none "
                         "reads another layer's)"], problems
+
+
+# The walk over the relation between layers: every option (tests/test_option_pairs.py's settings, from the
+# declarations) set on the reader's kind alone, on the source's alone, and on both (the model's own field), in a
+# reader and its source. A kind's field only where a kind may set it (LAYER_FIELDS); the model's own on both sides.
+SIDES = ("reader", "source", "both")
+
+
+def relation_cells() -> list[tuple[str, object, dict, str]]:
+    from test_option_pairs import SETTINGS
+
+    from model.config import LAYER_FIELDS
+
+    return [(name, value, needs, side) for name, value, needs in SETTINGS for side in SIDES
+            if side == "both" or (name in LAYER_FIELDS and all(n in LAYER_FIELDS for n in needs))]  # fmt: skip
+
+
+def relation_gpt(name: str, value, needs: dict, side: str, on: bool = True, shared: bool = True) -> GPT:
+    """A source layer G and its reader S (S.kv_from=G), width 16, 4 heads, block size 8, with the option (and what it
+    needs) on ``side``; weights drawn away from the init, the same for a seed whatever the option."""
+    options = {**needs, name: value} if on else {}
+    kinds = {"G": dict(options if side == "source" else {}),
+             "S": {**({"kv_from": "G"} if shared else {}), **(options if side == "reader" else {})}}  # fmt: skip
+    # a kind's own encoding needs the model's to be one without a table (rotary, ALiBi or none: not learned)
+    model_wide = options if side == "both" else {"position": "alibi" if (name, value) == ("position", "none") else
+                                                                "none"}  # fmt: skip
+    if model_wide.get("document_masking"):
+        model_wide["document_end"] = 0
+    torch.manual_seed(0)
+    config = tiny_gpt_config(vocab_size=32, block_size=8, n_layer=2, n_head=4, attention="fused_qkv",
+                             kernel="manual", layer_pattern="GS", layer_kinds=kinds, **model_wide)  # fmt: skip
+    model = GPT(config).eval()
+    with torch.no_grad():  # each from a seed of its name: a parameter both models have is the same in both
+        for key, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode()))) * 0.5)
+    return model
+
+
+@pytest.mark.parametrize("name,value,needs,side", relation_cells(),
+                         ids=lambda x: x if isinstance(x, str) else None)  # fmt: skip
+def test_every_option_on_a_reader_its_source_or_both_is_refused_naming_kv_from_or_decodes_as_the_full_forward(
+        name, value, needs, side):  # fmt: skip
+    """An option on either side of the relation is refused in one line naming kv_from and the option (keys encoded
+    otherwise than the reader's queries, a cache the reader would keep) or built; built, the pair's cached decoding (a
+    prompt, then steps past block_size where the model runs there) gives the full forward's logits, and the option
+    set on the reader (or both) changes the reader's output: the reader applies it. The cache then holds the plan's
+    bytes: a reader that kept numbers of its own (in its source's cache) would hold more."""
+    try:
+        model = relation_gpt(name, value, needs, side)
+    except ValueError as refusal:
+        try:
+            relation_gpt(name, value, needs, side, shared=False)
+        except ValueError:
+            return  # refused without the relation too: the single option walk's (tests/test_options.py)
+        message = str(refusal)  # naming the option, or one it needs (rotary's base: rotary positions)
+        assert "\n" not in message and "kv_from" in message, message
+        assert any(f"{n}=" in message for n in (name, *needs)), message
+        return
+    total = model.config.block_size + (4 if model.config.runs_past_context else 0)
+    idx = torch.randint(1, 32, (2, total), generator=torch.Generator().manual_seed(3))
+    idx[:, 3] = 0  # an end of text: a document boundary where documents are masked
+    with torch.inference_mode():
+        full = model(idx, idx)[0]
+        cache = KVCache(model.config.n_layer)
+        torch.testing.assert_close(model(idx[:, :3], cache=cache)[0][:, -1], full[:, 2], rtol=1e-5, atol=1e-5)
+        for t in range(3, total):
+            torch.testing.assert_close(model(idx[:, t : t + 1], cache=cache)[0][:, -1], full[:, t], rtol=1e-5,
+                                       atol=1e-5, msg=f"model.{name} on the {side}: position {t}")  # fmt: skip
+        size = cache.buffers()[0].element_size()
+        assert cache.nbytes() == 2 * model.config.decoding_bytes(size), \
+            f"model.{name} on the {side}: the cache holds {cache.nbytes()} bytes, the plan counts " \
+            f"{2 * model.config.decoding_bytes(size)}"  # fmt: skip
+    if side != "source" and name != "dropout":  # dropout: eval mode, where it drops nothing
+        without = relation_gpt(name, value, needs, side, on=False)
+        idx = idx[:, : model.config.block_size]  # the model without it may have a position table
+        with torch.inference_mode():
+            assert not torch.allclose(model(idx, idx)[0], without(idx, idx)[0], atol=1e-6), \
+                f"model.{name}={value} on the {side} changes nothing"  # fmt: skip
