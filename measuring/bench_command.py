@@ -156,6 +156,14 @@ def axis_value(p: argparse.ArgumentParser, flag: str, default, typed: str):
         return typed.lower() == "on"
     if typed.lower() == "none":
         return None
+    if flag == "--ssmax":  # a scale, not a count
+        try:
+            value = float(typed)
+        except ValueError:
+            value = 0.0
+        if not value > 0 or value == float("inf"):
+            p.error(f"{flag} {typed}: give a positive scale (0.43: SSMax's paper), or none")
+        return value
     if not (typed.isdigit() and int(typed) > 0):
         p.error(f"{flag} {typed}: give a positive number of positions, or none")
     return int(typed)

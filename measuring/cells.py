@@ -21,6 +21,16 @@ AXES = {
                                                        "positions, or none"),
     "differential": ("--differential", False, "differential attention (model.differential): off and/or on"),
     "sparse_topk": ("--sparse-topk", None, "DeepSeek's sparse attention (model.sparse_topk): keys per query, or none"),
+    # issue 63's (its position, path, is a --position value; its cross-layer sharing a schedule's, --layer-kinds)
+    "ssmax": ("--ssmax", None, "scalable softmax (model.ssmax): its s at the start (0.43), or none"),
+    "k_eq_v": ("--k-eq-v", False, "keys equal to values (model.k_eq_v): off and/or on"),
+    "moba_block": ("--moba-block", None, "MoBA's blocks (model.moba_block, its top-k at model.moba_topk's 3): "
+                                         "positions per block, or none"),
+    "nsa_block": ("--nsa-block", None, "NSA's blocks (model.nsa_block, its top-n and window at their defaults, 4 "
+                                       "and 32): positions per block, or none"),
+    "negative_eigenvalues": ("--negative-eigenvalues", False, "the delta rules' beta in (0, 2) "
+                                                              "(model.negative_eigenvalues; gated_deltanet, kda): off "
+                                                              "and/or on"),
 }  # fmt: skip
 # The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
 # their defaults: a default grid's CSV has exactly step_times.FIELDS.

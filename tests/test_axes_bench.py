@@ -104,3 +104,27 @@ def test_decode_mode_reports_tokens_per_second_at_each_context_multiple(tmp_path
     assert text.startswith("decode on ") and re.search(r"\b\d+ threads?\b", first), "the machine is named"
     assert "- fused_qkv-sdpa-window4-rope, block_size 8: tokens/s at 4x block_size is " in text
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# issue 63's options as bench axes: each flag, a value that sets it (and the layer that takes it), a bad value
+THIRD_WAVE = {
+    "ssmax": ("--ssmax", "0.43", 0.43, "fused_qkv", "0"),
+    "k_eq_v": ("--k-eq-v", "on", True, "fused_qkv", "yes"),
+    "moba_block": ("--moba-block", "4", 4, "fused_qkv", "-4"),
+    "nsa_block": ("--nsa-block", "4", 4, "fused_qkv", "x"),
+    "negative_eigenvalues": ("--negative-eigenvalues", "on", True, "gated_deltanet", "2"),
+}
+
+
+@pytest.mark.parametrize("field", THIRD_WAVE)
+def test_each_third_wave_option_is_an_axis_set_in_the_model_and_a_bad_value_is_one_line(field, capsys):
+    flag, typed, value, layout, bad = THIRD_WAVE[field]
+    off = "off" if isinstance(value, bool) else "none"
+    args = bench_command.parse_args([*TINY, "--layouts", layout, "--kernels", "sdpa", flag, off, typed])
+    grid = cells.attention_cells(args)
+    assert [cell[field] for cell in grid] == [cells.AXES[field][1], value]
+    assert getattr(cells.config_of(args, grid[1], 16), field) == value
+    with pytest.raises(SystemExit):
+        bench_command.parse_args([*TINY, flag, bad])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{flag} {bad}: give" in line, line
