@@ -332,13 +332,13 @@ class MultiHeadAttention(nn.Module):
         # built apart, so the draws after it are the dense model's
         for kind in SELECTIONS.values():
             setattr(self, kind.attribute, None)
-        self.selects = selection_of(spec)
-        if self.selects is not None:
+        self.selection_kind = selection_of(spec)
+        if self.selection_kind is not None:
             with own_draws():
                 rotary_width = None if self.rotary is None else self.rotary.dim
-                built = self.selects.build(spec, rotary_width, self.score_widths(spec))
-            setattr(self, self.selects.attribute, built)
-        self.selects_per_call = self.selects is not None and self.selects.per_call
+                built = self.selection_kind.build(spec, rotary_width, self.score_widths(spec))
+            setattr(self, self.selection_kind.attribute, built)
+        self.selection_per_call = self.selection_kind is not None and self.selection_kind.per_call
 
     @classmethod
     def rotary_width(cls, spec: AttentionSpec) -> int:
@@ -445,7 +445,7 @@ class MultiHeadAttention(nn.Module):
             positions = torch.arange(x.size(1), device=x.device)  # a block called alone; else keys in order
         documents = document_starts if self.spec.document_masking else None
         selected = None  # a selection from the block's input (sparse attention's indexer), for every head
-        if self.selects is not None and not self.selects_per_call:
+        if self.selection_kind is not None and not self.selection_per_call:
             selected = self.selection.select_input(self, x, positions, cache, documents)
         # the hand-over only to a layer that shares (a linear layer's own attend takes none: check_kv_sharing)
         y = self.attend(x, positions, cache, documents, selected, **({} if shared is None else {"shared": shared}))
@@ -455,7 +455,7 @@ class MultiHeadAttention(nn.Module):
     @property
     def selection(self) -> KeySelection | None:
         """The key selection this block holds (``model.attention.selection``), under its own attribute, or None."""
-        return None if self.selects is None else getattr(self, self.selects.attribute)
+        return None if self.selection_kind is None else getattr(self, self.selection_kind.attribute)
 
     def gated(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' outputs (B, T, C) times sigmoid(x W_g): per element, or per head over its dims."""
@@ -489,7 +489,8 @@ class MultiHeadAttention(nn.Module):
         # A selection that attends its own way (NSA's three gated branches, one over compressed keys, ``attends``) is
         # more than a mask for the kernel: its gates come from the block's input, once, and it runs in place of the
         # kernel call (model.attention.selection)
-        branch_gates = self.selection.branch_gates(x) if self.selects is not None and self.selects.attends else None
+        attends = self.selection_kind is not None and self.selection_kind.attends
+        branch_gates = self.selection.branch_gates(x) if attends else None
         for group in self.project(x):
             whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
             if self.reads_kv:  # the source layer's keys and values, as it encoded and cached them
@@ -569,7 +570,7 @@ class MultiHeadAttention(nn.Module):
         """The kernel with the score modifications, over (B, h, T, dq) queries and their key group's keys and values,
         then the heads' combination (differential attention) -> (B, h, T, dv). A key selection per call (MoBA's
         blocks) chooses here, from the queries and keys the kernel gets."""
-        if self.selects_per_call:
+        if self.selection_per_call:
             selected = self.selection.select_heads(q, self.keys_per_query(k, q.size(1)), keys, positions, documents)
         if self.diff is not None:  # every map reads both halves of its pair's values; the pairs' differences are heads
             k, halves = self.keys_per_query(k, q.size(1)), self.diff.value_halves(v, q.size(1))
@@ -642,12 +643,12 @@ class MultiHeadAttention(nn.Module):
         if self.turns_keys:
             return self.turned_attention_weights(x, positions)
         selected = None
-        if self.selects is not None and not self.selects_per_call:
+        if self.selection_kind is not None and not self.selection_per_call:
             selected = self.selection.select_input(self, x, positions, None, None)
         q, k = self.queries_keys(x, None, selected, *(() if source is None else (source,)))  # a linear layer: none
-        if self.selects is not None and self.selects.attends:  # its own maps (NSA's gated branches)
+        if self.selection_kind is not None and self.selection_kind.attends:  # its own maps (NSA's gated branches)
             return self.selection.weights(self, q, k, x)
-        if self.selects_per_call:
+        if self.selection_per_call:
             selected = self.selection.select_heads(q, k, None, positions, None)
         return attention_probs(q, k, self.masks, mods=self.score_mods(x), selected=selected)
 
