@@ -80,8 +80,8 @@ class GPT(nn.Module):
         if config.layer_pattern is None and config.kv_from is not None:
             raise ValueError(f"model.kv_from={config.kv_from!r} makes a layer read an earlier layer's keys and values, "
                              f"but every layer is alike: set it on a layer kind of a schedule "
-                             f"(model.layer_pattern=GS +model.layer_kinds.G={{}} +model.layer_kinds.S.kv_from=G), "
-                             f"or leave it unset")  # fmt: skip
+                             f"(model.layer_pattern=GS '+model.layer_kinds.G={{}}' +model.layer_kinds.S.kv_from=G: "
+                             f"quoted, as a shell may read braces), or leave it unset")  # fmt: skip
         self.config = config
         # Cross-layer KV sharing: each layer's source of keys and values (None: its own), asked once
         self.kv_sources = config.kv_sources
