@@ -400,8 +400,10 @@ def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_
     kernel, flex at every length (``deep_encoding_lengths``)."""
     layers = layers_applying(tuple(options.items()))
     kernels = {layout: [k for k in kernels_of(layout) if takes(k, options)] for layout in layers}
-    if deep:
-        return [(layout, kernel) for layout in layers for kernel in kernels[layout]]
+    if deep:  # flex in the turn's layout alone (``deep_encoding_lengths``): every other layout meets the encoding
+        turn = LAYOUTS[flex_turn]  # with manual and sdpa, and flex in the plain grid, at every length
+        return [(layout, kernel) for layout in layers for kernel in kernels[layout]
+                if kernel != "flex" or layout == turn]  # fmt: skip
     flexed = "+" in name or (score_modifications(options) and not any(
         set(score_modifications(options)) <= set(score_modifications(o)) for n, o in ENCODINGS.items() if "+" in n))
     pairs = []
@@ -446,17 +448,12 @@ def test_every_encoding_cell_is_the_formula_at_every_length_in_training_and_eval
 
 
 def deep_encoding_lengths(name: str, layout: str, kernel: str) -> list[int]:
-    """Every deep length, but for flex the layouts other than the encoding's turn (which holds it at every padded size:
-    1 to 4 blocks) stay within the first block of 128. A CPU compiles one flex graph per padded size (7-15 s each on a
-    quiet 2-core machine; a GPU one per length), so a cell's time is its padded sizes, not its lengths: this grid's
-    flex cells took over half of the deep sweep's time. flex receives the same (batch, heads, length, head dim)
-    tensors from every layout; each layout x encoding still meets it, every encoding meets it at every length in its
-    turn's layout, and flex meets every length in every layout in the plain grid."""
-    turn = LAYOUTS[list(ENCODINGS).index(name) % len(LAYOUTS)]
-    if kernel != "flex" or layout == turn:
-        return DEEP_LENGTHS
-    sink = int(bool(ENCODINGS[name].get("sinks")))  # the sink is one more key: padded with the rest
-    return [n for n in DEEP_LENGTHS if n + sink <= kernels.FLEX_BLOCK]
+    """Every deep length. flex meets each encoding in one layout, its turn's (``encoding_layouts_kernels``), at every
+    padded size (1 to 4 blocks): a CPU compiles one flex graph per padded size and score_mod (7-15 s each on a quiet
+    2-core machine with an empty compile cache), and these cells, in every layout, took over half of the deep sweep's
+    time. flex receives the same (batch, heads, length, head dim) tensors from every layout; every layout meets each
+    encoding with manual and sdpa, and flex at every length in the plain grid."""
+    return DEEP_LENGTHS
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

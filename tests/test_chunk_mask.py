@@ -140,6 +140,7 @@ def test_a_bad_chunk_is_refused_and_gpt2_refuses_a_chunked_model():
 
 
 @pytest.mark.skipif(FLEX_ON_CPU_UNAVAILABLE is not None, reason=str(FLEX_ON_CPU_UNAVAILABLE))
+@pytest.mark.slow  # flex compiles graphs of its own (12-16 s on a fresh 2-core machine)
 def test_flex_chunks_in_its_block_mask_as_the_manual_kernel_does():
     torch.manual_seed(0)
     flex = build_attention("fused_qkv", 32, 4, "flex", attention_chunk=5, window=3).eval()

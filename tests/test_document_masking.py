@@ -81,6 +81,7 @@ def test_every_document_of_a_packed_window_computes_what_it_computes_alone(kerne
 
 
 @pytest.mark.skipif(flex_unavailable(torch.device("cpu")) is not None, reason="flex needs AVX2 or AVX-512")
+@pytest.mark.slow  # flex compiles graphs of its own (12-16 s on a fresh 2-core machine)
 @pytest.mark.parametrize("fields", [{}, {"sinks": True}])
 def test_flex_hides_other_documents_too(fields):
     """A CPU's flex (forward only): the documents in its score_mod (torch 2.13's CPU template cannot compile a block
