@@ -397,11 +397,15 @@ def encoding_layouts_kernels(e: int, name: str, options: dict, deep: bool, flex_
     for GPT-2's layout at ``flex_turn`` when the encoding is one of ``COMBINATIONS`` or a modification of the scores
     that no combination holds. The encoding grids' flex cells are all deep (``scheduled``: a score_mod compiles
     graphs of its own): in the default run that layout meets the encoding in no cell, and --deep holds it with every
-    kernel, flex at every length (``deep_encoding_lengths``)."""
+    kernel, flex in its turn's layout at every length."""
     layers = layers_applying(tuple(options.items()))
     kernels = {layout: [k for k in kernels_of(layout) if takes(k, options)] for layout in layers}
-    if deep:  # flex in the turn's layout alone (``deep_encoding_lengths``): every other layout meets the encoding
-        turn = LAYOUTS[flex_turn]  # with manual and sdpa, and flex in the plain grid, at every length
+    # --deep: flex in the turn's layout alone, at every padded size. A CPU compiles one flex graph per padded size and
+    # score_mod (7-15 s each with an empty compile cache), and these cells in every layout took over half the deep
+    # sweep; flex receives the same tensors from every layout, each of which meets the encoding with manual and sdpa,
+    # and flex at every length in the plain grid.
+    if deep:
+        turn = LAYOUTS[flex_turn]
         return [(layout, kernel) for layout in layers for kernel in kernels[layout]
                 if kernel != "flex" or layout == turn]  # fmt: skip
     flexed = "+" in name or (score_modifications(options) and not any(
@@ -442,18 +446,9 @@ def test_every_encoding_cell_is_the_formula_at_every_length_in_training_and_eval
     options = ENCODINGS[name]
     block = seeded_block(layout, kernel, n_head, head_dim, n_kv, window, device, block_size=ENCODING_BLOCK,
                          **options)  # fmt: skip
-    sample = deep_encoding_lengths(name, layout, kernel) if request.config.getoption("--deep") else ENCODING_LENGTHS
+    sample = DEEP_LENGTHS if request.config.getoption("--deep") else ENCODING_LENGTHS
     assert_block_is_the_formula(block, layout, kernel, n_head, n_kv, context(options, window), device, sample,
                                 **options)  # fmt: skip
-
-
-def deep_encoding_lengths(name: str, layout: str, kernel: str) -> list[int]:
-    """Every deep length. flex meets each encoding in one layout, its turn's (``encoding_layouts_kernels``), at every
-    padded size (1 to 4 blocks): a CPU compiles one flex graph per padded size and score_mod (7-15 s each on a quiet
-    2-core machine with an empty compile cache), and these cells, in every layout, took over half of the deep sweep's
-    time. flex receives the same (batch, heads, length, head dim) tensors from every layout; every layout meets each
-    encoding with manual and sdpa, and flex at every length in the plain grid."""
-    return DEEP_LENGTHS
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
