@@ -42,8 +42,8 @@ FLOORS = {
         "mask chunked": (12, 27),
     },
     "layout fused_qkv": {
-        "cells": (79, 266), "kernel manual": (41, 98), "kernel sdpa": (36, 95), "kernel flex": (2, 73),
-        "heads mha": (28, 87), "heads gqa": (25, 102), "heads mqa": (26, 77), "mask window": (41, 174),
+        "cells": (78, 266), "kernel manual": (41, 98), "kernel sdpa": (36, 95), "kernel flex": (1, 73),
+        "heads mha": (27, 87), "heads gqa": (25, 102), "heads mqa": (26, 77), "mask window": (41, 174),
         "mask chunked": (12, 27),
     },
     "layout mla": {
@@ -63,14 +63,14 @@ FLOORS = {
         "heads gqa": (38, 119), "heads mqa": (38, 73), "mask window": (76, 205), "mask chunked": (20, 30),
     },
     "kernel flex": {
-        "cells": (2, 236), "layout wrapper": (0, 71), "layout separate_qkv": (0, 73), "layout fused_qkv": (2, 73),
-        "layout mla": (0, 19), "heads mha": (2, 83), "heads gqa": (0, 90), "heads mqa": (0, 63),
+        "cells": (1, 236), "layout wrapper": (0, 71), "layout separate_qkv": (0, 73), "layout fused_qkv": (1, 73),
+        "layout mla": (0, 19), "heads mha": (1, 83), "heads gqa": (0, 90), "heads mqa": (0, 63),
         "mask window": (0, 149), "mask chunked": (0, 30),
     },
     "position learned": {
-        "cells": (208, 652), "layout wrapper": (54, 184), "layout separate_qkv": (58, 191),
-        "layout fused_qkv": (60, 190), "layout mla": (28, 77), "layout gated_deltanet": (4, 5), "layout kda": (4, 5),
-        "kernel manual": (104, 232), "kernel sdpa": (102, 233), "kernel flex": (2, 187), "heads mha": (95, 281),
+        "cells": (207, 652), "layout wrapper": (54, 184), "layout separate_qkv": (58, 191),
+        "layout fused_qkv": (59, 190), "layout mla": (28, 77), "layout gated_deltanet": (4, 5), "layout kda": (4, 5),
+        "kernel manual": (104, 232), "kernel sdpa": (102, 233), "kernel flex": (1, 187), "heads mha": (94, 281),
         "heads gqa": (57, 192), "heads mqa": (56, 179), "mask window": (94, 420), "mask chunked": (40, 90),
     },
     "position rope": {
@@ -130,9 +130,9 @@ FLOORS = {
         "heads gqa": (3, 22), "heads mqa": (2, 4), "mask window": (4, 19),
     },
     "mask causal": {
-        "cells": (283, 904), "layout wrapper": (73, 257), "layout separate_qkv": (77, 266),
-        "layout fused_qkv": (79, 266), "layout mla": (40, 99), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
-        "kernel manual": (140, 333), "kernel sdpa": (141, 335), "kernel flex": (2, 236), "heads mha": (124, 366),
+        "cells": (282, 904), "layout wrapper": (73, 257), "layout separate_qkv": (77, 266),
+        "layout fused_qkv": (78, 266), "layout mla": (40, 99), "layout gated_deltanet": (7, 8), "layout kda": (7, 8),
+        "kernel manual": (140, 333), "kernel sdpa": (141, 335), "kernel flex": (1, 236), "heads mha": (123, 366),
         "heads gqa": (77, 315), "heads mqa": (82, 223),
     },
     "mask window": {

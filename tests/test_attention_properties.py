@@ -717,7 +717,7 @@ def kv_of_past_context(layout: str) -> int | None:
 # The decoding models have 4 heads (decode_model).
 GRIDS = {
     "cell": Grid(cells, lambda layout, kernel, n_head, head_dim, n_kv, masks:
-                 Cell(layout, kernel, n_head, n_kv, masks), keep_first_flex=True),
+                 Cell(layout, kernel, n_head, n_kv, masks)),
     "encoding_cell": Grid(encoding_cells, lambda name, layout, kernel, n_head, head_dim, n_kv, window:
                           Cell(layout, kernel, n_head, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
     "decode_cell": Grid(lambda deep: decode_cells(), lambda layout, kernel, n_kv, masks:

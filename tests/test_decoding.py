@@ -64,6 +64,7 @@ def test_a_graphs_warm_up_advances_a_carried_state_by_its_token_once(attention, 
         model, idx, 4, lambda model, cache: WarmedUpStep(model, cache, 2, torch.device("cpu")), atol=1e-4)
 
 
+@pytest.mark.slow  # compiles decode steps of its own (10 s on a fresh 2-core machine)
 def test_compiled_decoding_makes_the_eager_choices_past_the_window_and_the_context(monkeypatch):
     model = sharp_model(n_kv=2, window=6)
     recorder = record_choices(monkeypatch)
