@@ -62,6 +62,7 @@ def test_heads_studies_a_save_pretrained_gpt2_through_the_same_loader(tmp_path, 
 # both).
 
 
+@pytest.mark.slow
 def test_a_run_directory_holding_another_run_is_refused(tmp_path, data_cache):
     cfg = compose_train(*TINY, "logger=none", "trainer.max_steps=2", f"trainer.run_dir={tmp_path / 'run'}",
                         f"data.cache_dir={data_cache}")  # fmt: skip
@@ -72,6 +73,7 @@ def test_a_run_directory_holding_another_run_is_refused(tmp_path, data_cache):
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before, "nothing appended"
 
 
+@pytest.mark.slow
 def test_a_resume_with_nothing_left_to_do_says_so(tmp_path, data_cache):
     train(compose_train(*TINY, "logger=none", "trainer.max_steps=3", f"trainer.run_dir={tmp_path / 'run'}",
                         f"data.cache_dir={data_cache}"))  # fmt: skip
@@ -80,6 +82,7 @@ def test_a_resume_with_nothing_left_to_do_says_so(tmp_path, data_cache):
                             f"trainer.run_dir={tmp_path / 'again'}", f"data.cache_dir={data_cache}"))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_help_of_train_names_the_new_spellings(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert "attention=wrapper kernel=manual" in result.stdout
@@ -115,7 +118,7 @@ print(f"rank 1 exited with {os.waitstatus_to_exitcode(os.waitpid(peer, 0)[1])}")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="gloo on loopback")
-@pytest.mark.parametrize("how", ["finished", "failed"])
+@pytest.mark.parametrize("how", [pytest.param("finished", marks=pytest.mark.slow), "failed"])
 def test_ranks_leave_the_process_group_together_and_a_failed_rank_does_not_wait(tmp_path, how):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

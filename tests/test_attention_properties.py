@@ -15,9 +15,9 @@ query then sees at most block_size keys), in cached and static decoding, and in 
 sequence, the cache never growing).
 
 The default run holds every cell to a fixed sample of shapes; ``pytest --deep`` (CI runs it too) sweeps
-every length from 1 to 40, then primes and block boundaries to 385, both head shapes and more windows, and
-every layout x kernel x key/value heads of each new value. On a CUDA machine every cell also runs there, flex
-with gradients.
+every length from 1 to 40, then primes and block boundaries to 385 (each plain cell in the head shape the default
+run does not give it), more windows, and every layout x kernel x key/value heads of each new value. On a CUDA machine
+every cell also runs there, flex with gradients.
 """
 
 from __future__ import annotations
@@ -129,16 +129,24 @@ def mask_cells(layout: str, deep: bool) -> dict[str, dict]:
 
 def cells(deep: bool):
     """Every registered layer x each kernel it runs x the key/value heads and masks it applies (as its class
-    declares); the default run gives each cell one of the two head shapes (alternating, so each layout x kernel
-    meets both), ``--deep`` both."""
+    declares), each cell with one of the two head shapes, alternating (so each layout x kernel meets both). ``--deep``
+    gives a cell of the default run the other shape (the two runs, both CI's, hold every such cell in both shapes)
+    and its own cells (the deep windows) the shapes in turn."""
     shapes = list(HEAD_SHAPES.items())
-    combos = [(layout, kernel, kv_name, mask) for layout in ALL_LAYOUTS for kernel in kernels_of(layout)
-              for kv_name in kv_names_of(layout) for mask in mask_cells(layout, deep).items()]  # fmt: skip
-    for i, (layout, kernel, kv_name, (m_name, masks)) in enumerate(combos):
-        for shape, (n_head, head_dim, kvs) in shapes if deep else [shapes[i % 2]]:
-            n_kv = kvs[kv_name] if kv_name != "mha" else None
-            yield pytest.param(layout, kernel, n_head, head_dim, n_kv, masks,
-                               id=f"{layout}-{kernel}-{shape}-{kv_name}-{m_name}")  # fmt: skip
+
+    def combos(deep: bool) -> list:
+        return [(layout, kernel, kv_name, mask) for layout in ALL_LAYOUTS for kernel in kernels_of(layout)
+                for kv_name in kv_names_of(layout) for mask in mask_cells(layout, deep).items()]  # fmt: skip
+
+    default_shape = {(layout, kernel, kv, m_name): i % 2 for i, (layout, kernel, kv, (m_name, _)) in
+                     enumerate(combos(False))}  # fmt: skip
+    for i, (layout, kernel, kv_name, (m_name, masks)) in enumerate(combos(deep)):
+        turn = default_shape.get((layout, kernel, kv_name, m_name), i % 2)
+        shape, (n_head, head_dim, kvs) = shapes[1 - turn if deep and (layout, kernel, kv_name, m_name) in
+                                                default_shape else turn]  # fmt: skip
+        n_kv = kvs[kv_name] if kv_name != "mha" else None
+        yield pytest.param(layout, kernel, n_head, head_dim, n_kv, masks,
+                           id=f"{layout}-{kernel}-{shape}-{kv_name}-{m_name}")  # fmt: skip
 
 
 def pytest_generate_tests(metafunc):
@@ -155,20 +163,18 @@ class Grid:
 
     make: Callable[[bool], Iterable]
     cell: Callable[..., Cell]
-    keep_first_flex: bool = False  # the default run keeps the grid's first flex cell (see ``scheduled``)
     deep_only: bool = False  # every cell compiles graphs of its own
 
 
 def scheduled(name: str, deep: bool) -> list:
-    """Grid ``name``'s cells as the run gets them, with the deep mark on those that only --deep runs: its flex cells
-    (all, or all but the first where the grid keeps one), as each compiles graphs of its own, 10-30 s of a fresh
-    machine's CPU (C++ builds), and --deep (which CI runs) holds every one of them at every default length and more.
-    The default run keeps the first flex cell of the plain grid and of the decoding grid: flex compiled on this CPU,
-    in a forward and in decode steps. A cell's kernel is read from its values, not from its name."""
+    """Grid ``name``'s cells as the run gets them, with the deep mark on those that only --deep runs: its flex cells,
+    as each compiles graphs of its own, 10-30 s of a fresh machine's CPU (C++ builds), and --deep (which CI runs) holds
+    every one of them at every default length and more. The default tier compiles flex once, in the option effects'
+    first flex cell (tests/test_options.py). A cell's kernel is read from its values, not from its name."""
     grid = GRIDS[name]
     params = list(grid.make(deep))
     flex = [i for i, p in enumerate(params) if grid.cell(*p.values).kernel == "flex"]
-    marked = set(range(len(params))) if grid.deep_only else set(flex[1:] if grid.keep_first_flex else flex)
+    marked = set(range(len(params))) if grid.deep_only else set(flex)
     return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in marked else p
             for i, p in enumerate(params)]  # fmt: skip
 
@@ -721,7 +727,7 @@ GRIDS = {
     "encoding_cell": Grid(encoding_cells, lambda name, layout, kernel, n_head, head_dim, n_kv, window:
                           Cell(layout, kernel, n_head, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
     "decode_cell": Grid(lambda deep: decode_cells(), lambda layout, kernel, n_kv, masks:
-                        Cell(layout, kernel, 4, n_kv, masks), keep_first_flex=True),
+                        Cell(layout, kernel, 4, n_kv, masks)),
     "encoding_decode_cell": Grid(encoding_decode_cells, lambda name, layout, kernel, n_kv, window:
                                  Cell(layout, kernel, 4, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
     "past_context_cell": Grid(past_context_cells, lambda position, layout, kernel, window, mods:

@@ -76,6 +76,7 @@ def test_the_models_token_losses_are_the_plain_per_position_losses():
             torch.testing.assert_close(loss, plain.mean(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_run_with_the_loss_in_chunks_trains_as_the_plain_one(tmp_path, data_cache):
     """float32 on the CPU, 6 steps with 2 micro-steps each: the same train and val losses up to round-off."""
     losses = {}

@@ -39,6 +39,7 @@ def run_info(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
+@pytest.mark.slow
 def test_stop_at_step_says_so_records_it_and_its_printed_command_continues_the_run(tmp_path, data_cache):
     run = tmp_path / "run"
     args = [*TINY, "logger=none", "trainer.max_steps=16", "trainer.stop_at_step=8", f"data.cache_dir={data_cache}",

@@ -96,6 +96,7 @@ def test_apart_by_projection_or_head_every_layout_takes_the_same_step_and_as_sto
             assert differs <= 1e-6, (layout, differs)
 
 
+@pytest.mark.slow
 def test_the_training_losses_of_the_layouts_agree_by_q_k_v_and_part_as_stored(tmp_path, data_cache):
     """Whole runs (20 steps of the tiny model, float32: Muon orthogonalises in float32 too): by Q/K/V the three
     layouts' train losses agree to float32's round-off, as AdamW's do (5e-7 here); as stored they part by thousands of

@@ -255,6 +255,7 @@ GPT2_OPTIONS = applied(MIXERS[GPT2_LAYOUTS[0]], AttentionSpec(N_EMBD, N_HEAD, po
 
 @pytest.mark.parametrize("first", [s for s in SETTINGS if s[0] in GPT2_OPTIONS or s[0] in MODEL_OPTIONS],
                          ids=lambda s: f"{s[0]}={spelled(s[1])}")  # fmt: skip
+@pytest.mark.slow
 def test_the_gpt2_layouts_compute_one_function_for_every_pair_they_build(first):
     """fused_qkv, separate_qkv and wrapper, each with the pair, from one set of weights (converted): one output at
     every position (to round-off: their arithmetic is ordered differently), in eval mode (dropout's masks are drawn

@@ -134,6 +134,7 @@ def test_a_continuation_in_place_keeps_how_val_loss_is_measured(tmp_path, data_c
         train(compose_train(*options, "trainer.eval_windows=4", "trainer.resume=auto"))
 
 
+@pytest.mark.slow
 def test_a_run_resumed_elsewhere_that_measures_val_loss_otherwise_starts_its_curve_and_its_best_anew(
         tmp_path, data_cache, log_lines):  # fmt: skip
     first = tmp_path / "first"

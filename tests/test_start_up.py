@@ -122,7 +122,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     # the plan, before any folder but Hydra's: what the trainer's model proves, and then the folder it claimed
     pytest.param("training.preflight:planned_model", "logger=none", signal.SIGTERM, marks=pytest.mark.slow),
     ("training.loop:GPT", "logger=none", signal.SIGINT),  # the trainer's model, in the run directory it claimed
-    ("wandb.sdk.wandb_run:Run._on_start", "logger.mode=offline", signal.SIGTERM),  # wandb, half started
+    pytest.param("wandb.sdk.wandb_run:Run._on_start", "logger.mode=offline", signal.SIGTERM,  # wandb, half started
+                 marks=pytest.mark.slow),
 ], ids=["the-plan-SIGTERM", "building-the-model-Ctrl-C", "starting-wandb-SIGTERM"])  # fmt: skip
 def test_a_stop_signal_while_train_py_starts_leaves_no_run_directory(tmp_path, data_cache, moment, logger, sig):
     module, path = moment.split(":")

@@ -67,6 +67,7 @@ def test_resume_continues_exactly(tmp_path, data_cache):
     assert pieced == whole, "the same losses, step for step"
 
 
+@pytest.mark.slow
 def test_every_micro_batch_trains_on_the_same_data_to_round_off(tmp_path, data_cache):
     """The step's windows are a function of (seed, step) alone: micro-batches of 8, 4 and 2 at batch 8 (1, 2 and 4
     accumulation steps) give the same train loss at every step, and so does a run continued with another
