@@ -8,7 +8,6 @@ what differs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
@@ -16,14 +15,13 @@ from typing import Any
 
 from model import registry
 from model.attention import positions as _positions  # noqa: F401  (registers the position encodings)
-from model.attention.blocks import MOBA_TOPK
 from model.attention.differential import LAMBDA_INIT
+from model.attention.label_parts import LabelPart
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
-from model.attention.modifications import finite_number, score_mod_fields, spelled, with_fields
-from model.attention.nsa import NSA_TOPK, NSA_WINDOW
-from model.attention.options import check_conflicts, declared_conflicts
-from model.attention.sparse import INDEXER_DIM, INDEXER_HEADS, INDEXER_SHAPE
+from model.attention.modifications import score_mod_fields, spelled, with_fields
+from model.attention.options import check_conflicts, declared_conflicts, option_fields
+from model.attention.sparse import INDEXER_SHAPE
 from model.attention.spec import AttentionSpec
 
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
@@ -34,11 +32,26 @@ def kernel_option(model: dict) -> str:
     return registry.kernel_option(model["kernel"], model.get("sdpa_backend", "auto"))
 
 
+# The order run names have spelled their parts in since each option was added: the parts declared since (an option's
+# ``label``, model.attention.label_parts) go after these, in declaration order, then the score modifications' parts.
+LABEL_ORDER = ("n_kv_head", "k_eq_v", "rope_head_dim", "linear_chunk", "window", "attention_chunk", "position",
+               "query_temperature", "ssmax", "negative_eigenvalues", "document_masking", "document_positions",
+               "differential", "sparse_topk", "moba_block", "nsa_block")  # fmt: skip
+
+
+def labelled_parts() -> list[tuple[str, LabelPart]]:
+    """(field, its label part) of every GPTConfig field that declares one (the attention options' ``label``, and the
+    model's own: ``document_positions``), in a label's order (``LABEL_ORDER``, then declaration order)."""
+    declared = {f.name: f.metadata["label"] for f in fields(GPTConfig) if f.metadata.get("label") is not None}
+    return [(name, declared[name]) for name in sorted(declared, key=lambda n: LABEL_ORDER.index(n) if n in LABEL_ORDER
+                                                      else len(LABEL_ORDER))]  # fmt: skip
+
+
 def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[str] = ()) -> str:
-    """How a model attends, spelled as its options are: ``<attention>-<kernel>``, then a part for each other
-    attention option set away from its default: ``-kv<n>`` for fewer key/value heads than query heads,
-    ``-latent<k>`` (and ``-ropedim<r>``) for a latent key/value width, ``-window<w>`` for a sliding window,
-    ``-rope`` (``-rope<theta>`` when theta is not 10000), ``-alibi`` or ``-nopos`` for the position encoding,
+    """How a model attends, spelled as its options are: ``<attention>-<kernel>``, then the part of each other
+    attention option set away from its default, as the option declares it (``option(label=...)``): ``-kv<n>`` for
+    fewer key/value heads than query heads, ``-latent<k>`` for a latent key/value width, ``-window<w>`` for a sliding
+    window, ``-rope`` (``-rope<theta>`` when theta is not 10000), ``-alibi`` or ``-nopos`` for the position encoding,
     ``-qknorm``, ``-softcap<c>``, ``-sinks``: ``fused_qkv-sdpa_flash``, ``wrapper-sdpa-kv2``,
     ``fused_qkv-manual-window64-rope-sinks``. The one name of a variant: run names, sweep directories, report
     tables, plot legends and wandb tags all use it; a default model's is ``<attention>-<kernel>``.
@@ -49,68 +62,10 @@ def attention_label(model: dict, sep: str = "-", show: tuple[str, ...] | list[st
     varies. ``sep`` joins the parts.
     """
     parts = [model["attention"], kernel_option(model)]
-    kv = model.get("n_kv_head") or model.get("n_head")
-    latent = model.get("kv_latent")
-    if latent is not None:  # keys and values kept as a latent: no key/value heads to count
-        parts.append(f"latent{latent}")
-    elif kv != model.get("n_head") or "n_kv_head" in show:
-        parts.append(f"kv{kv}")
-    if model.get("k_eq_v") or "k_eq_v" in show:  # keys equal to values: -keqv
-        parts.append("keqv" if model.get("k_eq_v") else "nokeqv")
-    if model.get("rope_head_dim") is not None:
-        parts.append(f"ropedim{model['rope_head_dim']}")
-    if model.get("linear_chunk") is not None:  # a linear layer's chunk of its chunked form: -linchunk32 (not -chunked)
-        parts.append(f"linchunk{model['linear_chunk']}")
-    window = model.get("window")
-    if window or "window" in show:
-        parts.append(f"window{window}" if window else "nowindow")
-    chunk = model.get("attention_chunk")
-    if chunk or "attention_chunk" in show:  # chunked attention: -chunked8192
-        parts.append(f"chunked{chunk}" if chunk else "nochunked")
-    position = model.get("position", "learned")
-    if position == "rope":
-        theta = model.get("rope_theta", 10000.0)
-        if not finite_number(theta):  # a bad value (a layer kind's, unchecked yet), spelled as given
-            spelled = str(theta)
-        else:
-            spelled = f"{int(theta)}" if float(theta).is_integer() else f"{theta:g}"  # 500000, not 5e+05
-        parts.append(f"rope{spelled}" if theta != 10000 or "rope_theta" in show else "rope")
-        fraction = model.get("rope_fraction", 1.0)
-        if fraction != 1:  # -ropefrac0.25: the share of each head's dims that turns
-            parts.append(f"ropefrac{fraction:g}" if finite_number(fraction) else f"ropefrac{fraction}")
-        if model.get("rope_scaling"):  # -yarn4: the scaling and its factor
-            parts.append(f"{model['rope_scaling']}{model.get('rope_factor', 1.0):g}")
-        if model.get("rope_original_length") is not None:  # -ropeorig64: the length YaRN counts turns over
-            parts.append(f"ropeorig{model['rope_original_length']}")
-    elif position != "learned" or "position" in show:
-        # an unknown name is spelled as given: the label also names runs before the config is checked
-        parts.append(getattr(registry.POSITIONS.get(position), "label", None) or position)
-    temperature = model.get("query_temperature")
-    if temperature or "query_temperature" in show:  # Llama 4's temperature of the queries: -qtemp8192
-        parts.append(f"qtemp{temperature}" if temperature else "noqtemp")
-    ssmax = model.get("ssmax")
-    if ssmax or "ssmax" in show:  # scalable softmax from its initial s: -ssmax0.43
-        parts.append(("ssmax" + (f"{ssmax:g}" if finite_number(ssmax) else str(ssmax))) if ssmax else "nossmax")
-    if model.get("negative_eigenvalues") or "negative_eigenvalues" in show:  # the delta rules' beta in (0, 2)
-        parts.append("negeig" if model.get("negative_eigenvalues") else "nonegeig")
-    if model.get("document_masking") or "document_masking" in show:  # each token within its document: -docs
-        parts.append("docs" if model.get("document_masking") else "nodocs")
-    if model.get("document_positions") or "document_positions" in show:  # positions from each document's start
-        parts.append("docpos" if model.get("document_positions") else "nodocpos")
-    if model.get("differential") or "differential" in show:  # differential attention: -diff, -diff0.5 (lambda_init)
-        lam = model.get("lambda_init", LAMBDA_INIT)
-        parts.append(("diff" if lam == LAMBDA_INIT else f"diff{lam}") if model.get("differential") else "nodiff")
-    if model.get("sparse_topk") or "sparse_topk" in show:  # DeepSeek's sparse attention: -top64, -top64idx2x16
-        shape = (model.get("indexer_heads", INDEXER_HEADS), model.get("indexer_dim", INDEXER_DIM))
-        indexer = "" if shape == (INDEXER_HEADS, INDEXER_DIM) else f"idx{shape[0]}x{shape[1]}"
-        parts.append(f"top{model['sparse_topk']}{indexer}" if model.get("sparse_topk") else "dense")
-    if model.get("moba_block") or "moba_block" in show:  # MoBA: -moba64k3 (block, blocks each query attends)
-        moba = f"moba{model['moba_block']}k{model.get('moba_topk', MOBA_TOPK)}" if model.get("moba_block") else "nomoba"
-        parts.append(moba)
-    if model.get("nsa_block") or "nsa_block" in show:  # NSA: -nsa16k4w32 (block, blocks selected, window)
-        nsa = (f"nsa{model['nsa_block']}k{model.get('nsa_topk', NSA_TOPK)}w{model.get('nsa_window', NSA_WINDOW)}"
-               if model.get("nsa_block") else "nonsa")  # fmt: skip
-        parts.append(nsa)
+    for name, part in labelled_parts():
+        spelled_part = part.spelled(name, model, show)
+        if spelled_part:
+            parts.append(spelled_part)
     for mod in registry.MODIFICATIONS.values():  # -qknorm, -softcap<c>, -sinks: each says its own part
         part = mod.label(model.get(mod.field, mod.off))
         if part:
@@ -186,24 +141,9 @@ def schedule_text(model: dict, preset: str | None = None) -> str | None:
 
 def label_parts() -> tuple[tuple[str, str], ...]:
     """What each optional part of a label (``attention_label``) is, in its order: its pattern, its title (plot
-    legends, ``python train.py --help``), each registered position encoding's and modification's from its class."""
+    legends, ``python train.py --help``), as each option's part declares it and each registered modification's class."""
     return (
-        (r"kv\d+", "-kv<key/value heads>"), (r"latent\d+", "-latent<dims>"),
-        (r"(no)?keqv", "-keqv (keys equal to values)"), (r"ropedim\d+", "-ropedim<dims>"),
-        (r"linchunk\d+", "-linchunk<positions of the linear form's chunk>"), (r"(no)?window\d*", "-window<positions>"),
-        (r"(no)?chunked\d*", "-chunked<positions>"),
-        ("|".join(f"{re.escape(cls.label or name)}[\\d.e+]*" for name, cls in registry.POSITIONS.items()),
-         "-<position>"),
-        (r"ropefrac[\d.e+]+", "-ropefrac<share of dims turned>"), ("(pi|ntk|yarn)[\\d.e+]+", "-<rope scaling><factor>"),
-        (r"ropeorig\d+", "-ropeorig<trained length>"),
-        (r"(no)?qtemp\d*", "-qtemp<positions per step of the queries' temperature>"),
-        (r"(no)?ssmax[\d.e+-]*", "-ssmax<initial s> (scalable softmax)"),
-        (r"(no)?negeig", "-negeig (the delta rules' beta in (0, 2))"),
-        (r"(no)?docs", "-docs (document masking)"), (r"(no)?docpos", "-docpos (positions from each document's start)"),
-        (r"(no)?diff[\d.e+-]*", "-diff[<lambda_init>]"),
-        (r"top\d+(idx\d+x\d+)?|dense", "-top<keys per query>[idx<indexer heads>x<width>] (sparse attention)"),
-        (r"moba\d+k\d+|nomoba", "-moba<positions per block>k<blocks per query> (MoBA)"),
-        (r"nsa\d+k\d+w\d+|nonsa", "-nsa<positions per block>k<blocks selected>w<window> (NSA)"),
+        *(pattern for _, part in labelled_parts() for pattern in part.patterns()),
         *((mod.label_pattern, mod.label_title) for mod in with_fields()),  # -qknorm, -softcap<cap>, -sinks, ...
         (r"kvfrom[A-Z]", "-kvfrom<kind> (a kind's layers read that kind's keys and values)"),
         (r"[A-Z]+(_[A-Z][\w.]*)+", "-<layer pattern>_<kind>.<what it sets>"),  # a schedule: DDDG_D.gated_deltanet_G
@@ -215,92 +155,54 @@ def label_grammar() -> str:
     return "<attention>-<kernel>" + "".join(f"[{title}]" for _, title in label_parts())
 
 
-# The GPTConfig fields attention_label spells (its parts); a sweep over one of them names its runs by the label.
-LABEL_AXES = ("n_kv_head", "k_eq_v", "kv_latent", "rope_head_dim", "linear_chunk", "window", "attention_chunk",
-              "position", "rope_theta", "rope_fraction", "rope_scaling", "rope_factor", "rope_original_length",
-              "query_temperature", "ssmax", "negative_eigenvalues", "document_masking", "document_positions",
-              "differential", "lambda_init",
-              "sparse_topk", "indexer_heads", "indexer_dim", "moba_block", "moba_topk", "nsa_block", "nsa_topk",
-              "nsa_window",
-              *score_mod_fields(),
-              "layer_pattern", "layer_kinds")  # fmt: skip
+def with_attention_options(after: str):
+    """Give a config dataclass every attention option as a field of its own, declared once in ``AttentionSpec``
+    (``option(...)``: its default, and its metadata: what a reuse of a checkpoint makes of a change, its label part,
+    its example and needs), placed after field ``after``: a new option is a field of the model's config with no edit
+    here."""
+
+    def decorate(cls):
+        own, annotations = cls.__dict__.get("__annotations__", {}), {}
+        for name, kind in own.items():
+            annotations[name] = kind
+            if name == after:
+                for f in fields(AttentionSpec):
+                    if f.name in option_fields() and f.name not in own:
+                        annotations[f.name] = f.type
+                        setattr(cls, f.name, field(default=f.default, metadata=f.metadata))
+        cls.__annotations__ = annotations
+        return cls
+
+    return decorate
 
 
 @dataclass
+@with_attention_options(after="sdpa_backend")
 class GPTConfig:
+    """A model: its shape, its attention's layout and kernel, and every attention option of ``AttentionSpec``
+    (declared there, each with what it means; ``with_attention_options``), then what the model does around its
+    attention (documents, a schedule of layers)."""
+
     # metadata "reuse": what a change of the field means to a checkpoint reused by trainer.resume or
-    # trainer.init_from (training/reuse.py keeps one rule over it)
+    # trainer.init_from (training/reuse.py keeps one rule over it); an attention option declares its own
     name: str = field(default="gpt2_small", metadata={"reuse": "label"})  # for run names and reports; no effect
     vocab_size: int | None = field(default=None, metadata={"reuse": "weights"})  # None: the tokenizer's, at training
     block_size: int = field(default=1024, metadata={"reuse": "positions"})
     n_layer: int = field(default=12, metadata={"reuse": "weights"})
     n_head: int = field(default=12, metadata={"reuse": "weights"})
     n_embd: int = field(default=768, metadata={"reuse": "weights"})
-    dropout: float = field(default=0.0, metadata={"reuse": "training"})
     bias: bool = field(default=True, metadata={"reuse": "weights"})
     attention: str = field(default="fused_qkv", metadata={"reuse": "layout"})  # the QKV layout: wrapper | ...
     # manual | sdpa | flex, or sdpa_<backend> (read as kernel=sdpa, sdpa_backend=<backend>)
     kernel: str = field(default="sdpa", metadata={"reuse": "implementation"})
-    # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped-query
-    n_kv_head: int | None = field(default=None, metadata={"reuse": "weights"})
-    # keys equal to values (Gemma 4's attention_k_eq_v): one projection per key/value head serves as both
-    k_eq_v: bool = field(default=False, metadata={"reuse": "weights"})
-    # sliding-window attention: each position sees this many (itself included); None: all
-    window: int | None = field(default=None, metadata={"reuse": "function"})
-    # chunked attention (Llama 4's): each position sees the earlier ones of its chunk of this many; None: no chunks
-    attention_chunk: int | None = field(default=None, metadata={"reuse": "function"})
-    # Llama 4's temperature of the queries at long context: 1 + 0.1 log(1 + floor((i + 1) / this)); None: off
-    query_temperature: int | None = field(default=None, metadata={"reuse": "function"})
-    # scalable softmax (SSMax): each query scaled by s log n, n the keys it sees, s learned per head from this
-    ssmax: float | None = field(default=None, metadata={"reuse": "weights"})
-    # Gated DeltaNet's and KDA's beta in (0, 2) (2 sigmoid): negative eigenvalues of the state's transition
-    negative_eigenvalues: bool = field(default=False, metadata={"reuse": "function"})
-    # differential attention (the Diff Transformer): heads paired, their softmax maps subtracted; lambda's start
-    differential: bool = field(default=False, metadata={"reuse": "weights"})
-    lambda_init: float = field(default=LAMBDA_INIT, metadata={"reuse": "function"})
     # kernel=sdpa's implementation: auto | flash | efficient | cudnn | math
     sdpa_backend: str = field(default="auto", metadata={"reuse": "implementation"})
-    # The position encoding (model.attention.positions): learned | rope | alibi | none
-    position: str = field(default="learned", metadata={"reuse": "weights"})
-    rope_theta: float = field(default=10000.0, metadata={"reuse": "function"})  # rotary's base wavelength
-    # the share of each head's dims rotary turns, the first ones (GPT-NeoX's rotary_pct; Qwen3-Next: 0.25)
-    rope_fraction: float = field(default=1.0, metadata={"reuse": "function"})
-    # Rotary read past its trained length (model.attention.positions.scaled): null | pi | ntk | yarn, by rope_factor;
-    # YaRN counts each pair's turns over rope_original_length (null: block_size; evaluate.py's full context keeps it)
-    rope_scaling: str | None = field(default=None, metadata={"reuse": "function"})
-    rope_factor: float = field(default=1.0, metadata={"reuse": "function"})
-    rope_original_length: int | None = field(default=None, metadata={"reuse": "function"})
-    qk_norm: bool = field(default=False, metadata={"reuse": "weights"})  # RMSNorm of each head's queries and keys
-    softcap: float | None = field(default=None, metadata={"reuse": "function"})  # scores -> c tanh(scores / c)
-    sinks: bool = field(default=False, metadata={"reuse": "weights"})  # a learned softmax sink per head
-    gate: str = field(default="none", metadata={"reuse": "weights"})  # sigmoid output gate: headwise | elementwise
-    forget_gate: bool = field(default=False, metadata={"reuse": "weights"})  # the Forgetting Transformer's
-    # attention=mla: the keys' and values' latent width, and the decoupled rotary key's width (position=rope)
-    kv_latent: int | None = field(default=None, metadata={"reuse": "weights"})
-    rope_head_dim: int | None = field(default=None, metadata={"reuse": "weights"})
-    # attention=gated_deltanet: the positions per chunk of its chunked form (null: 64); the same function
-    linear_chunk: int | None = field(default=None, metadata={"reuse": "implementation"})
-    # Document masking: each token attends only within its own document of a packed window (a document ends with
-    # the token document_end, the tokenizer's end-of-text, which training fills in)
-    document_masking: bool = field(default=False, metadata={"reuse": "function"})
+    # (here: every attention option, AttentionSpec's, from dropout to nsa_window)
+    # Document masking's end-of-text token (model.document_masking; None: the tokenizer's, which training fills in)
     document_end: int | None = field(default=None, metadata={"reuse": "function"})
     # with document masking and an absolute position table: each token's position counted from its document's start
-    document_positions: bool = field(default=False, metadata={"reuse": "function"})
-    # DeepSeek Sparse Attention (model.attention.sparse): each query attends the sparse_topk keys its lightning
-    # indexer (this many heads, this wide) scores highest; None: dense
-    sparse_topk: int | None = field(default=None, metadata={"reuse": "weights"})
-    indexer_heads: int = field(default=INDEXER_HEADS, metadata={"reuse": "weights"})
-    indexer_dim: int = field(default=INDEXER_DIM, metadata={"reuse": "weights"})
-    # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of moba_block
-    # positions and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
-    moba_block: int | None = field(default=None, metadata={"reuse": "function"})
-    moba_topk: int = field(default=MOBA_TOPK, metadata={"reuse": "function"})
-    # Native Sparse Attention (model.attention.nsa): each query head adds, gated, its attention over compressed blocks
-    # of nsa_block positions, over the nsa_topk blocks those rank highest (its own included), and over its last
-    # nsa_window keys; None: off
-    nsa_block: int | None = field(default=None, metadata={"reuse": "weights"})
-    nsa_topk: int = field(default=NSA_TOPK, metadata={"reuse": "function"})
-    nsa_window: int = field(default=NSA_WINDOW, metadata={"reuse": "function"})
+    document_positions: bool = field(default=False, metadata={
+        "reuse": "function", "label": LabelPart("docpos", "-docpos (positions from each document's start)")})
     # A schedule of layers: each letter of layer_pattern is a kind in layer_kinds, the pattern repeated over the
     # layers (LLLG on 8 layers: LLLGLLLG); a kind sets attention fields (LAYER_FIELDS) for its layers, the
     # fields above holding for the rest. None: every layer alike (an older checkpoint's model).
@@ -490,6 +392,11 @@ def position_fields() -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for encoding in registry.POSITIONS.values() for name in encoding.fields))
 
 
+# The GPTConfig fields attention_label spells (each part's own and those it reads beside it, a score modification's, a
+# schedule's); a sweep over one of them names its runs by the label.
+LABEL_AXES = (*(axis for name, part in labelled_parts() for axis in (name, *part.fields)), *score_mod_fields(),
+              "layer_pattern", "layer_kinds")  # fmt: skip
+
 # The attention fields a layer kind may set (model.layer_kinds.<kind>.<field>); attention only to a layout of
 # another function than the model's (a hybrid's gated_deltanet layers).
 LAYER_FIELDS = ("attention", *(f.name for f in fields(AttentionSpec) if f.metadata.get("per_layer")), "kv_from")
@@ -608,7 +515,7 @@ def check_schedule(config: GPTConfig) -> None:
 # What a layer that reads another's keys (cross-layer KV sharing) must share with its source: the keys it reads were
 # made, normed and turned by the source (its key/value heads, keys equal to values, QK-norm, its position encoding and
 # that encoding's options): the reader's queries must meet them under the same encoding.
-KEY_SIDE = ("n_kv_head", "k_eq_v", "qk_norm", "position")
+KEY_SIDE = tuple(f.name for f in fields(AttentionSpec) if f.metadata.get("key_side"))  # option(key_side=True)
 
 
 def check_kv_sharing(config: GPTConfig) -> None:

@@ -10,7 +10,7 @@ Who applies what:
   and applies the options its position encoding consumes (``PositionEncoding.fields``: rotary's base, fraction
   and scaling) where it applies ``position``;
 - a kernel lists the effects it applies (``AttentionKernel.applies``: masks, score modifications, dropout);
-- the export lists what GPT-2's format holds (``model.checkpoints.gpt2_export.GPT2_HOLDS``).
+- an option declares whether GPT-2's format holds it (``option(gpt2=True)``: ``model.checkpoints.gpt2_export``).
 
 A set option that the layer does not apply is refused in one line, naming the option, the layer and those that
 take it (``unapplied``, ``refusal``). A new field of ``AttentionSpec`` is therefore refused everywhere until a

@@ -14,6 +14,7 @@ from model import registry
 from model.attention.blocks import MOBA_TOPK
 from model.attention.differential import LAMBDA_INIT
 from model.attention.kernels import SDPA_BACKENDS, get_kernel
+from model.attention.label_parts import DIFFERENTIAL, KV_HEADS, MOBA, NSA, POSITION, SPARSE, LabelPart
 from model.attention.masks import Masks
 from model.attention.masks import of_spec as masks_of
 from model.attention.masks import options_set as masks_set
@@ -27,7 +28,8 @@ from model.registry import KERNELS, MODIFICATIONS, POSITIONS, SELECTIONS, lookup
 
 def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
            values: tuple = (), conflicts: dict[str, str] | None = None, plan: tuple[str, ...] = (),
-           stage: str | None = None, exclusive: str | None = None, **needs):  # fmt: skip
+           stage: str | None = None, exclusive: str | None = None, *, reuse: str, label: LabelPart | None = None,
+           key_side: bool = False, gpt2: bool = False, **needs):  # fmt: skip
     """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
     other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
     option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
@@ -41,7 +43,15 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
     pipeline layer applies it; of a family of mixers' ``MIXER_STAGES``, every mixer that runs it; None: a projection's,
     a position encoding's or one mixer's own option), and the job within it that
     one option at a time does (``exclusive``, of ``EXCLUSIVE``: two query scalings, two selections of keys; the pair
-    walk holds every two options of one job to be refused as a pair, so each declares its conflict with the other)."""
+    walk holds every two options of one job to be refused as a pair, so each declares its conflict with the other).
+
+    And what the rest of the house reads of it, so that a new option is one declaration: what a change of it means
+    to a checkpoint reused by a resume or an init_from (``reuse``: weights, function, implementation, training, ...;
+    training/reuse.py), the part of a run's label that spells it (``label``, ``model.attention.label_parts``; None:
+    another option's part spells it, or ``labelled`` is False), whether a layer that reads another's keys and values
+    (``kv_from``) must share it with that layer (``key_side``: it shapes or encodes the keys), and whether GPT-2's
+    format holds it (``gpt2``: the export writes it as GPT-2's function). ``model.config.GPTConfig`` takes every option
+    as a field of its own from this declaration."""
     unknown = set(plan) - set(PLAN_TERMS)
     assert not unknown, f"plan terms {sorted(unknown)} are none of {PLAN_TERMS}"
     assert stage is None or stage in STAGES + MIXER_STAGES, f"stage {stage!r} is none of {STAGES + MIXER_STAGES}"
@@ -50,7 +60,8 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
                                             "same_function": same_function, "per_layer": per_layer,
                                             "labelled": labelled, "conflicts": conflicts or {},
                                             "plan": tuple(plan), "stage": stage,
-                                            "exclusive": exclusive})  # fmt: skip
+                                            "exclusive": exclusive, "reuse": reuse, "label": label,
+                                            "key_side": key_side, "gpt2": gpt2})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,91 +75,111 @@ class AttentionSpec:
     # The options (model.attention.options: every field but the shape and the kernel's choice) say a value that sets
     # them (``example``, with the options it needs, ``with``): tests/test_options.py holds every option, in every layer,
     # kernel and the export, to be applied (it changes the function) or refused.
-    dropout: float = option(0.0, 0.25, stage="kernel", plan=("activations",), per_layer=False, labelled=False)
+    dropout: float = option(0.0, 0.25, reuse="training", gpt2=True, stage="kernel", plan=("activations",),
+                            per_layer=False, labelled=False)
     bias: bool = True
     # None: n_head (multi-head); 1: multi-query
-    n_kv_head: int | None = option(None, 2, values=(1,), plan=("parameters", "cache", "activations"))
+    n_kv_head: int | None = option(None, 2, reuse="weights", label=KV_HEADS, key_side=True, gpt2=True, values=(1,),
+                                   plan=("parameters", "cache", "activations"))
     # keys equal to values (Gemma 4's attention_k_eq_v): one key/value projection, each key/value head's values the
     # keys as projected, before QK-norm and rotary turn the keys (model.attention.layouts)
-    k_eq_v: bool = option(False, True, plan=("parameters", "cache"))
-    window: int | None = option(None, 3, stage="key selection", plan=("flops", "cache"))  # None: every earlier position
+    k_eq_v: bool = option(False, True, reuse="weights", label=LabelPart("keqv", "-keqv (keys equal to values)"),
+                          key_side=True, gpt2=True, plan=("parameters", "cache"))
+    # None: every earlier position
+    window: int | None = option(None, 3, reuse="function", label=LabelPart("window", "-window<positions>"),
+                                stage="key selection", plan=("flops", "cache"))
     # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
-    attention_chunk: int | None = option(None, 3, stage="key selection", plan=("flops", "cache"))
+    attention_chunk: int | None = option(None, 3, reuse="function", label=LabelPart("chunked", "-chunked<positions>"),
+                                         stage="key selection", plan=("flops", "cache"))
     sdpa_backend: str = "auto"
     # model.positions: learned|rope|alibi|none|path
-    position: str = option("learned", "alibi", stage="encodings", values=tuple(POSITIONS))
-    rope_theta: float = option(10000.0, 50.0, position="rope")
+    position: str = option("learned", "alibi", reuse="weights", label=POSITION, key_side=True, stage="encodings",
+                           values=tuple(POSITIONS))
+    rope_theta: float = option(10000.0, 50.0, reuse="function", position="rope")
     # the share of each head's dims that rotary turns (the first ones; Qwen3-Next: 0.25)
-    rope_fraction: float = option(1.0, 0.5, position="rope")
+    rope_fraction: float = option(1.0, 0.5, reuse="function", position="rope")
     # rotary read past its trained length: pi | ntk | yarn (model.attention.positions.scaled)
-    rope_scaling: str | None = option(None, "pi", per_layer=False, values=ROPE_SCALINGS, position="rope",
-                                      rope_factor=4.0)
+    rope_scaling: str | None = option(None, "pi", reuse="function", per_layer=False, values=ROPE_SCALINGS,
+                                      position="rope", rope_factor=4.0)
     # the scaling's factor s (the read length over the trained one, typically)
-    rope_factor: float = option(1.0, 4.0, per_layer=False, position="rope", rope_scaling="pi")
+    rope_factor: float = option(1.0, 4.0, reuse="function", per_layer=False, position="rope", rope_scaling="pi")
     # the trained length YaRN's ramp counts turns over (None: block_size)
-    rope_original_length: int | None = option(None, 2, per_layer=False, position="rope", rope_scaling="yarn",
-                                              rope_factor=4.0)
+    rope_original_length: int | None = option(None, 2, reuse="function", per_layer=False, position="rope",
+                                              rope_scaling="yarn", rope_factor=4.0)
     # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
     # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
-    query_temperature: int | None = option(None, 4, stage="encodings", exclusive="query scaling")
-    qk_norm: bool = option(False, True, stage="encodings", plan=("parameters", "activations"))
-    softcap: float | None = option(None, 3.0, stage="kernel")
-    sinks: bool = option(False, True, stage="kernel", plan=("parameters",))
+    query_temperature: int | None = option(None, 4, reuse="function", stage="encodings", exclusive="query scaling",
+                                           label=LabelPart("qtemp", "-qtemp<positions per step of the queries' "
+                                                                    "temperature>"))  # fmt: skip
+    qk_norm: bool = option(False, True, reuse="weights", key_side=True, stage="encodings",
+                           plan=("parameters", "activations"))
+    softcap: float | None = option(None, 3.0, reuse="function", stage="kernel")
+    sinks: bool = option(False, True, reuse="weights", stage="kernel", plan=("parameters",))
     # an output gate from the block's input (GATES)
-    gate: str = option("none", "headwise", stage="gate", values=GATES, plan=("parameters", "activations"))
+    gate: str = option("none", "headwise", reuse="weights", stage="gate", values=GATES,
+                       plan=("parameters", "activations"))
     # the Forgetting Transformer's forget gate on the scores
-    forget_gate: bool = option(False, True, stage="kernel", plan=("parameters", "cache", "activations"))
+    forget_gate: bool = option(False, True, reuse="weights", stage="kernel",
+                               plan=("parameters", "cache", "activations"))
     # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
-    differential: bool = option(False, True, stage="combination", plan=("parameters", "flops", "activations"))
+    differential: bool = option(False, True, reuse="weights", label=DIFFERENTIAL, stage="combination",
+                                plan=("parameters", "flops", "activations"))
     # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
-    lambda_init: float = option(LAMBDA_INIT, 0.5, stage="combination", differential=True)
+    lambda_init: float = option(LAMBDA_INIT, 0.5, reuse="function", stage="combination", differential=True)
     block_size: int | None = None  # the model's context: what a position past it sees (``context``)
     # attention=mla's latent width (a schedule's kinds may set it)
-    kv_latent: int | None = option(None, 8, plan=("parameters", "cache"))
-    rope_head_dim: int | None = option(None, 4, per_layer=False, position="rope")  # mla's rotary key width
+    kv_latent: int | None = option(None, 8, reuse="weights", plan=("parameters", "cache"))
+    # mla's rotary key width
+    rope_head_dim: int | None = option(None, 4, reuse="weights", per_layer=False, position="rope",
+                                       label=LabelPart("ropedim", "-ropedim<dims>", shows_off=False))
     # attention=gated_deltanet's chunk of positions (None: its default, 64); the same function at any chunk
-    linear_chunk: int | None = option(None, 3, stage="delta rule", same_function=True, per_layer=False,
-                                      plan=("flops", "activations"))
+    linear_chunk: int | None = option(None, 3, reuse="implementation", stage="delta rule", same_function=True,
+                                      per_layer=False, plan=("flops", "activations"),
+                                      label=LabelPart("linchunk", "-linchunk<positions of the linear form's chunk>",
+                                                      shows_off=False))  # fmt: skip
     # document masking: a query sees no key before its document's start (after the last end-of-text token)
-    document_masking: bool = option(False, True, stage="key selection", per_layer=False)
+    document_masking: bool = option(False, True, reuse="function", stage="key selection", per_layer=False,
+                                    label=LabelPart("docs", "-docs (document masking)"))
     # DeepSeek Sparse Attention (model.attention.sparse): each query attends the keys a lightning indexer of this many
     # heads of this width scores highest, this many of them; None: dense. A schedule's kind may set it (a hybrid's
     # softmax layers); the indexer's shape is the model's, for every sparse layer
-    sparse_topk: int | None = option(None, 2, stage="key selection", exclusive="key selection",
-                                     plan=("parameters", "flops", "cache", "activations"))
-    indexer_heads: int = option(INDEXER_HEADS, 2, stage="key selection", per_layer=False, sparse_topk=2,
-                                plan=("parameters", "flops", "activations"))
-    indexer_dim: int = option(INDEXER_DIM, 8, stage="key selection", per_layer=False, sparse_topk=2,
+    sparse_topk: int | None = option(None, 2, reuse="weights", label=SPARSE, stage="key selection",
+                                     exclusive="key selection", plan=("parameters", "flops", "cache", "activations"))
+    indexer_heads: int = option(INDEXER_HEADS, 2, reuse="weights", stage="key selection", per_layer=False,
+                                sparse_topk=2, plan=("parameters", "flops", "activations"))
+    indexer_dim: int = option(INDEXER_DIM, 8, reuse="weights", stage="key selection", per_layer=False, sparse_topk=2,
                               plan=("parameters", "flops", "cache", "activations"))
     # (declared last, as each new option is: the generated grids turn layouts, kernels and windows over the entries in
     # this order, and an entry in the middle would move every later one's turns)
     # Scalable softmax (SSMax, Nakanishi 2025, arXiv 2501.19399): the query i scaled by s_h log n_i, n_i the keys it
     # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
     # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
-    ssmax: float | None = option(None, 0.43, stage="encodings", exclusive="query scaling", plan=("parameters",),
+    ssmax: float | None = option(None, 0.43, reuse="weights", stage="encodings", exclusive="query scaling",
+                                 plan=("parameters",), label=LabelPart("ssmax", "-ssmax<initial s> (scalable softmax)"),
                                  conflicts={
         "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
                              "fixed form of SSMax's learned s log n)"})
     # The delta rules' beta in (0, 2) instead of (0, 1), 2 sigmoid(W_b x): the state's transition I - beta k k^T then
     # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
     # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
-    negative_eigenvalues: bool = option(False, True, stage="delta rule")
+    negative_eigenvalues: bool = option(False, True, reuse="function", stage="delta rule",
+                                        label=LabelPart("negeig", "-negeig (the delta rules' beta in (0, 2))"))
     # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
     # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
-    moba_block: int | None = option(None, 2, stage="key selection", exclusive="key selection", plan=("flops",),
-                                    conflicts={
+    moba_block: int | None = option(None, 2, reuse="function", label=MOBA, stage="key selection",
+                                    exclusive="key selection", plan=("flops",), conflicts={
         "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
                        "by its own scores); choose one selection",
         "ssmax": "SSMax scales each query by the log of the keys it sees, which MoBA chooses from the queries "
                  "afterwards; the two are not built together"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-k of 2 each cut what the other keeps)
-    moba_topk: int = option(MOBA_TOPK, 2, stage="key selection", moba_block=1, plan=("flops",))
+    moba_topk: int = option(MOBA_TOPK, 2, reuse="function", stage="key selection", moba_block=1, plan=("flops",))
     # Native Sparse Attention (model.attention.nsa): each query head adds, gated, its attention over the compressed
     # blocks of this many positions, over its own block and the nsa_topk - 1 earlier blocks its compressed scores rank
     # highest, and over the last nsa_window keys; None: off
-    nsa_block: int | None = option(None, 2, stage="key selection", exclusive="key selection",
-                                   plan=("parameters", "flops", "activations"), conflicts={
+    nsa_block: int | None = option(None, 2, reuse="weights", label=NSA, stage="key selection",
+                                   exclusive="key selection", plan=("parameters", "flops", "activations"), conflicts={
         "sparse_topk": "both select the keys each query attends (NSA blocks by its compressed keys, DeepSeek's "
                        "indexer keys by its own scores); choose one selection",
         "moba_block": "both select blocks (NSA by q . its compressed keys, MoBA by q . mean(K)); choose one",
@@ -159,8 +190,8 @@ class AttentionSpec:
         "forget_gate": "the forget gate biases each key by the tokens between it and the query, which a compressed "
                        "block of keys has no one count of"})  # fmt: skip
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-n of 2 each cut what the other keeps)
-    nsa_topk: int = option(NSA_TOPK, 2, stage="key selection", nsa_block=1, plan=("flops",))
-    nsa_window: int = option(NSA_WINDOW, 2, stage="key selection", nsa_block=2, plan=("flops",))
+    nsa_topk: int = option(NSA_TOPK, 2, reuse="function", stage="key selection", nsa_block=1, plan=("flops",))
+    nsa_window: int = option(NSA_WINDOW, 2, reuse="function", stage="key selection", nsa_block=2, plan=("flops",))
     # Cross-layer KV sharing (CLA, YOCO, Gemma's shared-KV layers): the layer kind whose keys and values this layer
     # reads (a schedule's relation between layers, ``model.config.check_kv_sharing``), not an option of one block: a
     # block built with it projects queries only and keeps no cache (``MultiHeadAttention.reads_kv``). None: its own

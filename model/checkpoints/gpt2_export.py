@@ -10,13 +10,14 @@ loads the folder with the same logits.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 
 from model import registry
 from model.attention.options import applied, is_set, option_fields, spelled
+from model.attention.spec import AttentionSpec
 from model.checkpoints.convert import convert_attention_layout
 from model.checkpoints.gpt2_import import CONV1D
 from model.gpt import GPT
@@ -25,12 +26,12 @@ HF_CONFIG, HF_WEIGHTS = "config.json", "model.safetensors"  # what GPT2LMHeadMod
 
 # GPT-2's activation is the tanh approximation of GELU ("gelu_new" in transformers), as headlab's MLP.
 HF_ACTIVATION = "gelu_new"
-# The attention options (model.attention.options) GPT-2's format holds set away from their off values: grouped
-# key/value heads (written repeated per query head, the same function), keys equal to values (the values written as
-# the keys, the same function: GPT-2 holds no encoding that turns keys before they serve as values) and dropout
-# (training's, no part of the function). Every other option set is refused: the specific ones with why (below), any
-# other, a new one included, as having no place.
-GPT2_HOLDS = frozenset({"n_kv_head", "k_eq_v", "dropout"})
+# The attention options GPT-2's format holds set away from their off values, as each declares (``option(gpt2=True)``):
+# grouped key/value heads (written repeated per query head, the same function), keys equal to values (the values
+# written as the keys, the same function: GPT-2 holds no encoding that turns keys before they serve as values) and
+# dropout (training's, no part of the function). Every other option set is refused: the specific ones with why
+# (below), any other, a new one included, as having no place.
+GPT2_HOLDS = frozenset(f.name for f in fields(AttentionSpec) if f.metadata.get("gpt2"))
 
 
 def what_gpt2_cannot_hold(config) -> list[str]:
