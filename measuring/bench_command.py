@@ -31,7 +31,7 @@ import json
 
 from cli import OneLineErrorParser
 from common.startup import start_up_over
-from measuring.cells import AXES, COMPILE_MODES, check_cells, default_layouts
+from measuring.cells import AXES, COMPILE_MODES, SCALES, check_cells, default_layouts
 from measuring.decode_speed import DECODE_REPEATS, main_decode
 from measuring.plain_attention import PLAIN_KERNELS, PLAIN_LAYOUTS
 from measuring.plain_ratio import PLAIN_REPEATS, main_plain
@@ -127,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as err:
             p.error(str(err))
     for field, (flag, default, _) in AXES.items():
-        setattr(args, field, [axis_value(p, flag, default, v) for v in getattr(args, field)])
+        setattr(args, field, [axis_value(p, flag, default, v, SCALES.get(field)) for v in getattr(args, field)])
     for position in args.position:
         if position not in registry.POSITIONS:
             p.error(f"--position: unknown position encoding {position!r}; choose from {', '.join(registry.POSITIONS)}")
@@ -148,21 +148,22 @@ def forward_only() -> str:
     return f" ({names}: forward only on a CPU)" if names else ""
 
 
-def axis_value(p: argparse.ArgumentParser, flag: str, default, typed: str):
-    """One value of an AXES flag as typed -> the option's: off/on for a switch, none or a positive number."""
+def axis_value(p: argparse.ArgumentParser, flag: str, default, typed: str, scale: float | None = None):
+    """One value of an AXES flag as typed -> the option's: off/on for a switch, none or a positive number (a
+    positive float where the axis is a scale, ``scale`` a value that sets it: SSMax's s, 0.43)."""
     if default is False:
         if typed.lower() not in ("off", "on"):
             p.error(f"{flag} {typed}: give off and/or on")
         return typed.lower() == "on"
     if typed.lower() == "none":
         return None
-    if flag == "--ssmax":  # a scale, not a count
+    if scale is not None:  # a scale, not a count
         try:
             value = float(typed)
         except ValueError:
             value = 0.0
         if not value > 0 or value == float("inf"):
-            p.error(f"{flag} {typed}: give a positive scale (0.43: SSMax's paper), or none")
+            p.error(f"{flag} {typed}: give a positive scale (e.g. {scale}), or none")
         return value
     if not (typed.isdigit() and int(typed) > 0):
         p.error(f"{flag} {typed}: give a positive number of positions, or none")

@@ -6,32 +6,24 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from dataclasses import fields
 
 from model import MIXERS, GPTConfig, registry
+from model.attention import AttentionSpec
 from model.attention.kernels import check_kernel_runs
 from model.attention.modifications import with_fields
 from model.config import attention_label
 from model.device import resolve_device, resolve_dtype
 
 COMPILE_MODES = ("eager", "compiled")
-# Issue 54's options, each an axis: (its flag, its default, its help); the flag's values as typed give the option's.
-AXES = {
-    "attention_chunk": ("--attention-chunk", None, "Llama 4's chunks (model.attention_chunk): positions, or none"),
-    "query_temperature": ("--query-temperature", None, "Llama 4's query temperature (model.query_temperature): "
-                                                       "positions, or none"),
-    "differential": ("--differential", False, "differential attention (model.differential): off and/or on"),
-    "sparse_topk": ("--sparse-topk", None, "DeepSeek's sparse attention (model.sparse_topk): keys per query, or none"),
-    # issue 63's (its position, path, is a --position value; its cross-layer sharing a schedule's, --layer-kinds)
-    "ssmax": ("--ssmax", None, "scalable softmax (model.ssmax): its s at the start (0.43), or none"),
-    "k_eq_v": ("--k-eq-v", False, "keys equal to values (model.k_eq_v): off and/or on"),
-    "moba_block": ("--moba-block", None, "MoBA's blocks (model.moba_block, its top-k at model.moba_topk's 3): "
-                                         "positions per block, or none"),
-    "nsa_block": ("--nsa-block", None, "NSA's blocks (model.nsa_block, its top-n and window at their defaults, 4 "
-                                       "and 32): positions per block, or none"),
-    "negative_eigenvalues": ("--negative-eigenvalues", False, "the delta rules' beta in (0, 2) "
-                                                              "(model.negative_eigenvalues; gated_deltanet, kda): off "
-                                                              "and/or on"),
-}  # fmt: skip
+# The options that declare an axis of bench.py (``option(bench=...)``: issue 54's and 63's), each (its flag, its
+# default, its help); the flag's values as typed give the option's. (A position, PaTH's, is a --position value; a
+# cross-layer sharing a schedule's, --layer-kinds.)
+AXES = {f.name: (f"--{f.name.replace('_', '-')}", f.default, f"{f.metadata['bench']} (model.{f.name})")
+        for f in fields(AttentionSpec) if f.metadata.get("bench")}  # fmt: skip
+# The axes whose values are scales, not counts of positions (SSMax's s: its declared type is a float), with a value that
+# sets each (its declared example).
+SCALES = {f.name: f.metadata["example"] for f in fields(AttentionSpec) if f.metadata.get("bench") and "float" in f.type}
 # The attention options of issue 30, each a row field (and a CSV column) only where some cell sets it, and
 # their defaults: a default grid's CSV has exactly step_times.FIELDS.
 OPTION_DEFAULTS = {"position": "learned", **{mod.field: mod.off for mod in with_fields()}, "kv_latent": None,

@@ -29,7 +29,7 @@ from model.registry import KERNELS, MODIFICATIONS, POSITIONS, SELECTIONS, lookup
 def option(default, example, same_function: bool = False, per_layer: bool = True, labelled: bool = True,
            values: tuple = (), conflicts: dict[str, str] | None = None, plan: tuple[str, ...] = (),
            stage: str | None = None, exclusive: str | None = None, *, reuse: str, label: LabelPart | None = None,
-           key_side: bool = False, gpt2: bool = False, **needs):  # fmt: skip
+           key_side: bool = False, gpt2: bool = False, bench: str | None = None, **needs):  # fmt: skip
     """An option of ``AttentionSpec``: its default, a value that sets it (with the other options it ``needs``), the
     other ``values`` that set it to another function (each of a choice: rotary and no positions beside ALiBi; the
     option walks set each), whether every value computes the same function (a chunk size of an algorithm), whether a
@@ -49,9 +49,10 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
     to a checkpoint reused by a resume or an init_from (``reuse``: weights, function, implementation, training, ...;
     training/reuse.py), the part of a run's label that spells it (``label``, ``model.attention.label_parts``; None:
     another option's part spells it, or ``labelled`` is False), whether a layer that reads another's keys and values
-    (``kv_from``) must share it with that layer (``key_side``: it shapes or encodes the keys), and whether GPT-2's
-    format holds it (``gpt2``: the export writes it as GPT-2's function). ``model.config.GPTConfig`` takes every option
-    as a field of its own from this declaration."""
+    (``kv_from``) must share it with that layer (``key_side``: it shapes or encodes the keys), whether GPT-2's
+    format holds it (``gpt2``: the export writes it as GPT-2's function), and bench.py's axis of it (``bench``: its
+    help; the flag is ``--<name>``, its values off/on, or none and numbers, as the option's type says).
+    ``model.config.GPTConfig`` takes every option as a field of its own from this declaration."""
     unknown = set(plan) - set(PLAN_TERMS)
     assert not unknown, f"plan terms {sorted(unknown)} are none of {PLAN_TERMS}"
     assert stage is None or stage in STAGES + MIXER_STAGES, f"stage {stage!r} is none of {STAGES + MIXER_STAGES}"
@@ -61,7 +62,7 @@ def option(default, example, same_function: bool = False, per_layer: bool = True
                                             "labelled": labelled, "conflicts": conflicts or {},
                                             "plan": tuple(plan), "stage": stage,
                                             "exclusive": exclusive, "reuse": reuse, "label": label,
-                                            "key_side": key_side, "gpt2": gpt2})  # fmt: skip
+                                            "key_side": key_side, "gpt2": gpt2, "bench": bench})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,14 @@ class AttentionSpec:
     # keys equal to values (Gemma 4's attention_k_eq_v): one key/value projection, each key/value head's values the
     # keys as projected, before QK-norm and rotary turn the keys (model.attention.layouts)
     k_eq_v: bool = option(False, True, reuse="weights", label=LabelPart("keqv", "-keqv (keys equal to values)"),
+                          bench="keys equal to values: off and/or on",
                           key_side=True, gpt2=True, plan=("parameters", "cache"))
     # None: every earlier position
     window: int | None = option(None, 3, reuse="function", label=LabelPart("window", "-window<positions>"),
                                 stage="key selection", plan=("flops", "cache"))
     # Llama 4's chunked attention: a query sees the keys of its own chunk of this many positions; None: off
     attention_chunk: int | None = option(None, 3, reuse="function", label=LabelPart("chunked", "-chunked<positions>"),
+                                         bench="Llama 4's chunks: positions, or none",
                                          stage="key selection", plan=("flops", "cache"))
     sdpa_backend: str = "auto"
     # model.positions: learned|rope|alibi|none|path
@@ -109,6 +112,7 @@ class AttentionSpec:
     # Llama 4's temperature for long contexts: the query at position i scaled by 1 + 0.1 log(1 + floor((i + 1) / N)),
     # N this many positions (Llama 4's 8192, its chunk; its NoPE layers'); None: off
     query_temperature: int | None = option(None, 4, reuse="function", stage="encodings", exclusive="query scaling",
+                                           bench="Llama 4's query temperature: positions, or none",
                                            label=LabelPart("qtemp", "-qtemp<positions per step of the queries' "
                                                                     "temperature>"))  # fmt: skip
     qk_norm: bool = option(False, True, reuse="weights", key_side=True, stage="encodings",
@@ -124,6 +128,7 @@ class AttentionSpec:
     # Differential attention (the Diff Transformer, model.differential): heads 2h and 2h+1 one head, weighted by
     # their softmax maps' difference over both heads' values, then an RMSNorm per head and the (1 - lambda_init) scale
     differential: bool = option(False, True, reuse="weights", label=DIFFERENTIAL, stage="combination",
+                                bench="differential attention: off and/or on",
                                 plan=("parameters", "flops", "activations"))
     # differential attention's lambda at the start (the paper's by depth tends to 0.8; its constant 0.8 did as well)
     lambda_init: float = option(LAMBDA_INIT, 0.5, reuse="function", stage="combination", differential=True)
@@ -145,6 +150,7 @@ class AttentionSpec:
     # heads of this width scores highest, this many of them; None: dense. A schedule's kind may set it (a hybrid's
     # softmax layers); the indexer's shape is the model's, for every sparse layer
     sparse_topk: int | None = option(None, 2, reuse="weights", label=SPARSE, stage="key selection",
+                                     bench="DeepSeek's sparse attention: keys per query, or none",
                                      exclusive="key selection", plan=("parameters", "flops", "cache", "activations"))
     indexer_heads: int = option(INDEXER_HEADS, 2, reuse="weights", stage="key selection", per_layer=False,
                                 sparse_topk=2, plan=("parameters", "flops", "activations"))
@@ -156,6 +162,7 @@ class AttentionSpec:
     # sees (the masks', its document's, the KV cache's, sparse attention's selection), s_h learned per head from this
     # value (the paper's Figure 1: 0.43); None: off. Llama 4's temperature is a fixed form of the same scaling.
     ssmax: float | None = option(None, 0.43, reuse="weights", stage="encodings", exclusive="query scaling",
+                                 bench="scalable softmax: its s at the start (0.43), or none",
                                  plan=("parameters",), label=LabelPart("ssmax", "-ssmax<initial s> (scalable softmax)"),
                                  conflicts={
         "query_temperature": "both scale the queries by the log of how far they read (Llama 4's temperature is a "
@@ -164,10 +171,13 @@ class AttentionSpec:
     # has an eigenvalue in (-1, 1), reflecting as well as shrinking (Grazzi et al. 2025, arXiv 2411.12537; fla's
     # allow_neg_eigval, OLMo Hybrid's). Gated DeltaNet's and KDA's option: softmax attention has no beta
     negative_eigenvalues: bool = option(False, True, reuse="function", stage="delta rule",
+                                        bench="the delta rules' beta in (0, 2) (gated_deltanet, kda): off and/or on",
                                         label=LabelPart("negeig", "-negeig (the delta rules' beta in (0, 2))"))
     # Mixture of Block Attention (model.attention.blocks): each query head attends its own block of this many positions
     # and the earlier blocks of highest q . mean(K_block), moba_topk blocks in all; None: off
     moba_block: int | None = option(None, 2, reuse="function", label=MOBA, stage="key selection",
+                                    bench="MoBA's blocks (its top-k at model.moba_topk's 3): positions per block, "
+                                          "or none",
                                     exclusive="key selection", plan=("flops",), conflicts={
         "sparse_topk": "both select the keys each query attends (MoBA blocks by q . mean(K), DeepSeek's indexer keys "
                        "by its own scores); choose one selection",
@@ -179,6 +189,8 @@ class AttentionSpec:
     # blocks of this many positions, over its own block and the nsa_topk - 1 earlier blocks its compressed scores rank
     # highest, and over the last nsa_window keys; None: off
     nsa_block: int | None = option(None, 2, reuse="weights", label=NSA, stage="key selection",
+                                   bench="NSA's blocks (its top-n and window at their defaults, 4 and 32): positions "
+                                         "per block, or none",
                                    exclusive="key selection", plan=("parameters", "flops", "activations"), conflicts={
         "sparse_topk": "both select the keys each query attends (NSA blocks by its compressed keys, DeepSeek's "
                        "indexer keys by its own scores); choose one selection",
