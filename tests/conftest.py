@@ -163,7 +163,7 @@ def slurm():
 
 def pytest_addoption(parser):
     parser.addoption("--deep", action="store_true", help="the deep property sweep: lengths 1-40, then primes and "
-                     "block edges to 385, more windows, each plain cell in its other head shape, every compiled "
+                     "block edges to 257, more windows, each plain cell in its other head shape, every compiled "
                      "cell")  # fmt: skip
     parser.addoption("--slow", action="store_true", help="the slow tier alone: the tests marked slow, which the "
                      "README's `pytest -n auto` leaves out (real clusters, whole sweeps and guides' commands in "
