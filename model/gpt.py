@@ -17,6 +17,10 @@ from model.chunked_loss import head_loss, token_losses
 from model.config import GPTConfig
 from model.decoding.kv_cache import KVCache, LayerCache  # KVCache is imported from here too
 
+# Tokens a reading of a PaTH model (``GPT.read_states``) puts through its KV cache at a time, past two of them: its
+# widened keys are d + this wide instead of d + the sequence's length
+TURNED_KEYS_CHUNK = 256
+
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
@@ -200,10 +204,25 @@ class GPT(nn.Module):
         """(B, T) float32: each position's cross-entropy against ``targets`` (0 where -1), without gradients, the
         logits made ``loss_chunk`` tokens at a time (all at once when it is 0)."""
         with torch.no_grad():
-            h = self.transformer.ln_f(self.hidden_states(idx)).flatten(0, 1)
+            h = self.transformer.ln_f(self.read_states(idx)).flatten(0, 1)
             losses = token_losses(h, self.lm_head.weight, targets.flatten(), self.config.vocab_size,
                                   self.loss_chunk or h.size(0))  # fmt: skip
         return losses.view_as(targets)
+
+    def read_states(self, idx: torch.Tensor, chunk: int = TURNED_KEYS_CHUNK) -> torch.Tensor:
+        """The last block's output for ``idx``, read without gradients (``token_losses``: evaluations): one forward,
+        or, where some layer's position encoding turns the keys for each query (PaTH, whose one forward widens every
+        head's queries and keys by the sequence's length: O(T^2 (d + T)) work a head), a sequence longer than two
+        ``chunk``s goes through a KV cache ``chunk`` tokens at a time (O(T^2 (d + chunk))): the same function to
+        round-off, as cached decoding is. Only where every layer's cache holds every key of the sequence (no window
+        or ring shorter than it: a chunk's first queries read keys up to a window before it)."""
+        T = idx.size(1)
+        turns = any(registry.position(self.config.layer_config(i).position).transforms_keys
+                    for i in range(self.config.n_layer))  # fmt: skip
+        if not turns or T <= 2 * chunk or min(self.cache_capacities) < T:
+            return self.hidden_states(idx)
+        cache = KVCache(self.config.n_layer)
+        return torch.cat([self.hidden_states(idx[:, i : i + chunk], cache) for i in range(0, T, chunk)], dim=1)
 
     def positions_of(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """The absolute positions of ``idx``'s tokens, computed once for the embedding and every block:
