@@ -166,21 +166,23 @@ class Grid:
     make: Callable[[bool], Iterable]
     cell: Callable[..., Cell]
     deep_only: bool = False  # every cell compiles graphs of its own
-    # the deep sweep runs every other flex cell (each compiles graphs of its own, 6-80 s of a fresh machine's CPU)
-    half_the_flex: bool = False
+    # the deep sweep runs one flex cell in this many (each compiles graphs of its own, 6-80 s of a fresh machine's CPU):
+    # CI's 30 minutes
+    flex_every: int = 1
 
 
 def scheduled(name: str, deep: bool) -> list:
     """Grid ``name``'s cells as the run gets them, with the deep mark on those that only --deep runs: its flex cells,
     as each compiles graphs of its own, 10-30 s of a fresh machine's CPU (C++ builds), and --deep (which CI runs) holds
-    every one of them at every default length and more (of the decoding grids' flex cells, every other one: a grid
-    declared ``half_the_flex``). The default tier compiles flex once, in the option effects' first flex cell
-    (tests/test_options.py). A cell's kernel is read from its values, not from its name."""
+    them at every default length and more: one flex cell in a grid's ``flex_every`` (every other one of the plain and
+    decoding grids' and the encodings', one in four of generation's past the context). The default tier
+    compiles flex once, in the option effects' first flex cell (tests/test_options.py). A cell's kernel is read from
+    its values, not from its name."""
     grid = GRIDS[name]
     params = list(grid.make(deep))
     flex = [i for i, p in enumerate(params) if grid.cell(*p.values).kernel == "flex"]
     marked = set(range(len(params))) if grid.deep_only else set(flex)
-    dropped = set(flex[1::2]) if grid.half_the_flex else set()
+    dropped = set(flex) - set(flex[:: grid.flex_every])
     return [pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.deep]) if i in marked else p
             for i, p in enumerate(params) if i not in dropped]  # fmt: skip
 
@@ -729,18 +731,19 @@ def kv_of_past_context(layout: str) -> int | None:
 # The decoding models have 4 heads (decode_model).
 GRIDS = {
     "cell": Grid(cells, lambda layout, kernel, n_head, head_dim, n_kv, masks:
-                 Cell(layout, kernel, n_head, n_kv, masks)),
+                 Cell(layout, kernel, n_head, n_kv, masks), flex_every=2),
     "encoding_cell": Grid(encoding_cells, lambda name, layout, kernel, n_head, head_dim, n_kv, window:
-                          Cell(layout, kernel, n_head, n_kv, {**ENCODINGS[name], **windowed(window)}, name)),
+                          Cell(layout, kernel, n_head, n_kv, {**ENCODINGS[name], **windowed(window)}, name),
+                          flex_every=2),
     "decode_cell": Grid(lambda deep: decode_cells(), lambda layout, kernel, n_kv, masks:
-                        Cell(layout, kernel, 4, n_kv, masks), half_the_flex=True),
+                        Cell(layout, kernel, 4, n_kv, masks), flex_every=2),
     "encoding_decode_cell": Grid(encoding_decode_cells, lambda name, layout, kernel, n_kv, window:
                                  Cell(layout, kernel, 4, n_kv, {**ENCODINGS[name], **windowed(window)}, name),
-                                 half_the_flex=True),
+                                 flex_every=2),
     "past_context_cell": Grid(past_context_cells, lambda position, layout, kernel, window, mods:
                               Cell(layout, kernel, 4, kv_of_past_context(layout),
                                    set_by_cell(layout, {"position": position, **mods, **windowed(window)})),
-                              half_the_flex=True),
+                              flex_every=4),
     "compiled_cell": Grid(compiled_cells, lambda layout, kernel, n_kv, window:
                           Cell(layout, kernel, 4, n_kv, windowed(window)), deep_only=True),
     "compiled_past_cell": Grid(compiled_past_cells, lambda position, layout, kernel, window, mods:
