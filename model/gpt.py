@@ -101,6 +101,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying
         self.cache_capacities = config.cache_capacities  # each layer's, asked once: a decode step reads them
+        # whether some layer's position encoding turns the keys for each query (PaTH): asked once, read_states reads it
+        self.turns_keys = any(registry.position(config.layer_config(i).position).transforms_keys
+                              for i in range(config.n_layer))  # fmt: skip
         # Tokens per chunk of the LM head and loss computed together (model/chunked_loss.py; the trainer's
         # trainer.loss_chunk); 0: the whole (B, T, V) logits at once
         self.loss_chunk = 0
@@ -217,9 +220,7 @@ class GPT(nn.Module):
         round-off, as cached decoding is. Only where every layer's cache holds every key of the sequence (no window
         or ring shorter than it: a chunk's first queries read keys up to a window before it)."""
         T = idx.size(1)
-        turns = any(registry.position(self.config.layer_config(i).position).transforms_keys
-                    for i in range(self.config.n_layer))  # fmt: skip
-        if not turns or T <= 2 * chunk or min(self.cache_capacities) < T:
+        if not self.turns_keys or T <= 2 * chunk or min(self.cache_capacities) < T:
             return self.hidden_states(idx)
         cache = KVCache(self.config.n_layer)
         return torch.cat([self.hidden_states(idx[:, i : i + chunk], cache) for i in range(0, T, chunk)], dim=1)
