@@ -24,6 +24,7 @@ from model.attention.options import check_conflicts, declared_conflicts, option_
 from model.attention.sparse import INDEXER_SHAPE
 from model.attention.spec import AttentionSpec
 
+SPEC_DEFAULTS = {f.name: f.default for f in fields(AttentionSpec)}  # an option's off value (a switch's: None, False)
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
 
@@ -273,14 +274,13 @@ class GPTConfig:
         it is not sparse."""
         position = registry.position(fields_of_kind.get("position", self.position))
         names = {name for name in position_fields() if name not in position.fields}
-        if not fields_of_kind.get("differential", self.differential):
-            names.add("lambda_init")
-        if fields_of_kind.get("sparse_topk", self.sparse_topk) is None:
-            names |= set(INDEXER_SHAPE)
-        if fields_of_kind.get("moba_block", self.moba_block) is None:
-            names.add("moba_topk")
-        if fields_of_kind.get("nsa_block", self.nsa_block) is None:
-            names |= {"nsa_topk", "nsa_window"}
+        # an option that needs a switch (its declaration's ``with``: lambda_init differential, the indexer's shape
+        # sparse_topk, a selection's top-k its blocks) where the kind leaves that switch off
+        for option in fields(AttentionSpec):
+            needs = option.metadata.get("with", {})
+            if needs and "position" not in needs and any(
+                    fields_of_kind.get(switch, getattr(self, switch)) == SPEC_DEFAULTS[switch] for switch in needs):
+                names.add(option.name)
         return names - set(fields_of_kind)
 
     @property

@@ -115,15 +115,16 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
                         seen: dict | None = None, selected: torch.Tensor | None = None,
                         ssmax: float | None = None, k_eq_v: bool = False,
                         moba: tuple[int, int] | None = None, nsa: tuple[int, int, int] | None = None,
-                        source: tuple | None = None) -> torch.Tensor:  # fmt: skip
+                        compressed: tuple | None = None, source: tuple | None = None) -> torch.Tensor:  # fmt: skip
     """The block's function at ``x`` (B, T, C) at positions 0..T-1, in float64, differentiable in ``x`` and the
     block's parameters. ``window`` is the keys a query sees at most (a model without a position table caps it at
     its block size: pass that); ``seen``, where given, every mask's value instead ({mask name: value}).
     ``position``: learned (added before attention: nothing here), none, rope or alibi. ``selected`` (B, T, T): the
     keys sparse attention lets each query see (``sparse_selection``), where given; ``moba`` (block, top-k): MoBA's
     blocks (``moba_selection``), each head's from its queries and keys; ``nsa`` (block, top-n, window): NSA's three
-    gated branches (``nsa_heads``) in place of the one softmax. ``source`` (cross-layer KV sharing): the block whose
-    keys and values this one reads and that block's input: k and v are projected and encoded there."""
+    gated branches (``nsa_heads``) in place of the one softmax; ``compressed`` (ratio, top-k, window): DeepSeek-V4's
+    softmax over a window and compressed entries (``compressed_heads``). ``source`` (cross-layer KV sharing): the
+    block whose keys and values this one reads and that block's input: k and v are projected and encoded there."""
     params = {name: p.double() for name, p in block.named_parameters()}
     p = convert_attention_layout(params, layout, "separate_qkv", n_head=n_head)
     x = x.double()
@@ -159,6 +160,12 @@ def reference_attention(block: torch.nn.Module, layout: str, x: torch.Tensor, n_
         if query_temperature is not None:
             q = q * temperature(T, query_temperature, x.device)[:, None]
         heads_out = nsa_heads(q, k, v, x, p, allowed(T, T, window, x.device, seen), softcap, *nsa)
+        return output_projection(heads_out.transpose(1, 2).reshape(B, T, C), x, p, gate, n_head)
+    if compressed is not None:  # one softmax over the window's keys and the entries (Llama 4's temperature in)
+        if query_temperature is not None:
+            q = q * temperature(T, query_temperature, x.device)[:, None]
+        heads_out = compressed_heads(q, k, v, p, allowed(T, T, window, x.device, seen), softcap,
+                                     p["sinks"] if sinks else None, *compressed)  # fmt: skip
         return output_projection(heads_out.transpose(1, 2).reshape(B, T, C), x, p, gate, n_head)
     if moba is not None:  # the gates read the queries and keys as the scores do, before any modification of those
         blocks = moba_selection(q, k, allowed(T, T, window, x.device, seen), *moba)
@@ -367,6 +374,59 @@ def moba_selection(q: torch.Tensor, k: torch.Tensor, shown: torch.Tensor, size: 
     return selected & shown
 
 
+def compressed_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: dict, shown: torch.Tensor,
+                     softcap: float | None, sinks: torch.Tensor | None, ratio: int, topk: int | None,
+                     window: int) -> torch.Tensor:  # fmt: skip
+    """DeepSeek-V4's compressed attention (its CSA and HCA layers) of each query head's queries ``q`` and keys and
+    values ``k``, ``v`` (B, H, T, d, each head its group's), query by query -> (B, H, T, d). Block b (keys b m .. b m
+    + m - 1, m = ``ratio``) pooled per dimension: K_cmp[b] = sum_j softmax_j(k_{bm+j} W_k + a_j) * k_{bm+j}, V_cmp
+    alike with W_v and c_j. A block is a candidate for query t where it is earlier than t's own block and t sees all
+    of it (``shown``, (T, T)); t attends, in one softmax of q . key / sqrt(d) (softcapped where ``softcap`` is given,
+    with one more logit per head where ``sinks`` (H,) are), the keys it sees among the last ``window`` and the
+    entries: every candidate (HCA, ``topk`` None), or the ``topk`` candidates of highest q_t . K_cmp[b], equal scores
+    to the later block (CSA)."""
+    B, H, T, d = q.shape
+    blocks = T // ratio
+
+    def pool(t: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        entries = []
+        for b in range(blocks):
+            block = t[:, :, b * ratio : (b + 1) * ratio]  # (B, H, m, d)
+            weights = torch.softmax(block @ gate.T + positions, dim=-2)  # per dim, over the block's positions
+            entries.append((weights * block).sum(dim=-2))
+        return torch.stack(entries, dim=2) if blocks else t[:, :, :0]  # (B, H, blocks, d)
+
+    k_cmp = pool(k, p["compressor.key_gate.weight"], p["compressor.key_positions"])
+    v_cmp = pool(v, p["compressor.value_gate.weight"], p["compressor.value_positions"])
+    rows = []
+    for t in range(T):
+        qt, s = q[:, :, t], torch.arange(T, device=q.device)
+        candidates = [b for b in range(t // ratio) if bool(shown[t, b * ratio : (b + 1) * ratio].all())]
+        ranks = (qt[..., None, :] @ k_cmp.transpose(-1, -2))[..., 0, :].tolist()  # (B, H, blocks)
+        row = qt.new_zeros(B, H, v.size(-1))
+        for i in range(B):
+            for h in range(H):
+                chosen = candidates if topk is None else sorted(candidates, key=lambda b: (-ranks[i][h][b], -b))[:topk]
+                near = [j for j in range(T) if shown[t, j] and t - s[j] < window]
+                keys = torch.cat((k[i, h, near], k_cmp[i, h, chosen]), dim=0)
+                values = torch.cat((v[i, h, near], v_cmp[i, h, chosen]), dim=0)
+                logits = keys @ qt[i, h] / math.sqrt(d)
+                if softcap is not None:
+                    logits = softcap * torch.tanh(logits / softcap)
+                if sinks is not None:
+                    logits = torch.cat((logits, sinks[h : h + 1]))
+                weights = torch.softmax(logits, dim=0)[: keys.size(0)]
+                row[i, h] = weights @ values
+        rows.append(row)
+    return torch.stack(rows, dim=2)
+
+
+def compressed_of(spec) -> tuple | None:
+    """DeepSeek-V4's compressed attention's (ratio, top-k, window) of a block's spec, or None where it has none."""
+    ratio = getattr(spec, "compress_ratio", None)
+    return None if ratio is None else (ratio, spec.compress_topk, spec.compress_window)
+
+
 def nsa_of(spec) -> tuple[int, int, int] | None:
     """NSA's (block, top-n, window) of a block's spec, or None where it has none."""
     size = getattr(spec, "nsa_block", None)
@@ -413,7 +473,8 @@ def softmax_reference(block, layout: str, x: torch.Tensor, seen: dict) -> torch.
                                spec.qk_norm, spec.softcap, spec.sinks, spec.gate, spec.rope_fraction,
                                spec.forget_gate, spec.query_temperature, spec.differential, spec.lambda_init,
                                seen=seen, selected=sparse_selection(block, x, seen), ssmax=spec.ssmax,
-                               k_eq_v=spec.k_eq_v, moba=moba_of(spec), nsa=nsa_of(spec))  # fmt: skip
+                               k_eq_v=spec.k_eq_v, moba=moba_of(spec), nsa=nsa_of(spec),
+                               compressed=compressed_of(spec))  # fmt: skip
 
 
 def gpt_reference(model, idx: torch.Tensor) -> torch.Tensor:
@@ -493,7 +554,8 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             whole_k = torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k
             shown = allowed(T, T, None, x.device, seen)
             head_seen = seen_mask & moba_selection(whole_q[:, None], whole_k[:, None], shown, *moba_of(spec))[:, 0]
-        if nsa_of(spec) is not None:  # NSA's branches read each head's whole queries and keys (the rotary part's too)
+        if nsa_of(spec) is not None or compressed_of(spec) is not None:  # each head's whole queries and keys (the
+            # rotary part's too): NSA's branches, the compressed entries
             nsa_parts.append((torch.cat((q, q_rope), dim=-1) if R else q,
                               torch.cat((k, k_rope.expand(B, T, R)), dim=-1) if R else k, v))  # fmt: skip
             continue
@@ -515,12 +577,17 @@ def latent_reference(block, layout: str, x: torch.Tensor, seen: dict, rotation=N
             weights = torch.softmax(scores, dim=-1)
         outputs.append(weights @ v)
         every.append(weights)
-    if nsa_parts:  # NSA (``nsa_heads``) over every head's whole queries, keys and values, Llama 4's temperature in
+    if nsa_parts:  # NSA (``nsa_heads``), or the compressed entries (``compressed_heads``), over every head's whole
+        # queries, keys and values, Llama 4's temperature in
         q, k, v = (torch.stack(parts, dim=1) for parts in zip(*nsa_parts))
         if spec.query_temperature is not None:
             q = q * temperature(T, spec.query_temperature, x.device)[:, None]
         shown = allowed(T, T, None, x.device, seen)
-        outputs = [nsa_heads(q, k, v, x, p, shown, spec.softcap, *nsa_of(spec)).transpose(1, 2).flatten(2)]
+        if nsa_of(spec) is not None:
+            outputs = [nsa_heads(q, k, v, x, p, shown, spec.softcap, *nsa_of(spec)).transpose(1, 2).flatten(2)]
+        else:
+            outputs = [compressed_heads(q, k, v, p, shown, spec.softcap, p["sinks"] if spec.sinks else None,
+                                        *compressed_of(spec)).transpose(1, 2).flatten(2)]  # fmt: skip
     y = torch.cat(outputs, dim=-1)
     if spec.gate != "none":
         g = torch.sigmoid(x @ p["gate.weight"].T)

@@ -204,6 +204,9 @@ FLOORS = {
     "option nsa_block": {"cells": (0, 0)},
     "option nsa_topk": {"cells": (0, 0)},
     "option nsa_window": {"cells": (0, 0)},
+    "option compress_ratio": {"cells": (0, 0)},
+    "option compress_topk": {"cells": (0, 0)},
+    "option compress_window": {"cells": (0, 0)},
     "encoding rope": {
         "cells": (6, 14), "layout wrapper": (2, 4), "layout separate_qkv": (2, 5), "layout fused_qkv": (2, 5),
         "kernel manual": (4, 6), "kernel sdpa": (2, 6), "kernel flex": (0, 2), "heads mha": (2, 6),

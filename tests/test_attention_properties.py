@@ -340,8 +340,10 @@ ENCODINGS |= COMBINATIONS
 # drawn where float32's round-off cannot change the pick, and its indexer has no gradient from the output
 # (tests/test_sparse_attention.py: every layout and kernel at every length and top-k boundary, the deep sweep too);
 # MoBA's blocks are chosen by a top-k of gates, as near ties go (tests/test_moba.py: every length and block boundary);
-# NSA's likewise, by its compressed keys (tests/test_nsa.py: every length and block boundary, every softmax layout).
-OWN_GRID = {"sparse_topk", "moba_block", "moba_topk", "nsa_block", "nsa_topk", "nsa_window"}
+# NSA's likewise, by its compressed keys (tests/test_nsa.py: every length and block boundary, every softmax layout),
+# and DeepSeek-V4's compressed attention by its entries (tests/test_compressed.py: the same, HCA and CSA).
+OWN_GRID = {"sparse_topk", "moba_block", "moba_topk", "nsa_block", "nsa_topk", "nsa_window", "compress_ratio",
+            "compress_topk", "compress_window"}
 
 
 def options_of_their_own() -> dict[str, dict]:

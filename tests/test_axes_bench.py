@@ -106,12 +106,14 @@ def test_decode_mode_reports_tokens_per_second_at_each_context_multiple(tmp_path
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-# issue 63's options as bench axes: each flag, a value that sets it (and the layer that takes it), a bad value
+# issue 63's options as bench axes, every one declared since the second wave's (the test below holds that): each flag,
+# a value that sets it (and the layer that takes it), a bad value
 THIRD_WAVE = {
     "ssmax": ("--ssmax", "0.43", 0.43, "fused_qkv", "0"),
     "k_eq_v": ("--k-eq-v", "on", True, "fused_qkv", "yes"),
     "moba_block": ("--moba-block", "4", 4, "fused_qkv", "-4"),
     "nsa_block": ("--nsa-block", "4", 4, "fused_qkv", "x"),
+    "compress_ratio": ("--compress-ratio", "4", 4, "fused_qkv", "0.5"),
     "negative_eigenvalues": ("--negative-eigenvalues", "on", True, "gated_deltanet", "2"),
 }
 
@@ -128,3 +130,9 @@ def test_each_third_wave_option_is_an_axis_set_in_the_model_and_a_bad_value_is_o
         bench_command.parse_args([*TINY, flag, bad])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"{flag} {bad}: give" in line, line
+
+
+def test_every_declared_bench_axis_of_the_third_wave_is_tested():
+    """An option declared with ``bench=`` after the second wave's axes has its row above: a flag, a value, a refusal."""
+    second_wave = {"attention_chunk", "query_temperature", "differential", "sparse_topk"}
+    assert set(cells.AXES) - second_wave <= set(THIRD_WAVE), sorted(set(cells.AXES) - second_wave - set(THIRD_WAVE))

@@ -218,7 +218,7 @@ def test_the_2026_presets_variants_are_the_baseline_llama4s_schedule_and_differe
     preset = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026.yaml").hydra.sweeper.params
     gpu = OmegaConf.load(CONFIGS / "experiment" / "compare_attention_2026_gpu.yaml").hydra.sweeper.params
     assert preset.attention_2026 == gpu.attention_2026 == ("full,llama4,differential,kimi_linear,documents,sparse,"
-                                                           "ssmax,k_eq_v,path,moba,kimi_negeig,nsa,cla")
+                                                           "ssmax,k_eq_v,path,moba,kimi_negeig,nsa,cla,hca,csa")
     assert preset["trainer.seed"] == gpu["trainer.seed"] == "1,2"
 
 

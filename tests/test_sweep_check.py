@@ -18,5 +18,5 @@ def test_a_sweep_whose_later_job_the_config_refuses_starts_no_job_and_names_it(t
 def test_a_presets_sweep_is_checked_with_the_command_lines_values(tmp_path):
     result = run_script("train.py", "-m", "experiment=compare_attention_2026", "model.n_head=3", "model.n_embd=48",
                         "logger=none", cwd=tmp_path)  # fmt: skip
-    assert result.returncode != 0 and "error: job 4 of 26 (attention_2026=differential trainer.seed=1" in result.stderr
+    assert result.returncode != 0 and "error: job 4 of 30 (attention_2026=differential trainer.seed=1" in result.stderr
     assert "model.n_head=3 is odd" in result.stderr and not (tmp_path / "multirun").exists()

@@ -79,12 +79,13 @@ class BlockGrid(NamedTuple):
     """The blocks of ``size`` positions that held keys fall in, as columns from the first held block: ``member`` (S,
     blocks), each key's block (float32, 0 or 1); ``column`` (S,), each key's (an empty slot's: ``blocks``, cut off);
     ``own`` (T, 1), each query's own block; ``candidate`` ((T, blocks) or (B, 1, T, blocks)): the complete earlier
-    blocks the query sees every key of, the only ones a gate may rank."""
+    blocks the query sees every key of, the only ones a gate may rank; ``first``, the block of column 0."""
 
     member: torch.Tensor
     column: torch.Tensor
     own: torch.Tensor
     candidate: torch.Tensor
+    first: torch.Tensor
 
 
 def block_grid(keep: torch.Tensor, queries: torch.Tensor, held: torch.Tensor, size: int) -> BlockGrid:
@@ -100,7 +101,18 @@ def block_grid(keep: torch.Tensor, queries: torch.Tensor, held: torch.Tensor, si
     whole = keep.to(torch.float32) @ member == size  # a block the query sees every key of (counts exact in float32)
     own = (torch.div(queries, size, rounding_mode="floor") - first)[:, None]  # (T, 1): the query's own block
     columns = torch.arange(width, device=queries.device)
-    return BlockGrid(member, column, own, whole & (columns < own))  # complete, earlier, wholly seen
+    return BlockGrid(member, column, own, whole & (columns < own), first)  # complete, earlier, wholly seen
+
+
+def laid_out(t: torch.Tensor, held: torch.Tensor, grid: BlockGrid, size: int) -> torch.Tensor:
+    """The keys (or values) ``t`` (B, kv, S, d) held at ``held`` (S,), block by block in position order -> (B, kv,
+    blocks, size, d): what a compressor reads (NSA's, DeepSeek-V4's). A slot of a block not held whole holds the
+    first key (no query reads that block: not a candidate)."""
+    width = grid.member.size(1)
+    index = grid.column * size + held.remainder(size)  # where each key lies among the blocks' slots
+    slots = torch.zeros((width + 1) * size, dtype=torch.long, device=t.device)
+    slots = slots.scatter(0, index, torch.arange(held.size(0), device=t.device))[: width * size]
+    return t[:, :, slots].unflatten(2, (width, size))
 
 
 def chosen_blocks(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, queries: torch.Tensor, held: torch.Tensor,

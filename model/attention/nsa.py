@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model import registry
-from model.attention.blocks import BlockGrid, block_grid, top_blocks
+from model.attention.blocks import BlockGrid, block_grid, laid_out, top_blocks
 from model.attention.kernels import positions_of, seen_keys
 from model.attention.selection import KeySelection
 from model.attention.sparse import widened  # a gate's order under autocast is not bf16's
@@ -125,11 +125,7 @@ class NativeSparseAttention(nn.Module, KeySelection):
         """Each block's one key (or value) from the keys ``t`` (B, kv, S, d) held at ``held`` (S,): its keys in
         position order, each plus its position's embedding, laid end to end, through ``compress`` -> (B, kv, blocks,
         d); a block not held whole gets a number from the keys that are (no query reads it: not a candidate)."""
-        size, width = self.size, grid.member.size(1)
-        index = grid.column * size + held.remainder(size)  # where each key lies among the blocks' slots
-        slots = torch.zeros((width + 1) * size, dtype=torch.long, device=t.device)
-        slots = slots.scatter(0, index, torch.arange(held.size(0), device=t.device))[: width * size]
-        blocks = t[:, :, slots].unflatten(2, (width, size)) + positions.to(t.dtype)  # (B, kv, blocks, l, d)
+        blocks = laid_out(t, held, grid, self.size) + positions.to(t.dtype)  # (B, kv, blocks, l, d)
         return compress(blocks.flatten(-2))
 
     def ranked(self, q: torch.Tensor, k: torch.Tensor, keys, positions: torch.Tensor | None,

@@ -486,11 +486,12 @@ class MultiHeadAttention(nn.Module):
         them with its own queries, and neither projects nor caches keys."""
         outputs, mods, first_group = [], None, True
         householders = MODIFICATIONS["path"].directions(self, x) if self.turns_keys else None
-        # A selection that attends its own way (NSA's three gated branches, one over compressed keys, ``attends``) is
-        # more than a mask for the kernel: its gates come from the block's input, once, and it runs in place of the
-        # kernel call (model.attention.selection)
+        # A selection that attends its own way (NSA's three gated branches, one over compressed keys; DeepSeek-V4's
+        # one softmax over a window and compressed entries: ``attends``) is more than a mask for the kernel: it runs in
+        # place of the kernel call, and a selection of branches gates them from the block's input, once
+        # (model.attention.selection)
         attends = self.selection_kind is not None and self.selection_kind.attends
-        branch_gates = self.selection.branch_gates(x) if attends else None
+        branch_gates = self.selection.branch_gates(x) if attends and self.selection_kind.branches else None
         for group in self.project(x):
             whole = len(group.calls) == 1 and group.calls[0][1].size(1) == self.n_head  # one call of every head
             if self.reads_kv:  # the source layer's keys and values, as it encoded and cached them
@@ -516,9 +517,10 @@ class MultiHeadAttention(nn.Module):
             for head, queries in group.calls:
                 q = self.scale_queries(q if whole else self.encode_queries(queries, positions), positions, head, seen)
                 heads_mods = mods if mods is None or q.size(1) == self.n_head else mods.head(head)
-                if branch_gates is not None:  # its branches in place of the one kernel call
+                if attends:  # in place of the one kernel call
+                    gates = None if branch_gates is None else branch_gates[:, :, head : head + q.size(1)]
                     outputs.append(self.selection.attend(self, q, k, v, keys, heads_mods, positions, document_starts,
-                                                         branch_gates[:, :, head : head + q.size(1)]))  # fmt: skip
+                                                         gates))  # fmt: skip
                 elif widened is None:
                     outputs.append(self.attend_heads(q, k, v, keys, heads_mods, positions, document_starts, selected))
                 else:

@@ -21,12 +21,13 @@ It states:
   ``plan_part``);
 - ``check(spec)``: its options' one-line refusals; ``does``: what it asks of the kernel, in a refusal's words;
 - ``attends``: whether it does more than choose keys for the one kernel call (NSA adds three gated attentions, one of
-  them over compressed keys): the block then calls its ``branch_gates(x)`` once per forward, its ``attend`` in place of
-  its kernel call and its ``weights`` for the attention maps. False for a selection that only masks (the rule). Such a
-  selection names its ``branches``, and a built one runs one of them alone while ``alone`` names it (its gate 1, the
-  others' 0): the pair walk (tests/test_option_pairs.py) holds every option it takes to change each branch, so an
-  option applied in some branches and not in the others (a sink in the kernel's softmax but not in the compressed
-  one) fails there.
+  them over compressed keys; DeepSeek-V4's compressed attention one softmax over keys and compressed entries): the
+  block then calls its ``attend`` in place of its kernel call, its ``weights`` for the attention maps, and, where it
+  names ``branches``, its ``branch_gates(x)`` once per forward (``attend`` then gets each call's gates, else None).
+  False for a selection that only masks (the rule). A built selection of branches runs one of them alone while
+  ``alone`` names it (its gate 1, the others' 0): the pair walk (tests/test_option_pairs.py) holds every option it
+  takes to change each branch, so an option applied in some branches and not in the others (a sink in the kernel's
+  softmax but not in the compressed one) fails there.
 
 The kernels take a selection as a mask over the keys, ``selected`` (B, 1 or heads, T, S): the ``sparse`` effect of
 ``AttentionKernel.applies``. Two selections cannot coexist: their options declare the one job (``exclusive``), and the

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from model import registry
 from model.attention.blocks import MOBA_TOPK
+from model.attention.compressed import COMPRESS_WINDOW, COMPRESSED
 from model.attention.differential import LAMBDA_INIT
 from model.attention.kernels import SDPA_BACKENDS, get_kernel
 from model.attention.label_parts import DIFFERENTIAL, KV_HEADS, MOBA, NSA, POSITION, SPARSE, LabelPart
@@ -204,6 +205,30 @@ class AttentionSpec:
     # (its example with blocks of one key: then a window or a chunk of 3 and a top-n of 2 each cut what the other keeps)
     nsa_topk: int = option(NSA_TOPK, 2, reuse="function", stage="key selection", nsa_block=1, plan=("flops",))
     nsa_window: int = option(NSA_WINDOW, 2, reuse="function", stage="key selection", nsa_block=2, plan=("flops",))
+    # DeepSeek-V4's compressed attention (model.attention.compressed): each query head attends, in one softmax, the
+    # last compress_window keys and the compressed entries of blocks of this many positions, every one (HCA) or the
+    # compress_topk its queries score highest (CSA); None: off
+    compress_ratio: int | None = option(None, 2, reuse="weights", label=COMPRESSED, stage="key selection",
+                                        bench="DeepSeek-V4's compressed attention (HCA; its window at 32): positions "
+                                              "per entry, or none",
+                                        exclusive="key selection", plan=("parameters", "flops", "activations"),
+                                        conflicts={
+        "sparse_topk": "both select the keys each query attends (compressed attention entries of blocks, DeepSeek's "
+                       "indexer keys); choose one selection",
+        "moba_block": "both select blocks (compressed attention attends pooled entries, MoBA the blocks' keys); "
+                      "choose one",
+        "nsa_block": "both attend compressed blocks (NSA in three gated softmaxes, DeepSeek-V4 in one); choose one",
+        "ssmax": "SSMax scales each query by the log of the keys it sees, which the compressed entries do not count",
+        "differential": "differential attention subtracts two softmax maps of one kernel call over the keys, "
+                        "compressed attention's call is over keys and entries; the two are not built together",
+        "forget_gate": "the forget gate biases each key by the tokens between it and the query, which a compressed "
+                       "entry has no one count of"})  # fmt: skip
+    # (the top-k's example with entries of one key: then a window or a chunk of 3 still shows a query two candidates,
+    # of which a top-k of 1 keeps one)
+    compress_topk: int | None = option(None, 1, reuse="function", stage="key selection", compress_ratio=1,
+                                       plan=("flops",))
+    compress_window: int = option(COMPRESS_WINDOW, 2, reuse="function", stage="key selection", compress_ratio=2,
+                                  plan=("flops",))
     # Cross-layer KV sharing (CLA, YOCO, Gemma's shared-KV layers): the layer kind whose keys and values this layer
     # reads (a schedule's relation between layers, ``model.config.check_kv_sharing``), not an option of one block: a
     # block built with it projects queries only and keeps no cache (``MultiHeadAttention.reads_kv``). None: its own
