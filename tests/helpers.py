@@ -211,6 +211,26 @@ def assert_layer_is_its_formula(block, reference, lengths) -> None:
             torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=f"d{name}: T={T}")
 
 
+
+def compare_output_and_gradients(failures, block, x, want, gen) -> None:
+    """A block against its float64 formula's output ``want`` at ``x`` (requires grad), in training mode: the output, and
+    the gradients of the input and every parameter under one random weighting of the outputs, each within 1e-5 of the
+    largest, recorded in ``failures`` (``CellFailures``). A parameter the formula never reads (a compressor before
+    any complete block) has the gradient 0."""
+    import torch
+
+    got = block.train()(x)
+    failures.compare(got, want, 1e-5 * want.abs().max().item(), 0, "output")
+    weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    params = list(block.parameters())
+    mine = torch.autograd.grad((got * weights).sum(), [x, *params])
+    theirs = torch.autograd.grad((want * weights).sum(), [x, *params], allow_unused=True)
+    theirs = [torch.zeros_like(p) if g is None else g for p, g in zip([x, *params], theirs)]
+    scale = max(w.abs().max().item() for w in theirs)
+    names = ["x", *(name for name, _ in block.named_parameters())]
+    for name, g, w in zip(names, mine, theirs):
+        failures.compare(g, w, 1e-5 * scale, 0, f"d/d{name}")
+
 def assert_decodes_as_the_full_forward(gpt, static: bool, total: int = 29) -> None:
     """Block selections' decoding (MoBA's means, NSA's compressed blocks, both from the cache's keys): each decoded
     position's logits are the full forward's, from every prompt length to past block_size (prompts 1 to 19, every

@@ -16,7 +16,7 @@ import pytest
 import torch
 from attention_reference import reference
 from cell_failures import CellFailures
-from helpers import assert_decodes_as_the_full_forward, unambiguous_input
+from helpers import assert_decodes_as_the_full_forward, compare_output_and_gradients, unambiguous_input
 
 from model import GPT, GPTConfig, build_attention
 from model.attention.blocks import block_grid
@@ -78,19 +78,7 @@ def test_every_layout_is_its_formula_at_every_length_and_block_boundary(layout, 
             with failures.at(f"{T}/{ratio}/{topk}/{window}", f"T={T}, ratio {ratio}, top-k {topk}, window {window}"):
                 block = block_of(layout, kernel, ratio, topk, window, seed=T, **options)
                 x = unambiguous_input(block, (1 + i % 2, T, 32), gen, smallest_gap, "ranking scores")
-                want = reference(block, x)
-                got = block.train()(x)
-                failures.compare(got, want, 1e-5 * want.abs().max().item(), 0, "output")
-                weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
-                params = list(block.parameters())
-                mine = torch.autograd.grad((got * weights).sum(), [x, *params])
-                # before a complete block the formula never reads the gates: their gradient is 0
-                theirs = torch.autograd.grad((want * weights).sum(), [x, *params], allow_unused=True)
-                theirs = [torch.zeros_like(p) if g is None else g for p, g in zip([x, *params], theirs)]
-                scale = max(w.abs().max().item() for w in theirs)
-                names = ["x", *(name for name, _ in block.named_parameters())]
-                for name, g, w in zip(names, mine, theirs):
-                    failures.compare(g, w, 1e-5 * scale, 0, f"d/d{name}")
+                compare_output_and_gradients(failures, block, x, reference(block, x), gen)
     failures.raise_any()
 
 
