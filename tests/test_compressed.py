@@ -3,7 +3,7 @@ CSA layers), each query head attending, in one softmax, a window of keys and com
 Held to its float64 formula (tests/attention_reference.py: ``compressed_heads``) in every softmax layout (MLA's too)
 and both kernels, at lengths 1 to 17 across entries of 1 to 5 positions (on, one short of and one past a block's
 edge), HCA and CSA, with sinks and softcap, with every gradient; cached decoding (eager and static steps, a ring past
-block_size, a window, documents, grouped heads, MLA) equal to the full forward from every prompt length. Every bad
+block_size, a window, documents, grouped heads, MLA) equal to the full forward from prompt lengths 1 to 19. Every bad
 value and conflicting pair is refused in one line.
 
 CSA's choice is a top-k: inputs are drawn where no two of a query's ranking scores lie within float32's round-off."""
@@ -134,9 +134,9 @@ DECODES = [("fused_qkv", "sdpa", 3, 2, 4, {"sinks": True}), ("wrapper", "manual"
                          ids=[f"{d[0]}-{d[1]}-cmp{d[2]}k{d[3]}w{d[4]}-{'.'.join(d[5])}" for d in DECODES])
 def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, kernel, ratio, topk, window, options,
                                                                       static):  # fmt: skip
-    """The entries pooled from the cache's keys: each decoded position's logits are the full forward's, from every
-    prompt length to past block_size (a ring of 20, the window's of 7: a block the query sees in part is no
-    candidate, on both sides), in batches of 1-3."""
+    """The entries pooled from the cache's keys: each decoded position's logits are the full forward's, from prompt
+    lengths 1 to 19 (every third; every sixth for static steps) to past block_size (a ring of 20, the window's of 7: a
+    block the query sees in part is no candidate, on both sides), in batches of 1-3."""
     gpt = decode_model(layout, kernel, ratio, topk, window, **options)
     assert_decodes_as_the_full_forward(gpt, static)
 

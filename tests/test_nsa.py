@@ -3,7 +3,7 @@ adding, gated, its attention over compressed blocks, over the blocks those rank 
 Held to its float64 formula (tests/attention_reference.py: ``nsa_heads``) in every softmax layout (MLA's too) and both
 kernels, at lengths 1 to 17 across blocks of 1 to 5 (on, one short of and one past a block's edge), with every
 gradient; cached decoding (eager and static steps, a ring past block_size, a window, documents, grouped heads,
-MLA) equal to the full forward from every prompt length. Every bad value and conflicting pair is refused in one line.
+MLA) equal to the full forward from prompt lengths 1 to 19. Every bad value and conflicting pair is refused in one line.
 
 The blocks run in float64, and inputs are drawn where no two selection scores of a query lie within float32's
 round-off (rotary's angles are float32 in the model): the choice is a top-n, which would otherwise trade blocks
@@ -119,9 +119,9 @@ DECODES = [("fused_qkv", "sdpa", 3, 2, 4, {}), ("wrapper", "manual", 4, 3, 5, {"
                          ids=[f"{d[0]}-{d[1]}-nsa{d[2]}k{d[3]}w{d[4]}-{'.'.join(d[5])}" for d in DECODES])
 def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, kernel, size, topk, window, options,
                                                                       static):  # fmt: skip
-    """The compressed blocks from the cache's keys: each decoded position's logits are the full forward's, from every
-    prompt length to past block_size (a ring of 20, the window's of 7: a block the query sees in part is no
-    candidate, on both sides), in batches of 1-3."""
+    """The compressed blocks from the cache's keys: each decoded position's logits are the full forward's, from prompt
+    lengths 1 to 19 (every third; every sixth for static steps) to past block_size (a ring of 20, the window's of 7: a
+    block the query sees in part is no candidate, on both sides), in batches of 1-3."""
     gpt = decode_model(layout, kernel, size, topk, window, **options)
     assert_decodes_as_the_full_forward(gpt, static)
 
