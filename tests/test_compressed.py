@@ -168,20 +168,10 @@ def test_the_plan_counts_the_window_the_entries_and_the_gates_and_caches_nothing
 def test_the_activation_estimate_counts_the_entries_and_the_pooling(layout, kernel, topk, dtype):
     """The plan's term (``CompressedAttention.plan_bytes``) brings the activations within 25% of what autograd saves,
     where the dense terms alone fall short by more than 15%."""
-    from test_gpu_readiness import saved_tensor_bytes
+    from test_gpu_readiness import assert_selection_activations
 
-    from training.plan import activation_bytes
-
-    extra = {"kv_latent": 16} if layout == "mla" else {}
-    config = GPTConfig(vocab_size=257, block_size=64, n_layer=2, n_head=4, n_embd=64, attention=layout, kernel=kernel,
-                       compress_ratio=8, compress_topk=topk, compress_window=16, **extra)  # fmt: skip
-    torch.manual_seed(0)
-    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-        measured = saved_tensor_bytes(GPT(config), torch.randint(0, 257, (4, 64)))
-    parts = activation_bytes(config, 4, dtype)
-    assert abs(sum(parts.values()) - measured) / measured < 0.25, (parts, measured)
-    dense = sum(parts.values()) - parts["compressed entries"]
-    assert (measured - dense) / measured > 0.15, "the dense terms alone would have passed: the test proves nothing"
+    options = dict(compress_ratio=8, compress_topk=topk, compress_window=16)
+    assert_selection_activations(layout, kernel, dtype, options, dense_short_by=0.15)
 
 
 def test_the_label_spells_the_ratio_the_top_k_and_the_window():
