@@ -20,11 +20,10 @@ from model.attention.label_parts import LabelPart
 from model.attention.masks import capacity as mask_capacity
 from model.attention.masks import options_set as masks_set
 from model.attention.modifications import score_mod_fields, spelled, with_fields
-from model.attention.options import check_conflicts, declared_conflicts, option_fields
+from model.attention.options import check_conflicts, declared_conflicts, defaults_of, option_fields
 from model.attention.sparse import INDEXER_SHAPE
 from model.attention.spec import AttentionSpec
 
-SPEC_DEFAULTS = {f.name: f.default for f in fields(AttentionSpec)}  # an option's off value (a switch's: None, False)
 VOCAB_MULTIPLE = 64  # pad the embedding/LM head to a multiple of this for faster matmuls
 
 
@@ -276,10 +275,11 @@ class GPTConfig:
         names = {name for name in position_fields() if name not in position.fields}
         # an option that needs a switch (its declaration's ``with``: lambda_init differential, the indexer's shape
         # sparse_topk, a selection's top-k its blocks) where the kind leaves that switch off
+        off = defaults_of(AttentionSpec)
         for option in fields(AttentionSpec):
             needs = option.metadata.get("with", {})
             if needs and "position" not in needs and any(
-                    fields_of_kind.get(switch, getattr(self, switch)) == SPEC_DEFAULTS[switch] for switch in needs):
+                    fields_of_kind.get(switch, getattr(self, switch)) == off[switch] for switch in needs):
                 names.add(option.name)
         return names - set(fields_of_kind)
 
