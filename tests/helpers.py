@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -230,6 +231,12 @@ def compare_output_and_gradients(failures, block, x, want, gen) -> None:
     names = ["x", *(name for name, _ in block.named_parameters())]
     for name, g, w in zip(names, mine, theirs):
         failures.compare(g, w, 1e-5 * scale, 0, f"d/d{name}")
+
+
+# The block selections' decoding cells (MoBA, NSA, DeepSeek's sparse and compressed attention): the eager step in the
+# README's tier, the static step (a whole cache's buffers, empty slots at negative positions) in the slow tier, which
+# CI runs after it
+SELECTION_STEPS = [False, pytest.param(True, marks=pytest.mark.slow)]
 
 def assert_decodes_as_the_full_forward(gpt, static: bool, total: int = 29) -> None:
     """Block selections' decoding (MoBA's means, NSA's compressed blocks, both from the cache's keys): each decoded

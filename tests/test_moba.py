@@ -16,7 +16,7 @@ import pytest
 import torch
 from attention_reference import moba_selection, reference
 from cell_failures import CellFailures
-from helpers import assert_decodes_as_the_full_forward, unambiguous_input
+from helpers import SELECTION_STEPS, assert_decodes_as_the_full_forward, unambiguous_input
 
 from model import GPT, GPTConfig, build_attention
 from model.attention.blocks import MOBA_TOPK
@@ -142,7 +142,7 @@ DECODES = [("fused_qkv", "sdpa", 3, 2, {}), ("wrapper", "manual", 4, 3, {"n_kv_h
                                                                                                          # fmt: skip
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+@pytest.mark.parametrize("static", SELECTION_STEPS, ids=["eager step", "static step"])
 @pytest.mark.parametrize("layout,kernel,size,topk,options", DECODES,
                          ids=[f"{d[0]}-{d[1]}-moba{d[2]}k{d[3]}-{'.'.join(d[4])}" for d in DECODES])  # fmt: skip
 def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, kernel, size, topk, options, static):

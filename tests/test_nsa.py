@@ -17,7 +17,12 @@ import pytest
 import torch
 from attention_reference import reference
 from cell_failures import CellFailures
-from helpers import assert_decodes_as_the_full_forward, compare_output_and_gradients, unambiguous_input
+from helpers import (
+    SELECTION_STEPS,
+    assert_decodes_as_the_full_forward,
+    compare_output_and_gradients,
+    unambiguous_input,
+)
 
 from model import GPT, GPTConfig, build_attention
 from model.attention.nsa import NSA_TOPK, NSA_WINDOW
@@ -114,7 +119,7 @@ DECODES = [("fused_qkv", "sdpa", 3, 2, 4, {}), ("wrapper", "manual", 4, 3, 5, {"
            ("fused_qkv", "sdpa", 3, 3, 2, {"document_masking": True, "document_end": 0})]  # fmt: skip
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+@pytest.mark.parametrize("static", SELECTION_STEPS, ids=["eager step", "static step"])
 @pytest.mark.parametrize("layout,kernel,size,topk,window,options", DECODES,
                          ids=[f"{d[0]}-{d[1]}-nsa{d[2]}k{d[3]}w{d[4]}-{'.'.join(d[5])}" for d in DECODES])
 def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, kernel, size, topk, window, options,

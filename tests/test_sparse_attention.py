@@ -21,7 +21,15 @@ import torch
 from attention_reference import index_scores, reference, sparse_selection
 from attention_reference import mask_values as reference_masks
 from cell_failures import CellFailures
-from helpers import TINY, assert_decodes_as_the_full_forward, compose_train, read_metrics, run_script, tiny_run
+from helpers import (
+    SELECTION_STEPS,
+    TINY,
+    assert_decodes_as_the_full_forward,
+    compose_train,
+    read_metrics,
+    run_script,
+    tiny_run,
+)
 
 from model import GPT, GPTConfig, KVCache, build_attention
 from training.loop import train
@@ -55,7 +63,12 @@ def topks_for(T: int) -> list[int]:
     return sorted({1, 2, max(1, T // 3 | 1), max(1, T - 1), T, T + 1})
 
 
-@pytest.mark.parametrize("layout,kernel,position,options", CELLS,
+# Each layer's manual cell and the two rotary cells (one sdpa) in the README's tier; each layer's sdpa cell in the slow
+# tier (CI runs both; the deep sweep holds every layer, the kernels in turn, at every length 1-70)
+TIERED_CELLS = [pytest.param(*c, marks=pytest.mark.slow) if c[1:3] == ("sdpa", "learned") else c for c in CELLS]
+
+
+@pytest.mark.parametrize("layout,kernel,position,options", TIERED_CELLS,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}-{'.'.join(c[3]) or 'plain'}" for c in CELLS])  # fmt: skip
 def test_every_layout_is_its_formula_at_every_length_and_topk(layout, kernel, position, options):
     assert_formula_over(layout, kernel, {"position": position, **options}, LENGTHS, topks=3)
@@ -306,7 +319,7 @@ DECODES = [("fused_qkv", "sdpa", 3, {}), ("wrapper", "manual", 5, {"n_kv_head": 
                                                                                                          # fmt: skip
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["eager step", "static step"])
+@pytest.mark.parametrize("static", SELECTION_STEPS, ids=["eager step", "static step"])
 @pytest.mark.parametrize("layout,kernel,topk,options", DECODES, ids=[f"{d[0]}-{d[1]}-top{d[2]}-{'.'.join(d[3])}"
                                                                      for d in DECODES])  # fmt: skip
 def test_cached_decoding_is_the_full_forward_from_every_prompt_length(layout, kernel, topk, options, static):
