@@ -167,7 +167,8 @@ class CompressedAttention(nn.Module, KeySelection):
         queries, held = positions_of(T, S, keys, positions, q.device)
         grid = block_grid(keep, queries, held, self.ratio)
         k_cmp = self.pooled(k, held, grid, self.key_gate, self.key_positions)
-        per_query = k_cmp if block is None else block.keys_per_query(k_cmp, heads)
+        # each query head's entries, for CSA's ranking alone (HCA ranks nothing: no copy per query head)
+        per_query = k_cmp if block is None or self.topk is None else block.keys_per_query(k_cmp, heads)
         chosen = self.chosen(q, per_query, grid)
         near = keep & (queries[:, None] - held[None, :] < self.window)  # the last w keys the query sees
         near, chosen = (t if t.dim() == 4 else t[None, None] for t in (near, chosen))
